@@ -1,0 +1,82 @@
+"""crosstrain.fit(): the CLI's `run`, from Python."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+from crosstrain.core.convert import structure_plan, unstructure_plan
+from crosstrain.core.data import load_datasets
+from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
+from crosstrain.core.strategy import DeviceChoice, Job, PluginSelection
+from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
+
+
+def prepare_plan(plan: Plan | str | Path, overrides: Iterable[str] = ()) -> Plan:
+    """A validated Plan from a file or a Plan object, with ``--set`` style overrides applied."""
+    if not isinstance(plan, Plan):
+        return load_plan(plan, overrides)
+    overrides = list(overrides)
+    if overrides:
+        raw = unstructure_plan(plan)
+        for override in overrides:
+            apply_override(raw, override, plan.source)
+        plan = structure_plan(raw, source=plan.source)
+    validate_plan(plan)
+    return plan
+
+
+def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path("runs") / f"{plan.name}-{backend}-x{replicas}-{stamp}"
+
+
+def make_job(
+    plan: Plan,
+    backend: str,
+    replicas: int = 1,
+    workers: int | None = None,
+    device: DeviceChoice = "auto",
+    out: str | Path | None = None,
+    options: Mapping[str, Any] | None = None,
+    plugins: PluginSelection = PluginSelection(),
+    timeout_seconds: float = 300.0,
+) -> Job:
+    """Check everything that can be checked before a process starts, then describe the job."""
+    check_world_fits(plan, replicas)
+    load_datasets(plan)  # the data must load and fit the model before any worker starts
+    out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return Job(plan=plan, backend=backend, replicas=replicas, workers=workers, device=device,
+               out_dir=str(out_dir.resolve()), options=dict(options or {}), plugins=plugins,
+               timeout_seconds=timeout_seconds)
+
+
+def run_job(job: Job, manager: CrosstrainPluginManager | None = None) -> dict[str, Any]:
+    manager = manager or make_plugin_manager(job.plugins)
+    strategy = get_backend(manager, job.backend)()
+    return dict(strategy.launch(job).summary)
+
+
+def fit(
+    plan: Plan | str | Path,
+    backend: str = "torch",
+    nproc: int = 1,
+    *,
+    workers: int | None = None,
+    device: DeviceChoice = "auto",
+    out: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    plugins: PluginSelection = PluginSelection(),
+    options: Mapping[str, Any] | None = None,
+    timeout_seconds: float = 300.0,
+) -> dict[str, Any]:
+    """Train ``plan`` on ``backend`` with ``nproc`` replicas; return the run's summary."""
+    prepared = prepare_plan(plan, overrides)
+    manager = make_plugin_manager(plugins)
+    get_backend(manager, backend)  # fail on an unknown backend before writing anything
+    job = make_job(prepared, backend, nproc, workers, device, out, options, plugins, timeout_seconds)
+    return run_job(job, manager)

@@ -1,0 +1,242 @@
+"""TorchStrategy: DDP over gloo or NCCL; plain module at world size 1.
+
+This module imports torch only inside methods, so ``crosstrain backends`` can list
+the backend (and say torch is missing) on a machine without torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import numpy as np
+
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+
+if TYPE_CHECKING:
+    import torch
+
+
+@attrs.define
+class TorchState:
+    module: torch.nn.Module  # the unwrapped model: weights are read and written here
+    model: torch.nn.Module  # what runs forward: DDP(module) when there are several processes
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    plan: Plan
+
+
+_AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class TorchStrategy:
+    name: ClassVar[str] = "torch"
+    extra: ClassVar[str] = "torch"
+
+    def __init__(self, world: World | None = None, device: str = "cpu") -> None:
+        self.world = world or World()
+        self.device = device
+
+    # ----------------------------------------------------------------- discovery and launch
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        if importlib.util.find_spec("torch") is None:
+            return FrameworkStatus(importable=False, problem="No module named 'torch'")
+        try:
+            import torch
+        except Exception as error:  # a broken install must not break `crosstrain backends`
+            return FrameworkStatus(importable=False, problem=f"{type(error).__name__}: {error}")
+        gpus = tuple(f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count()))
+        return FrameworkStatus(importable=True, version=torch.__version__, devices=("cpu", *gpus))
+
+    def launch(self, job: Job) -> RunResult:
+        from crosstrain.backends.torch.launch import launch
+
+        return launch(job)
+
+    # ----------------------------------------------------------------- model
+
+    def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TorchState:
+        import torch
+
+        from crosstrain.backends.torch.model import build_module, load_neutral
+
+        module = build_module(plan)
+        if weights:
+            load_neutral(module, plan, weights)
+        module.to(self.device)
+        model = module
+        if self._distributed():
+            # DDP broadcasts rank 0's weights at construction, so native models agree too.
+            device_ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
+            model = torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+        scaler = None
+        if plan.train.precision == "fp16":
+            scaler = torch.amp.GradScaler(torch.device(self.device).type)
+        return TorchState(module, model, _make_optimizer(module, plan.optimizer), scaler, plan)
+
+    # ----------------------------------------------------------------- steps
+
+    def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, float]:
+        import torch
+
+        from crosstrain.backends.torch.model import per_row_loss
+
+        state.model.train()
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        # DESIGN rule 4: sum over real rows / global real rows. DDP averages gradients over
+        # processes, so multiply by the process count to turn that average into a sum.
+        scale = self.world.process_count / step.global_real_rows
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        last = len(step.micro_batches) - 1
+        for index, micro in enumerate(step.micro_batches):
+            x, y, weight = self._tensors(micro, state.plan)
+            with self._no_sync(state, skip=index < last):
+                with self._autocast(state.plan):
+                    outputs = state.model(x)
+                micro_sum = (per_row_loss(state.plan.loss.name, outputs, y) * weight).sum()
+                scaled = micro_sum * scale
+                (state.scaler.scale(scaled) if state.scaler else scaled).backward()
+            loss_sum += micro_sum.detach().double()
+        self._optimizer_step(state)
+        total = self._sum_across(loss_sum)
+        return {"loss": float(total) / step.global_real_rows}
+
+    def _optimizer_step(self, state: TorchState) -> None:
+        import torch
+
+        clip = state.plan.train.clip_grad_norm
+        if state.scaler is not None:
+            if clip is not None:
+                state.scaler.unscale_(state.optimizer)
+                torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+        else:
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
+            state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+
+    def eval_step(self, state: TorchState, batch: Batch) -> dict[str, float]:
+        import torch
+
+        from crosstrain.backends.torch.model import per_row_loss
+
+        state.model.eval()
+        x, y, weight = self._tensors(batch, state.plan)
+        with torch.no_grad(), self._autocast(state.plan):
+            outputs = state.module(x)  # forward without DDP: no gradient sync is needed
+        with torch.no_grad():
+            weight64 = weight.double()
+            sums = [(per_row_loss(state.plan.loss.name, outputs, y).double() * weight64).sum()]
+            if state.plan.loss.name == "cross_entropy":
+                sums.append(((outputs.argmax(dim=1) == y).double() * weight64).sum())
+            sums.append(weight64.sum())
+            totals = self._sum_across(torch.stack(sums)).tolist()
+        names = ["loss_sum", "correct", "count"] if len(totals) == 3 else ["loss_sum", "count"]
+        return dict(zip(names, totals, strict=True))
+
+    # ----------------------------------------------------------------- collectives
+
+    def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
+        import torch
+        import torch.distributed as dist
+
+        if not self._distributed():
+            return values
+        tensor = torch.as_tensor(np.asarray(values), device=self.device).clone()
+        reduce_op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+                     "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        dist.all_reduce(tensor, op=reduce_op)
+        if op == "mean":
+            tensor = tensor / self.world.process_count
+        return np.asarray(tensor.cpu().numpy())
+
+    def broadcast(self, values: np.ndarray, src: int = 0) -> np.ndarray:
+        import torch
+        import torch.distributed as dist
+
+        if not self._distributed():
+            return values
+        tensor = torch.as_tensor(np.asarray(values), device=self.device).clone()
+        dist.broadcast(tensor, src=src)
+        return np.asarray(tensor.cpu().numpy())
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self._distributed():
+            dist.barrier()
+
+    # ----------------------------------------------------------------- weights
+
+    def state_dict(self, state: TorchState) -> dict[str, np.ndarray]:
+        from crosstrain.backends.torch.model import neutral_state
+
+        return neutral_state(state.module, state.plan)
+
+    def load_state_dict(self, state: TorchState, tensors: Mapping[str, np.ndarray]) -> None:
+        from crosstrain.backends.torch.model import load_neutral
+
+        load_neutral(state.module, state.plan, tensors)
+
+    # ----------------------------------------------------------------- helpers
+
+    def _distributed(self) -> bool:
+        import torch.distributed as dist
+
+        return self.world.process_count > 1 and dist.is_initialized()
+
+    def _tensors(self, batch: Batch, plan: Plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        import torch
+
+        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
+        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
+        weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
+        return x, y, weight
+
+    @contextlib.contextmanager
+    def _no_sync(self, state: TorchState, skip: bool) -> Iterator[None]:
+        """Skip DDP's all-reduce on every accumulation micro-step but the last."""
+        if skip and state.model is not state.module:
+            with state.model.no_sync():  # type: ignore[operator]
+                yield
+        else:
+            yield
+
+    def _autocast(self, plan: Plan) -> contextlib.AbstractContextManager[Any]:
+        import torch
+
+        if plan.train.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = getattr(torch, _AUTOCAST[plan.train.precision])
+        return torch.autocast(device_type=torch.device(self.device).type, dtype=dtype)
+
+    def _sum_across(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if self._distributed():
+            tensor = tensor.clone()
+            dist.all_reduce(tensor)
+        return tensor
+
+
+def _make_optimizer(module: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    import torch
+
+    params = list(module.parameters())
+    if spec.name == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov,
+                               weight_decay=spec.weight_decay)
+    betas = (spec.beta1, spec.beta2)
+    if spec.name == "adam":
+        return torch.optim.Adam(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
+    return torch.optim.AdamW(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)

@@ -1,0 +1,131 @@
+"""The `crosstrain` command: run, backends (and whatever plugins add)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from crosstrain.api import make_job, prepare_plan, run_job
+from crosstrain.core.errors import CrosstrainError, WorkerError
+from crosstrain.plugins.manager import (
+    CrosstrainPluginManager,
+    backend_registry,
+    get_backend,
+    make_plugin_manager,
+    report_failures,
+    selection_from_args,
+)
+
+_RUN_ARGUMENTS = {"plan", "backend", "nproc", "workers", "device", "out", "overrides", "plugins",
+                  "timeout", "command", "handler"}
+
+
+def _plugin_args(argv: Sequence[str]) -> list[str]:
+    """``-p`` values, read before the full parser exists (plugins add options to it)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("-p", dest="plugins", action="append", default=[])
+    known, _ = early.parse_known_args(list(argv))
+    return list(known.plugins)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", help="plan file (.toml or .py)")
+    parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
+    parser.add_argument("--nproc", type=int, default=1, help="replicas (model copies) in all")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes; default: the backend's natural layout")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    parser.add_argument("--out", default=None, help="output folder (default: a new one under runs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a plan field, e.g. --set optimizer.lr=0.01")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds any wait (rendezvous, collective) may take")
+
+
+def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crosstrain", description=__doc__)
+    parser.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
+                        help="load plugin NAME; -p no:NAME blocks it")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="train a plan")
+    _add_run_arguments(run)
+    manager.hook.crosstrain_addoption(parser=run)
+    run.set_defaults(handler=_run)
+    backends = commands.add_parser("backends", help="list registered backends")
+    backends.set_defaults(handler=_backends)
+    return parser
+
+
+def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: value for key, value in vars(args).items() if key not in _RUN_ARGUMENTS}
+
+
+def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    plan = prepare_plan(args.plan, args.overrides)
+    get_backend(manager, args.backend)
+    job = make_job(plan, args.backend, args.nproc, args.workers, args.device, args.out,
+                   _plugin_options(args), selection_from_args(args.plugins), args.timeout)
+    summary = run_job(job, manager)
+    print_summary(console, summary, job.out_dir)
+    return 0
+
+
+def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) -> None:
+    table = Table(title=f"{summary['plan']} on {summary['backend']} x{summary['world_size']}",
+                  show_header=False)
+    evaluation = summary.get("eval") or {}
+    rows = [
+        ("steps", f"{summary['steps']}"),
+        ("train loss", f"{summary['train']['loss']:.4f}"),
+        ("eval loss", f"{evaluation['loss']:.4f}" if "loss" in evaluation else "-"),
+        ("eval accuracy", f"{evaluation['accuracy']:.4f}" if "accuracy" in evaluation else "-"),
+        ("samples/s", f"{summary['samples_per_second']:.0f}"),
+        ("wall time", f"{summary['wall_seconds']:.1f} s"),
+        ("output", out_dir),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+
+
+def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    table = Table(title="crosstrain backends")
+    for column in ("backend", "distribution", "framework", "devices"):
+        table.add_column(column)
+    for name, entry in sorted(backend_registry(manager).items()):
+        status = entry.strategy.framework_status()
+        framework = status.version if status.importable else (
+            f"missing: pip install 'crosstrain[{entry.strategy.extra}]'")
+        table.add_row(name, entry.distribution, framework, ", ".join(status.devices) or "-")
+    console.print(table)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    error_console = Console(stderr=True, highlight=False)
+    try:
+        manager = make_plugin_manager(selection_from_args(_plugin_args(argv)))
+        report_failures(manager)
+        args = build_parser(manager).parse_args(argv)
+        return int(args.handler(args, manager, Console(highlight=False)))
+    except WorkerError as error:
+        if error.traceback_text:  # the failing rank's traceback, once, unwrapped
+            sys.stderr.write(error.traceback_text.rstrip() + "\n")
+        error_console.print(f"crosstrain: error: {error}", markup=False)
+        return error.exit_code
+    except CrosstrainError as error:
+        error_console.print(f"crosstrain: error: {error}", markup=False)
+        return error.exit_code
+    except KeyboardInterrupt:
+        error_console.print("crosstrain: interrupted", markup=False)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The run context every lifecycle hook receives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from crosstrain.core.plan import Plan
+from crosstrain.core.strategy import Job, World
+
+
+@attrs.frozen
+class RunContext:
+    """What a plugin may want to know about the run in progress."""
+
+    job: Job
+    world: World
+    total_steps: int
+    steps_per_epoch: int
+    train_rows: int
+    eval_rows: int
+
+    @property
+    def plan(self) -> Plan:
+        return self.job.plan
+
+    @property
+    def backend(self) -> str:
+        return self.job.backend
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.job.out_dir)
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        return self.job.options

@@ -1,0 +1,170 @@
+"""Raw dicts (TOML, --set) to Plan and back, through cattrs, with messages that name fields.
+
+Primitive hooks are strict on purpose: "5" is not an int and 1.5 is not silently
+truncated, because a typo in a plan should fail here rather than train quietly.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+
+from crosstrain.core.errors import PlanError
+from crosstrain.core.layers import LAYER_TYPES, Layer
+from crosstrain.core.plan import DataSpec, NativeModel, Plan
+
+
+def _strict_int(value: Any, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _strict_float(value: Any, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    converter.register_structure_hook(int, _strict_int)
+    converter.register_structure_hook(float, _strict_float)
+    converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook(str, _strict_str)
+    # Predicates, not singledispatch: the hook must catch the base Layer only, or it
+    # would also catch (and recurse into) each concrete layer class it structures.
+    converter.register_structure_hook_func(lambda cls: cls is Layer, _structure_layer)
+    converter.register_structure_hook(NativeModel, _structure_native)
+    converter.register_unstructure_hook(NativeModel, lambda native: dict(native.factories))
+    return converter
+
+
+def _structure_layer(value: Any, _: type) -> Layer:
+    if not isinstance(value, dict):
+        raise TypeError(f"a layer is a table with a 'type', got {value!r}")
+    fields = dict(value)
+    kind = fields.pop("type", None)
+    if kind not in LAYER_TYPES:
+        known = ", ".join(sorted(LAYER_TYPES))
+        raise ValueError(f"unknown layer type {kind!r} (known: {known})")
+    return _CONVERTER.structure(fields, LAYER_TYPES[kind])
+
+
+def _unstructure_layer(layer: Layer) -> dict[str, Any]:
+    fields = {"type": layer.type}
+    fields.update(attrs.asdict(layer))
+    if fields.get("name") is None:
+        fields.pop("name", None)
+    return fields
+
+
+def _structure_native(value: Any, _: type) -> NativeModel:
+    if isinstance(value, NativeModel):
+        return value
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise TypeError('native is a table of backend = "module:function"')
+    return NativeModel(**value)
+
+
+_CONVERTER = _make_converter()
+
+
+def unstructure_plan(plan: Plan) -> dict[str, Any]:
+    raw: dict[str, Any] = _CONVERTER.unstructure(plan)
+    raw.pop("source", None)
+    raw["model"]["layers"] = [_unstructure_layer(layer) for layer in plan.model.layers]
+    if raw["model"].get("native") is None:
+        raw["model"].pop("native", None)
+    return raw
+
+
+def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Path | None = None) -> Plan:
+    """Build a Plan from a raw dict; the first problem becomes a PlanError naming its field."""
+    raw = dict(raw)
+    raw.pop("source", None)
+    try:
+        plan = _CONVERTER.structure(raw, Plan)
+    except ClassValidationError as error:
+        field, message = _first_problem(error)
+        raise PlanError(message, field=field or None, source=source) from None
+    except (TypeError, ValueError) as error:
+        raise PlanError(str(error), source=source) from None
+    if base_dir is not None:
+        plan = attrs.evolve(plan, data=_resolve_paths(plan.data, base_dir))
+    return attrs.evolve(plan, source=source)
+
+
+def _resolve_paths(data: DataSpec, base_dir: Path) -> DataSpec:
+    """Data paths in a plan are relative to the plan file, not to where it is run from."""
+
+    def resolve(path: str | None) -> str | None:
+        return None if path is None else str((base_dir / path).resolve())
+
+    return attrs.evolve(data, path=resolve(data.path), eval_path=resolve(data.eval_path))
+
+
+_ATTRS_VALIDATOR_MESSAGE = re.compile(r"^'(\w+)' must be (.*)$", re.DOTALL)
+_LITERAL_MESSAGE = re.compile(r"^(.*) not in literal typing\.Literal\[(.*)\]$")
+
+
+def _first_problem(error: BaseException, path: str = "") -> tuple[str, str]:
+    """Walk cattrs' nested exception group to the first leaf; return (field path, message)."""
+    if isinstance(error, ForbiddenExtraKeysError):
+        keys = ", ".join(sorted(error.extra_fields))
+        return path, f"unknown key(s): {keys}"
+    if isinstance(error, BaseExceptionGroup) and error.exceptions:
+        child = error.exceptions[0]
+        note = _location_note(child)
+        return _first_problem(child, _join(path, note))
+    message = _describe_leaf(error)
+    named = _ATTRS_VALIDATOR_MESSAGE.match(message)
+    if named:  # attrs validators say "'lr' must be > 0: -1.0": move the name into the path
+        return _join(path, named.group(1)), f"must be {named.group(2)}"
+    return path, message
+
+
+def _location_note(error: BaseException) -> str:
+    for note in getattr(error, "__notes__", []):
+        name = getattr(note, "name", None)
+        if name is not None:
+            return f"[{name}]" if isinstance(name, int) else str(name)
+        match = re.search(r"@ attribute (\w+)|@ index (\d+)", str(note))
+        if match:
+            return match.group(1) or f"[{match.group(2)}]"
+    return ""
+
+
+def _join(path: str, step: str) -> str:
+    if not step:
+        return path
+    if step.startswith("[") or not path:
+        return f"{path}{step}"
+    return f"{path}.{step}"
+
+
+def _describe_leaf(error: BaseException) -> str:
+    if isinstance(error, KeyError):
+        return "is required"
+    text = str(error)
+    literal = _LITERAL_MESSAGE.match(text)
+    if literal:
+        return f"must be one of {literal.group(2)}, got {literal.group(1)!r}"
+    return text or type(error).__name__

@@ -1,0 +1,139 @@
+"""fit() and evaluate(): the one training loop, written against the protocol only.
+
+Core owns the weights' first values, the batches and the learning rate; the
+backend owns the native model and the collectives. Nothing here knows which
+backend runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pluggy
+
+from crosstrain.core.checkpoint import save_checkpoint
+from crosstrain.core.context import RunContext
+from crosstrain.core.data import ArrayDataset, GlobalSampler, eval_batches, load_datasets, shard, step_batch
+from crosstrain.core.layers import init_weights
+from crosstrain.core.plan import Plan
+from crosstrain.core.schedule import LearningRateSchedule
+from crosstrain.core.strategy import DistributedStrategy, Job
+
+CHECKPOINT_FILE = "model.safetensors"
+
+
+def total_steps(plan: Plan, train_rows: int) -> int:
+    """Optimizer steps in the run: epochs x steps per epoch, capped by max_steps."""
+    per_epoch = GlobalSampler(train_rows, plan.train.global_batch_size, plan.seed).steps_per_epoch
+    steps = plan.train.epochs * per_epoch
+    return min(steps, plan.train.max_steps) if plan.train.max_steps else steps
+
+
+def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
+    """DESIGN rule 2: the same numpy weights for every backend (none for a native model)."""
+    if plan.model.native is not None:
+        return {}
+    return init_weights(plan.model.input_shape, plan.model.layers, plan.seed)
+
+
+def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict[str, Any]:
+    """Train the job's plan on this process's share of the world; return the summary."""
+    started = time.perf_counter()
+    plan, world = job.plan, strategy.world
+    datasets = load_datasets(plan)
+    state = strategy.build(plan, initial_weights(plan))
+    sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
+    steps = total_steps(plan, len(datasets.train))
+    schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, steps)
+    context = RunContext(
+        job=job, world=world, total_steps=steps, steps_per_epoch=sampler.steps_per_epoch,
+        train_rows=len(datasets.train), eval_rows=len(datasets.eval) if datasets.eval else 0,
+    )
+    hook.crosstrain_train_start(context=context)
+
+    step, train_seconds, train_samples = 0, 0.0, 0
+    last_train_loss, eval_metrics = float("nan"), {}
+    epoch = 0
+    for epoch in range(plan.train.epochs):
+        if step >= steps:
+            break
+        epoch_started = time.perf_counter()
+        loss_sum, real_rows = 0.0, 0
+        for indices, weight in sampler.epoch(epoch):
+            if step >= steps:
+                break
+            batch = step_batch(datasets.train, indices, weight, world.process_index,
+                               world.process_count, plan.train.grad_accum_steps)
+            lr = schedule(step)
+            metrics = strategy.train_step(state, batch, lr)
+            step += 1
+            loss_sum += metrics["loss"] * batch.global_real_rows
+            real_rows += batch.global_real_rows
+            hook.crosstrain_step_end(context=context, step=step, epoch=epoch, lr=lr, metrics=metrics)
+        epoch_seconds = time.perf_counter() - epoch_started
+        train_seconds += epoch_seconds
+        train_samples += real_rows
+        last_train_loss = loss_sum / max(real_rows, 1)
+        epoch_metrics: dict[str, float] = {
+            "loss": last_train_loss,
+            "samples_per_second": real_rows / max(epoch_seconds, 1e-9),
+        }
+        is_last = step >= steps or epoch + 1 == plan.train.epochs
+        if datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last):
+            eval_metrics = evaluate(strategy, state, datasets.eval, plan)
+            hook.crosstrain_eval_end(context=context, step=step, epoch=epoch, metrics=eval_metrics)
+            epoch_metrics.update({f"eval_{name}": value for name, value in eval_metrics.items()})
+        hook.crosstrain_epoch_end(context=context, epoch=epoch, metrics=epoch_metrics)
+
+    if plan.output.checkpoint:
+        _save_checkpoint(strategy, state, context, step, hook)
+    summary = {
+        "plan": plan.name,
+        "backend": job.backend,
+        "world_size": world.replicas,
+        "processes": world.process_count,
+        "device": world.device,
+        "precision": plan.train.precision,
+        "steps": step,
+        "epochs": epoch + 1,
+        "train": {"loss": last_train_loss},
+        "eval": eval_metrics,
+        "samples_per_second": train_samples / max(train_seconds, 1e-9),
+        "wall_seconds": time.perf_counter() - started,
+    }
+    hook.crosstrain_train_end(context=context, summary=summary)
+    return summary
+
+
+def evaluate(
+    strategy: DistributedStrategy, state: Any, dataset: ArrayDataset, plan: Plan
+) -> dict[str, float]:
+    """Exact metrics over the whole eval set: sums of real rows only, divided once at the end,
+    so world N equals world 1 whatever the padding."""
+    world = strategy.world
+    totals: dict[str, float] = {}
+    for indices, weight in eval_batches(dataset, plan.train.global_batch_size):
+        batch = shard(dataset, indices, weight, world.process_index, world.process_count)
+        for name, value in strategy.eval_step(state, batch).items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+    count = totals.get("count", 0.0)
+    metrics = {"loss": totals.get("loss_sum", 0.0) / max(count, 1.0), "count": count}
+    if "accuracy" in plan.metrics:
+        metrics["accuracy"] = totals.get("correct", 0.0) / max(count, 1.0)
+    return metrics
+
+
+def _save_checkpoint(
+    strategy: DistributedStrategy, state: Any, context: RunContext, step: int, hook: pluggy.HookRelay
+) -> None:
+    # state_dict may gather across ranks, so every rank calls it; only rank 0 writes.
+    tensors = strategy.state_dict(state)
+    path = context.out_dir / CHECKPOINT_FILE
+    if context.world.is_main:
+        metadata: Mapping[str, str] = {"backend": context.backend, "step": str(step), "plan": context.plan.name}
+        save_checkpoint(path, tensors, metadata)
+    strategy.barrier()
+    hook.crosstrain_checkpoint_saved(context=context, path=str(path), step=step)

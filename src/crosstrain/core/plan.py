@@ -1,0 +1,278 @@
+"""The plan: a framework-neutral description of one training job.
+
+Every default lives here, explicitly, so both frameworks see the same numbers.
+A plan is loaded from ``.toml`` (tomllib) or from a ``.py`` file that defines a
+module-level ``plan``; ``--set section.field=value`` overrides any field. All of
+it is validated before any process starts; the first problem raises a
+:class:`PlanError` that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from crosstrain.core.errors import PlanError
+from crosstrain.core.layers import LAYER_TYPES, Layer, Shape, infer_shapes
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+_ge0 = attrs.validators.ge(0)
+_gt0 = attrs.validators.gt(0)
+
+
+@attrs.frozen(init=False)
+class NativeModel:
+    """DESIGN rule 6: a native model factory per framework, ``"package.module:function"``.
+
+    The factory is called with the plan and returns the framework's model, which takes
+    neutral (channels-last) inputs and returns logits. Weights are the framework's own,
+    so parity across frameworks is not promised; distribution still is.
+    """
+
+    factories: tuple[tuple[str, str], ...]
+
+    def __init__(self, **factories: str) -> None:
+        self.__attrs_init__(factories=tuple(sorted(factories.items())))
+
+    def factory_for(self, backend: str) -> str | None:
+        return dict(self.factories).get(backend)
+
+
+@attrs.frozen
+class ModelSpec:
+    input_shape: tuple[int, ...] = attrs.field()
+    layers: tuple[Layer, ...] = ()
+    native: NativeModel | None = None
+
+    @input_shape.validator
+    def _check_input_shape(self, attribute: attrs.Attribute[Shape], value: Shape) -> None:
+        if not value or any(size <= 0 for size in value):
+            raise ValueError(f"input_shape must be positive sizes, got {list(value)}")
+
+
+@attrs.frozen
+class DataSpec:
+    """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download)
+    or "npz" (``path`` with arrays ``x_key``/``y_key``). The eval set is ``eval_path`` if
+    given, else a seeded ``eval_fraction`` of the rows. ``limit`` keeps the first rows."""
+
+    source: Literal["digits", "npz"] = "digits"
+    path: str | None = None
+    x_key: str = "x"
+    y_key: str = "y"
+    eval_fraction: float = attrs.field(
+        default=0.2, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)]
+    )
+    eval_path: str | None = None
+    limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
+    shuffle: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.source == "npz" and self.path is None:
+            raise ValueError("source 'npz' needs data.path")
+
+
+@attrs.frozen
+class LossSpec:
+    name: Literal["cross_entropy", "mse"] = "cross_entropy"
+
+
+@attrs.frozen
+class OptimizerSpec:
+    """sgd and adam apply ``weight_decay`` as L2 on the gradient; adamw decouples it.
+    SGD momentum keeps the learning rate outside the buffer (torch semantics)."""
+
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = attrs.field(default=0.01, validator=_gt0)
+    momentum: float = attrs.field(default=0.0, validator=[_ge0, attrs.validators.lt(1.0)])
+    nesterov: bool = False
+    beta1: float = attrs.field(default=0.9, validator=[_ge0, attrs.validators.lt(1.0)])
+    beta2: float = attrs.field(default=0.999, validator=[_ge0, attrs.validators.lt(1.0)])
+    eps: float = attrs.field(default=1e-8, validator=_gt0)
+    weight_decay: float = attrs.field(default=0.0, validator=_ge0)
+
+    def __attrs_post_init__(self) -> None:
+        if self.nesterov and self.momentum == 0.0:
+            raise ValueError("nesterov needs momentum > 0")
+
+
+@attrs.frozen
+class ScheduleSpec:
+    """Learning rate per optimizer step: linear warmup from 0 over ``warmup_steps``,
+    then constant, step (times ``gamma`` every ``step_size`` steps) or cosine to ``min_lr``."""
+
+    name: Literal["constant", "step", "cosine"] = "constant"
+    warmup_steps: int = attrs.field(default=0, validator=_ge0)
+    step_size: int = attrs.field(default=100, validator=_gt0)
+    gamma: float = attrs.field(default=0.1, validator=_gt0)
+    min_lr: float = attrs.field(default=0.0, validator=_ge0)
+
+
+@attrs.frozen
+class TrainSpec:
+    global_batch_size: int = attrs.field(default=32, validator=_gt0)
+    epochs: int = attrs.field(default=1, validator=_gt0)
+    max_steps: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
+    grad_accum_steps: int = attrs.field(default=1, validator=_gt0)
+    clip_grad_norm: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_gt0)
+    )
+    precision: Precision = "fp32"
+    eval_every_epochs: int = attrs.field(default=1, validator=_gt0)
+
+
+@attrs.frozen
+class OutputSpec:
+    """``dir``: where summary.json and metrics.jsonl go (default: a new folder under runs/).
+    ``checkpoint``: save final weights as ``model.safetensors`` (neutral names)."""
+
+    dir: str | None = None
+    checkpoint: bool = True
+
+
+@attrs.frozen
+class Plan:
+    model: ModelSpec
+    name: str = "plan"
+    seed: int = 0
+    metrics: tuple[Literal["loss", "accuracy"], ...] = ("loss", "accuracy")
+    data: DataSpec = DataSpec()
+    loss: LossSpec = LossSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    train: TrainSpec = TrainSpec()
+    output: OutputSpec = OutputSpec()
+    source: str | None = attrs.field(default=None, eq=False)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_plan(path: str | Path, overrides: Iterable[str] = ()) -> Plan:
+    """Load, override and validate a plan file (.toml or .py)."""
+    from crosstrain.core.convert import structure_plan, unstructure_plan
+
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise PlanError("no such plan file", source=source)
+    if path.suffix == ".toml":
+        raw = _read_toml(path)
+    elif path.suffix == ".py":
+        raw = unstructure_plan(_read_python_plan(path))
+    else:
+        raise PlanError("a plan is a .toml or .py file", source=source)
+    for override in overrides:
+        apply_override(raw, override, source)
+    plan = structure_plan(raw, source=source, base_dir=path.parent)
+    validate_plan(plan)
+    return plan
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise PlanError(f"not valid TOML: {error}", source=str(path)) from None
+
+
+def _read_python_plan(path: Path) -> Plan:
+    module_name = f"_crosstrain_plan_{abs(hash(path.resolve()))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise PlanError("cannot import this file", source=str(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # a user's file: any error it raises is reported, not crashed on
+        raise PlanError(f"importing failed: {type(error).__name__}: {error}", source=str(path))
+    finally:
+        sys.path.pop(0)
+    plan = getattr(module, "plan", None)
+    if not isinstance(plan, Plan):
+        raise PlanError("a .py plan must define a module-level `plan = Plan(...)`", source=str(path))
+    return plan
+
+
+def apply_override(raw: dict[str, Any], override: str, source: str | None = None) -> None:
+    """Apply ``section.field=value`` to the raw plan; the value is read as TOML if it can be."""
+    key, sep, text = override.partition("=")
+    if not sep or not key.strip():
+        raise PlanError(f"--set expects FIELD=VALUE, got {override!r}", source=source)
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise PlanError(f"{part!r} is not a table", field=key.strip(), source=source)
+        node = child
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_plan(plan: Plan) -> None:
+    """Checks that need the whole plan: shapes through the model and batch divisibility."""
+    if plan.model.native is None:
+        if not plan.model.layers:
+            raise PlanError("a model needs layers (or a native model)", field="model.layers",
+                            source=plan.source)
+        shapes = infer_shapes(plan.model.input_shape, plan.model.layers, source=plan.source)
+        if len(shapes[-1]) != 1:
+            raise PlanError(
+                f"the model must end in a flat output, got shape {list(shapes[-1])}",
+                field="model.layers", source=plan.source,
+            )
+    if "accuracy" in plan.metrics and plan.loss.name != "cross_entropy":
+        raise PlanError("accuracy needs loss 'cross_entropy'", field="metrics", source=plan.source)
+
+
+def check_world_fits(plan: Plan, replicas: int) -> None:
+    """The global batch must split evenly into replicas x grad_accum_steps micro-batches."""
+    train = plan.train
+    parts = replicas * train.grad_accum_steps
+    if train.global_batch_size % parts:
+        raise PlanError(
+            f"{train.global_batch_size} is not divisible by replicas ({replicas}) x "
+            f"grad_accum_steps ({train.grad_accum_steps}) = {parts}",
+            field="train.global_batch_size", source=plan.source,
+        )
+
+
+def output_units(plan: Plan) -> int | None:
+    """Width of the model's last layer (None for a native model)."""
+    if plan.model.native is not None:
+        return None
+    return infer_shapes(plan.model.input_shape, plan.model.layers)[-1][0]
+
+
+def steps_per_epoch(num_rows: int, global_batch_size: int) -> int:
+    return math.ceil(num_rows / global_batch_size)
+
+
+def layer_types() -> Sequence[str]:
+    return sorted(LAYER_TYPES)
+
+
+def as_plain_dict(plan: Plan) -> Mapping[str, Any]:
+    from crosstrain.core.convert import unstructure_plan
+
+    return unstructure_plan(plan)

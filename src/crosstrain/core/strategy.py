@@ -1,0 +1,146 @@
+"""What a backend does: the DistributedStrategy protocol, and the values it exchanges with core.
+
+The loop in :mod:`crosstrain.core.loop` calls only this protocol. A backend is a
+class registered through the ``crosstrain`` entry-point group (see
+:mod:`crosstrain.plugins.hookspecs`); nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.plan import Plan
+
+DeviceChoice = Literal["auto", "cpu", "gpu"]
+ReduceOp = Literal["sum", "mean", "max", "min"]
+
+
+@attrs.frozen
+class World:
+    """Where this process stands. A replica is one model copy; a process holds one
+    (torch DDP) or several (tf MirroredStrategy) of them."""
+
+    process_index: int = 0
+    process_count: int = 1
+    local_replicas: int = 1
+    device: str = "cpu"
+
+    @property
+    def replicas(self) -> int:
+        return self.process_count * self.local_replicas
+
+    @property
+    def is_main(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def rank(self) -> int:
+        return self.process_index
+
+
+@attrs.frozen
+class PluginSelection:
+    """Which plugins a process loads: the same rules in the CLI and in every worker."""
+
+    autoload: bool = True
+    enabled: tuple[str, ...] = ()
+    disabled: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Job:
+    """Everything a worker needs to run the plan; picklable, sent to every process.
+
+    ``replicas`` is the total number of model copies (``--nproc``); ``workers`` the number
+    of processes (``--workers``), None letting the backend choose its natural layout.
+    """
+
+    plan: Plan
+    backend: str
+    replicas: int = 1
+    workers: int | None = None
+    device: DeviceChoice = "auto"
+    out_dir: str = "runs/latest"
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    plugins: PluginSelection = PluginSelection()
+    timeout_seconds: float = 300.0
+
+
+@attrs.frozen
+class RunResult:
+    """What launch returns: rank 0's summary (the same dict written to summary.json)."""
+
+    summary: Mapping[str, Any]
+    out_dir: str
+
+
+@attrs.frozen
+class FrameworkStatus:
+    """For ``crosstrain backends``: does the framework import, and what does it see."""
+
+    importable: bool
+    version: str = ""
+    devices: tuple[str, ...] = ()
+    problem: str = ""
+
+
+@runtime_checkable
+class DistributedStrategy(Protocol):
+    """One backend. Core builds the weights and batches and computes the learning rate;
+    the backend turns them into native models, steps and collectives."""
+
+    name: ClassVar[str]
+    #: the pip extra that installs this backend's framework, named in error messages
+    extra: ClassVar[str]
+    world: World
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        """Whether the framework imports, its version and devices; never raises."""
+        ...
+
+    def launch(self, job: Job) -> RunResult:
+        """Create the replicas (processes or devices), run :func:`core.loop.fit` in each,
+        and return rank 0's summary. A failure anywhere ends the whole job and raises
+        :class:`~crosstrain.core.errors.WorkerError` with the failing rank's traceback."""
+        ...
+
+    def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> Any:
+        """Native model and optimizer from crosstrain's initial weights (neutral names)."""
+        ...
+
+    def train_step(self, state: Any, step: StepBatch, lr: float) -> dict[str, float]:
+        """Forward, loss / ``step.global_real_rows``, backward over every micro-batch,
+        gradient sum across replicas, clipping, one optimizer step at ``lr``.
+        Returns global metrics (``loss``: the mean loss over real rows of the step)."""
+        ...
+
+    def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:
+        """Metric sums over the real rows of the whole global batch (all replicas):
+        ``loss_sum``, ``correct`` (classification) and ``count``."""
+        ...
+
+    def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
+        """Reduce a small host array across processes; every process gets the result."""
+        ...
+
+    def broadcast(self, values: np.ndarray, src: int = 0) -> np.ndarray:
+        """Process ``src``'s array, on every process."""
+        ...
+
+    def barrier(self) -> None:
+        """Wait for every process, with the job's timeout."""
+        ...
+
+    def state_dict(self, state: Any) -> dict[str, np.ndarray]:
+        """Weights as numpy under neutral names and channels-last layouts."""
+        ...
+
+    def load_state_dict(self, state: Any, tensors: Mapping[str, np.ndarray]) -> None:
+        """Load weights given under neutral names and layouts."""
+        ...

@@ -1,0 +1,132 @@
+"""The plugin manager: entry-point loading with pytest's hygiene, and the backend registry.
+
+Built-in plugins and backends are entry points of the ``crosstrain`` group in
+crosstrain's own distribution, loaded exactly as a third party's would be.
+``CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD=1`` loads only those built-ins (and any named
+with ``-p NAME``); ``-p no:NAME`` blocks one. A plugin that fails to import is
+reported once, with its distribution, and the rest keep working.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterable
+
+import attrs
+import pluggy
+
+from crosstrain.core.errors import BackendError
+from crosstrain.core.strategy import DistributedStrategy, PluginSelection
+from crosstrain.plugins import hookspecs
+
+GROUP = "crosstrain"
+AUTOLOAD_OFF_VARIABLE = "CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD"
+OWN_DISTRIBUTION = "crosstrain"
+
+
+@attrs.frozen
+class PluginFailure:
+    name: str
+    distribution: str
+    error: str
+
+    def message(self) -> str:
+        return f"plugin {self.name!r} from distribution {self.distribution!r} failed to load: {self.error}"
+
+
+@attrs.frozen
+class BackendEntry:
+    strategy: type[DistributedStrategy]
+    distribution: str
+
+
+class CrosstrainPluginManager(pluggy.PluginManager):
+    """pluggy's manager plus the load failures it met, reported once by the CLI."""
+
+    def __init__(self) -> None:
+        super().__init__(GROUP)
+        self.add_hookspecs(hookspecs)
+        self.failures: list[PluginFailure] = []
+        self.distributions: dict[str, str] = {}
+
+
+def selection_from_args(plugin_args: Iterable[str]) -> PluginSelection:
+    """``-p NAME`` / ``-p no:NAME`` values plus the autoload variable, as one selection."""
+    enabled: list[str] = []
+    disabled: list[str] = []
+    for value in plugin_args:
+        if value.startswith("no:"):
+            disabled.append(value[3:])
+        else:
+            enabled.append(value)
+    autoload = os.environ.get(AUTOLOAD_OFF_VARIABLE, "") in ("", "0")
+    return PluginSelection(autoload=autoload, enabled=tuple(enabled), disabled=tuple(disabled))
+
+
+def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> CrosstrainPluginManager:
+    manager = CrosstrainPluginManager()
+    for name in selection.disabled:
+        manager.set_blocked(name)
+    loaded: set[str] = set()
+    for entry_point in importlib.metadata.entry_points(group=GROUP):
+        distribution = entry_point.dist.name if entry_point.dist else "?"
+        wanted = selection.autoload or distribution == OWN_DISTRIBUTION or entry_point.name in selection.enabled
+        if not wanted or manager.is_blocked(entry_point.name) or entry_point.name in loaded:
+            continue
+        loaded.add(entry_point.name)
+        _register(manager, entry_point.name, distribution, entry_point.load)
+    for name in selection.enabled:
+        if name not in loaded and not manager.is_blocked(name):
+            _register(manager, name, "(-p)", lambda name=name: importlib.import_module(name))
+    return manager
+
+
+def _register(manager: CrosstrainPluginManager, name: str, distribution: str, load: object) -> None:
+    try:
+        plugin = load()  # type: ignore[operator]
+    except Exception as error:  # any import error of a third party's code is reported, not fatal
+        manager.failures.append(PluginFailure(name, distribution, f"{type(error).__name__}: {error}"))
+        return
+    manager.register(plugin, name=name)
+    manager.distributions[name] = distribution
+
+
+def report_failures(manager: CrosstrainPluginManager) -> None:
+    for failure in manager.failures:
+        print(f"crosstrain: warning: {failure.message()}", file=sys.stderr)
+
+
+def backend_registry(manager: CrosstrainPluginManager) -> dict[str, BackendEntry]:
+    """Backend name -> class and providing distribution; a clash names both distributions."""
+    registry: dict[str, BackendEntry] = {}
+    for implementation in manager.hook.crosstrain_backends.get_hookimpls():
+        distribution = manager.distributions.get(implementation.plugin_name, implementation.plugin_name)
+        for strategy in implementation.function():
+            earlier = registry.get(strategy.name)
+            if earlier is not None and earlier.strategy is not strategy:
+                raise BackendError(
+                    f"backend {strategy.name!r} is registered by two distributions: "
+                    f"{earlier.distribution!r} and {distribution!r}; uninstall one or block "
+                    f"one with -p no:PLUGIN"
+                )
+            registry[strategy.name] = BackendEntry(strategy, distribution)
+    return registry
+
+
+def get_backend(manager: CrosstrainPluginManager, name: str) -> type[DistributedStrategy]:
+    """The backend class for ``name``; unknown names and missing frameworks fail clearly."""
+    registry = backend_registry(manager)
+    entry = registry.get(name)
+    if entry is None:
+        known = ", ".join(sorted(registry)) or "none"
+        raise BackendError(f"unknown backend {name!r}; registered backends: {known}")
+    status = entry.strategy.framework_status()
+    if not status.importable:
+        raise BackendError(
+            f"backend {name!r} needs its framework, which does not import ({status.problem}); "
+            f"install it with: pip install 'crosstrain[{entry.strategy.extra}]'"
+        )
+    return entry.strategy

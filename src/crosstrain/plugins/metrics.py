@@ -1,0 +1,74 @@
+"""Built-in plugin ``metrics``: metrics.jsonl (one line per step and per evaluation) and
+summary.json, written by rank 0 and flushed line by line so a crash loses nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from crosstrain.core.context import RunContext
+from crosstrain.plugins.hookspecs import hookimpl
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: write null for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {key: _clean(item) for key, item in value.items()}
+    return value
+
+
+class MetricsWriter:
+    def __init__(self) -> None:
+        self._stream: IO[str] | None = None
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        if self._stream is not None:
+            self._stream.write(json.dumps(_clean(record)) + "\n")
+            self._stream.flush()
+
+    @hookimpl
+    def crosstrain_train_start(self, context: RunContext) -> None:
+        if context.world.is_main:
+            context.out_dir.mkdir(parents=True, exist_ok=True)
+            # append: a resumed or repeated run into the same folder never erases earlier lines
+            self._stream = (context.out_dir / METRICS_FILE).open("a", encoding="utf-8")
+
+    @hookimpl
+    def crosstrain_step_end(
+        self, context: RunContext, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
+    ) -> None:
+        self._write({"step": step, "epoch": epoch, "lr": lr, **metrics})
+
+    @hookimpl
+    def crosstrain_eval_end(
+        self, context: RunContext, step: int, epoch: int, metrics: Mapping[str, float]
+    ) -> None:
+        self._write({"step": step, "epoch": epoch, "eval": dict(metrics)})
+
+    @hookimpl
+    def crosstrain_train_end(self, context: RunContext, summary: Mapping[str, Any]) -> None:
+        if context.world.is_main:
+            path: Path = context.out_dir / SUMMARY_FILE
+            path.write_text(json.dumps(_clean(summary), indent=2) + "\n", encoding="utf-8")
+        self._close()
+
+    @hookimpl
+    def crosstrain_exception(self, context: RunContext, rank: int, error: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+# The entry point names this instance ("crosstrain.plugins.metrics:plugin").
+plugin = MetricsWriter()
