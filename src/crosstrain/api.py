@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
@@ -50,9 +49,17 @@ def make_job(
     load_datasets(plan)  # the data must load and fit the model before any worker starts
     out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return Job(plan=plan, backend=backend, replicas=replicas, workers=workers, device=device,
-               out_dir=str(out_dir.resolve()), options=dict(options or {}), plugins=plugins,
-               timeout_seconds=timeout_seconds)
+    return Job(
+        plan=plan,
+        backend=backend,
+        replicas=replicas,
+        workers=workers,
+        device=device,
+        out_dir=str(out_dir.resolve()),
+        options=dict(options or {}),
+        plugins=plugins,
+        timeout_seconds=timeout_seconds,
+    )
 
 
 def run_job(job: Job, manager: CrosstrainPluginManager | None = None) -> dict[str, Any]:

@@ -21,8 +21,19 @@ from crosstrain.plugins.manager import (
     selection_from_args,
 )
 
-_RUN_ARGUMENTS = {"plan", "backend", "nproc", "workers", "device", "out", "overrides", "plugins",
-                  "timeout", "command", "handler"}
+_RUN_ARGUMENTS = {
+    "plan",
+    "backend",
+    "nproc",
+    "workers",
+    "device",
+    "out",
+    "overrides",
+    "plugins",
+    "timeout",
+    "command",
+    "handler",
+}
 
 
 def _plugin_args(argv: Sequence[str]) -> list[str]:
@@ -37,20 +48,34 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="plan file (.toml or .py)")
     parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
     parser.add_argument("--nproc", type=int, default=1, help="replicas (model copies) in all")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="processes; default: the backend's natural layout")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="processes; default: the backend's natural layout"
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument("--out", default=None, help="output folder (default: a new one under runs/)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a plan field, e.g. --set optimizer.lr=0.01")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds any wait (rendezvous, collective) may take")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a plan field, e.g. --set optimizer.lr=0.01",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds any wait (rendezvous, collective) may take"
+    )
 
 
 def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crosstrain", description=__doc__)
-    parser.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
-                        help="load plugin NAME; -p no:NAME blocks it")
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="load plugin NAME; -p no:NAME blocks it",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train a plan")
     _add_run_arguments(run)
@@ -68,16 +93,26 @@ def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     plan = prepare_plan(args.plan, args.overrides)
     get_backend(manager, args.backend)
-    job = make_job(plan, args.backend, args.nproc, args.workers, args.device, args.out,
-                   _plugin_options(args), selection_from_args(args.plugins), args.timeout)
+    job = make_job(
+        plan,
+        args.backend,
+        args.nproc,
+        args.workers,
+        args.device,
+        args.out,
+        _plugin_options(args),
+        selection_from_args(args.plugins),
+        args.timeout,
+    )
     summary = run_job(job, manager)
     print_summary(console, summary, job.out_dir)
     return 0
 
 
 def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) -> None:
-    table = Table(title=f"{summary['plan']} on {summary['backend']} x{summary['world_size']}",
-                  show_header=False)
+    table = Table(
+        title=f"{summary['plan']} on {summary['backend']} x{summary['world_size']}", show_header=False
+    )
     evaluation = summary.get("eval") or {}
     rows = [
         ("steps", f"{summary['steps']}"),
@@ -99,8 +134,11 @@ def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, consol
         table.add_column(column)
     for name, entry in sorted(backend_registry(manager).items()):
         status = entry.strategy.framework_status()
-        framework = status.version if status.importable else (
-            f"missing: pip install 'crosstrain[{entry.strategy.extra}]'")
+        framework = (
+            status.version
+            if status.importable
+            else (f"missing: pip install 'crosstrain[{entry.strategy.extra}]'")
+        )
         table.add_row(name, entry.distribution, framework, ", ".join(status.devices) or "-")
     console.print(table)
     return 0

@@ -23,14 +23,18 @@ def native_factory(plan: Plan, backend: str) -> Callable[[Plan], Any]:
     assert plan.model.native is not None
     target = plan.model.native.factory_for(backend)
     if target is None:
-        raise PlanError(f"the native model names no factory for backend {backend!r}",
-                        field="model.native", source=plan.source)
+        raise PlanError(
+            f"the native model names no factory for backend {backend!r}",
+            field="model.native",
+            source=plan.source,
+        )
     module_name, _, function_name = target.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
-        raise PlanError(f"cannot load {target!r}: {error}", field=f"model.native.{backend}",
-                        source=plan.source) from None
+        raise PlanError(
+            f"cannot load {target!r}: {error}", field=f"model.native.{backend}", source=plan.source
+        ) from None
     if not callable(factory):
         raise PlanError(f"{target!r} is not callable", field=f"model.native.{backend}", source=plan.source)
     return factory  # type: ignore[no-any-return]

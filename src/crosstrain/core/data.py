@@ -119,9 +119,9 @@ def _fit_to_input(x: np.ndarray, plan: Plan, field: str) -> np.ndarray:
     rows = x.shape[0]
     if math.prod(x.shape[1:]) != math.prod(shape):
         raise PlanError(
-            f"rows have shape {list(x.shape[1:])}, which does not fit model.input_shape "
-            f"{list(shape)}",
-            field=field, source=plan.source,
+            f"rows have shape {list(x.shape[1:])}, which does not fit model.input_shape {list(shape)}",
+            field=field,
+            source=plan.source,
         )
     return np.ascontiguousarray(x.reshape(rows, *shape), dtype=np.float32)
 
@@ -130,20 +130,23 @@ def _targets(y: np.ndarray, plan: Plan) -> np.ndarray:
     units = output_units(plan)
     if plan.loss.name == "cross_entropy":
         if not np.issubdtype(y.dtype, np.integer) and not np.all(np.mod(y, 1) == 0):
-            raise PlanError("cross_entropy needs integer class labels", field="data.y_key",
-                            source=plan.source)
+            raise PlanError(
+                "cross_entropy needs integer class labels", field="data.y_key", source=plan.source
+            )
         labels = y.astype(np.int64).reshape(-1)
         if labels.min(initial=0) < 0 or (units is not None and labels.max(initial=0) >= units):
             raise PlanError(
                 f"labels span 0..{int(labels.max())} but the model's last layer has {units} units",
-                field="model.layers", source=plan.source,
+                field="model.layers",
+                source=plan.source,
             )
         return labels
     targets = y.astype(np.float32).reshape(y.shape[0], -1)
     if units is not None and targets.shape[1] != units:
         raise PlanError(
             f"targets have {targets.shape[1]} columns but the model's last layer has {units} units",
-            field="model.layers", source=plan.source,
+            field="model.layers",
+            source=plan.source,
         )
     return targets
 
@@ -196,9 +199,7 @@ def eval_batches(dataset: ArrayDataset, global_batch_size: int) -> Iterator[tupl
     return GlobalSampler(len(dataset), global_batch_size, seed=0, shuffle=False).epoch(0)
 
 
-def shard(
-    dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, part: int, parts: int
-) -> Batch:
+def shard(dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, part: int, parts: int) -> Batch:
     """Contiguous slice ``part`` of ``parts`` of a global batch, as a Batch."""
     size = len(indices) // parts
     rows = slice(part * size, (part + 1) * size)

@@ -100,18 +100,14 @@ class Conv2D(Layer):
         out_h = _window_output(height, self.kernel_size, self.strides, self.padding)
         out_w = _window_output(width, self.kernel_size, self.strides, self.padding)
         if out_h <= 0 or out_w <= 0:
-            raise ValueError(
-                f"kernel {self.kernel_size} does not fit input shape {list(input_shape)}"
-            )
+            raise ValueError(f"kernel {self.kernel_size} does not fit input shape {list(input_shape)}")
         return (out_h, out_w, self.filters)
 
     def init_weights(self, input_shape: Shape, rng: np.random.Generator) -> Weights:
         channels = input_shape[-1]
         receptive = self.kernel_size * self.kernel_size
         shape = (self.kernel_size, self.kernel_size, channels, self.filters)
-        weights = {
-            "kernel": _glorot_uniform(shape, receptive * channels, receptive * self.filters, rng)
-        }
+        weights = {"kernel": _glorot_uniform(shape, receptive * channels, receptive * self.filters, rng)}
         if self.use_bias:
             weights["bias"] = np.zeros(self.filters, np.float32)
         return weights
@@ -171,9 +167,7 @@ class Dropout(Layer):
     """Dropout; each framework draws its own masks, so plans with dropout lose exact parity."""
 
     type: ClassVar[str] = "dropout"
-    rate: float = attrs.field(
-        default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)]
-    )
+    rate: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
 
 
 @attrs.frozen
@@ -189,8 +183,7 @@ class LayerNorm(Layer):
 
 
 LAYER_TYPES: dict[str, type[Layer]] = {
-    cls.type: cls
-    for cls in (Dense, Conv2D, MaxPool2D, Flatten, ReLU, GELU, Tanh, Dropout, LayerNorm)
+    cls.type: cls for cls in (Dense, Conv2D, MaxPool2D, Flatten, ReLU, GELU, Tanh, Dropout, LayerNorm)
 }
 
 

@@ -49,8 +49,12 @@ def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict
     steps = total_steps(plan, len(datasets.train))
     schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, steps)
     context = RunContext(
-        job=job, world=world, total_steps=steps, steps_per_epoch=sampler.steps_per_epoch,
-        train_rows=len(datasets.train), eval_rows=len(datasets.eval) if datasets.eval else 0,
+        job=job,
+        world=world,
+        total_steps=steps,
+        steps_per_epoch=sampler.steps_per_epoch,
+        train_rows=len(datasets.train),
+        eval_rows=len(datasets.eval) if datasets.eval else 0,
     )
     hook.crosstrain_train_start(context=context)
 
@@ -65,8 +69,14 @@ def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict
         for indices, weight in sampler.epoch(epoch):
             if step >= steps:
                 break
-            batch = step_batch(datasets.train, indices, weight, world.process_index,
-                               world.process_count, plan.train.grad_accum_steps)
+            batch = step_batch(
+                datasets.train,
+                indices,
+                weight,
+                world.process_index,
+                world.process_count,
+                plan.train.grad_accum_steps,
+            )
             lr = schedule(step)
             metrics = strategy.train_step(state, batch, lr)
             step += 1
@@ -133,7 +143,11 @@ def _save_checkpoint(
     tensors = strategy.state_dict(state)
     path = context.out_dir / CHECKPOINT_FILE
     if context.world.is_main:
-        metadata: Mapping[str, str] = {"backend": context.backend, "step": str(step), "plan": context.plan.name}
+        metadata: Mapping[str, str] = {
+            "backend": context.backend,
+            "step": str(step),
+            "plan": context.plan.name,
+        }
         save_checkpoint(path, tensors, metadata)
     strategy.barrier()
     hook.crosstrain_checkpoint_saved(context=context, path=str(path), step=step)

@@ -24,8 +24,19 @@ from crosstrain.core.layers import LAYER_TYPES, Layer, Shape, infer_shapes
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
-_ge0 = attrs.validators.ge(0)
-_gt0 = attrs.validators.gt(0)
+def _ge0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ValueError(f"'{attribute.name}' must be >= 0, got {value}")
+
+
+def _gt0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"'{attribute.name}' must be > 0, got {value}")
+
+
+def _lt1(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value >= 1:
+        raise ValueError(f"'{attribute.name}' must be < 1, got {value}")
 
 
 @attrs.frozen(init=False)
@@ -69,7 +80,7 @@ class DataSpec:
     x_key: str = "x"
     y_key: str = "y"
     eval_fraction: float = attrs.field(
-        default=0.2, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)]
+        default=0.2, validator=[_ge0, _lt1]
     )
     eval_path: str | None = None
     limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
@@ -92,10 +103,10 @@ class OptimizerSpec:
 
     name: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: float = attrs.field(default=0.01, validator=_gt0)
-    momentum: float = attrs.field(default=0.0, validator=[_ge0, attrs.validators.lt(1.0)])
+    momentum: float = attrs.field(default=0.0, validator=[_ge0, _lt1])
     nesterov: bool = False
-    beta1: float = attrs.field(default=0.9, validator=[_ge0, attrs.validators.lt(1.0)])
-    beta2: float = attrs.field(default=0.999, validator=[_ge0, attrs.validators.lt(1.0)])
+    beta1: float = attrs.field(default=0.9, validator=[_ge0, _lt1])
+    beta2: float = attrs.field(default=0.999, validator=[_ge0, _lt1])
     eps: float = attrs.field(default=1e-8, validator=_gt0)
     weight_decay: float = attrs.field(default=0.0, validator=_ge0)
 
@@ -122,9 +133,7 @@ class TrainSpec:
     epochs: int = attrs.field(default=1, validator=_gt0)
     max_steps: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     grad_accum_steps: int = attrs.field(default=1, validator=_gt0)
-    clip_grad_norm: float | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_gt0)
-    )
+    clip_grad_norm: float | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     precision: Precision = "fp32"
     eval_every_epochs: int = attrs.field(default=1, validator=_gt0)
 
@@ -195,7 +204,7 @@ def _read_python_plan(path: Path) -> Plan:
     try:
         spec.loader.exec_module(module)
     except Exception as error:  # a user's file: any error it raises is reported, not crashed on
-        raise PlanError(f"importing failed: {type(error).__name__}: {error}", source=str(path))
+        raise PlanError(f"importing failed: {type(error).__name__}: {error}", source=str(path)) from None
     finally:
         sys.path.pop(0)
     plan = getattr(module, "plan", None)
@@ -233,13 +242,15 @@ def validate_plan(plan: Plan) -> None:
     """Checks that need the whole plan: shapes through the model and batch divisibility."""
     if plan.model.native is None:
         if not plan.model.layers:
-            raise PlanError("a model needs layers (or a native model)", field="model.layers",
-                            source=plan.source)
+            raise PlanError(
+                "a model needs layers (or a native model)", field="model.layers", source=plan.source
+            )
         shapes = infer_shapes(plan.model.input_shape, plan.model.layers, source=plan.source)
         if len(shapes[-1]) != 1:
             raise PlanError(
                 f"the model must end in a flat output, got shape {list(shapes[-1])}",
-                field="model.layers", source=plan.source,
+                field="model.layers",
+                source=plan.source,
             )
     if "accuracy" in plan.metrics and plan.loss.name != "cross_entropy":
         raise PlanError("accuracy needs loss 'cross_entropy'", field="metrics", source=plan.source)
@@ -253,7 +264,8 @@ def check_world_fits(plan: Plan, replicas: int) -> None:
         raise PlanError(
             f"{train.global_batch_size} is not divisible by replicas ({replicas}) x "
             f"grad_accum_steps ({train.grad_accum_steps}) = {parts}",
-            field="train.global_batch_size", source=plan.source,
+            field="train.global_batch_size",
+            source=plan.source,
         )
 
 

@@ -18,7 +18,8 @@ def run_worker(strategy: DistributedStrategy, job: Job) -> dict[str, Any]:
     try:
         return fit(strategy, job, manager.hook)
     except BaseException as error:
-        context = RunContext(job=job, world=strategy.world, total_steps=0, steps_per_epoch=0,
-                             train_rows=0, eval_rows=0)
+        context = RunContext(
+            job=job, world=strategy.world, total_steps=0, steps_per_epoch=0, train_rows=0, eval_rows=0
+        )
         manager.hook.crosstrain_exception(context=context, rank=strategy.world.process_index, error=error)
         raise

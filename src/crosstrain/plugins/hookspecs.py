@@ -27,7 +27,7 @@ hookimpl = pluggy.HookimplMarker("crosstrain")
 
 
 @hookspec
-def crosstrain_backends() -> list[type[DistributedStrategy]]:
+def crosstrain_backends() -> list[type[DistributedStrategy]]:  # type: ignore[empty-body]
     """Return the backend classes this plugin provides.
 
     Each class implements :class:`crosstrain.core.strategy.DistributedStrategy` and is
@@ -68,17 +68,13 @@ def crosstrain_step_end(
 
 
 @hookspec
-def crosstrain_eval_end(
-    context: RunContext, step: int, epoch: int, metrics: Mapping[str, float]
-) -> None:
+def crosstrain_eval_end(context: RunContext, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
     """Called on every process after each evaluation with the exact global eval metrics
     (``loss``, ``accuracy`` where the plan asks for it, ``count``)."""
 
 
 @hookspec
-def crosstrain_epoch_end(
-    context: RunContext, epoch: int, metrics: Mapping[str, float]
-) -> None:
+def crosstrain_epoch_end(context: RunContext, epoch: int, metrics: Mapping[str, float]) -> None:
     """Called on every process at the end of each epoch. ``metrics`` holds the epoch's mean
     train ``loss``, ``samples_per_second``, and ``eval_*`` values when it evaluated."""
 

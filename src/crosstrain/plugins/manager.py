@@ -14,6 +14,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Iterable
+from typing import cast
 
 import attrs
 import pluggy
@@ -73,7 +74,9 @@ def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> Cross
     loaded: set[str] = set()
     for entry_point in importlib.metadata.entry_points(group=GROUP):
         distribution = entry_point.dist.name if entry_point.dist else "?"
-        wanted = selection.autoload or distribution == OWN_DISTRIBUTION or entry_point.name in selection.enabled
+        wanted = (
+            selection.autoload or distribution == OWN_DISTRIBUTION or entry_point.name in selection.enabled
+        )
         if not wanted or manager.is_blocked(entry_point.name) or entry_point.name in loaded:
             continue
         loaded.add(entry_point.name)
@@ -104,7 +107,8 @@ def backend_registry(manager: CrosstrainPluginManager) -> dict[str, BackendEntry
     registry: dict[str, BackendEntry] = {}
     for implementation in manager.hook.crosstrain_backends.get_hookimpls():
         distribution = manager.distributions.get(implementation.plugin_name, implementation.plugin_name)
-        for strategy in implementation.function():
+        strategies = cast(list[type[DistributedStrategy]], implementation.function())
+        for strategy in strategies:
             earlier = registry.get(strategy.name)
             if earlier is not None and earlier.strategy is not strategy:
                 raise BackendError(

@@ -12,11 +12,11 @@ import os
 import uuid
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+import torch
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.errors import BackendError, WorkerError
@@ -46,10 +46,12 @@ def launch(job: Job) -> RunResult:
             f"must equal --nproc ({job.replicas})"
         )
     if launched_by_torchrun():
-        return RunResult(_worker(job), job.out_dir)
+        return RunResult(_worker(job) or {}, job.out_dir)
     device = resolve_device(job.device)
     if device == "cuda" and torch.cuda.device_count() < processes:
-        raise BackendError(f"--nproc {processes} needs {processes} GPUs; torch sees {torch.cuda.device_count()}")
+        raise BackendError(
+            f"--nproc {processes} needs {processes} GPUs; torch sees {torch.cuda.device_count()}"
+        )
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -71,9 +73,9 @@ def launch(job: Job) -> RunResult:
 
 
 def _quiet_elastic_logs() -> None:
-    """The agent logs its own start-up at INFO/WARNING; failures reach the user as WorkerError."""
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    """The agent logs a failed worker's traceback itself; it reaches the user once, as WorkerError."""
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _worker_error(failure: ChildFailedError) -> WorkerError:

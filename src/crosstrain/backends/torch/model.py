@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
+import torch
 from crosstrain.backends.common import native_factory
 from crosstrain.core.layers import (
     GELU,
@@ -30,6 +29,7 @@ from crosstrain.core.layers import (
     layer_name,
 )
 from crosstrain.core.plan import Plan
+from torch import nn
 
 
 class ToChannelsFirst(nn.Module):
@@ -54,17 +54,24 @@ class ChannelsLastNorm(nn.Module):
         self.norm = norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 4:
-            return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return self.norm(x)
+        if x.dim() != 4:
+            return self.norm(x)  # type: ignore[no-any-return]
+        normed: torch.Tensor = self.norm(x.permute(0, 2, 3, 1))
+        return normed.permute(0, 3, 1, 2)
 
 
 def _torch_layer(layer: Layer, input_shape: tuple[int, ...]) -> nn.Module:
     if isinstance(layer, Dense):
         return nn.Linear(input_shape[-1], layer.units, bias=layer.use_bias)
     if isinstance(layer, Conv2D):
-        return nn.Conv2d(input_shape[-1], layer.filters, layer.kernel_size, stride=layer.strides,
-                         padding=layer.padding, bias=layer.use_bias)
+        return nn.Conv2d(
+            input_shape[-1],
+            layer.filters,
+            layer.kernel_size,
+            stride=layer.strides,
+            padding=layer.padding,
+            bias=layer.use_bias,
+        )
     if isinstance(layer, MaxPool2D):
         return nn.MaxPool2d(layer.pool_size, stride=layer.effective_strides)
     if isinstance(layer, Flatten):
@@ -96,9 +103,15 @@ def build_module(plan: Plan) -> nn.Module:
 # --------------------------------------------------------------------------- weight layouts
 
 # neutral param -> (torch param, neutral->torch transpose); None keeps the layout
-_DENSE = {"kernel": ("weight", (1, 0)), "bias": ("bias", None)}
-_CONV = {"kernel": ("weight", (3, 2, 0, 1)), "bias": ("bias", None)}
-_NORM = {"scale": ("norm.weight", None), "offset": ("norm.bias", None)}
+_Layout = dict[str, tuple[str, tuple[int, ...] | None]]
+_DENSE: _Layout = {"kernel": ("weight", (1, 0)), "bias": ("bias", None)}
+_CONV: _Layout = {"kernel": ("weight", (3, 2, 0, 1)), "bias": ("bias", None)}
+_NORM: _Layout = {"scale": ("norm.weight", None), "offset": ("norm.bias", None)}
+_LAYOUTS_BY_TYPE: dict[type[Layer], _Layout] = {
+    Dense: _DENSE,
+    Conv2D: _CONV,
+    LayerNorm: _NORM,
+}
 
 
 def _layouts(plan: Plan) -> dict[str, tuple[str, tuple[int, ...] | None]]:
@@ -106,7 +119,7 @@ def _layouts(plan: Plan) -> dict[str, tuple[str, tuple[int, ...] | None]]:
     table: dict[str, tuple[str, tuple[int, ...] | None]] = {}
     for index, layer in enumerate(plan.model.layers):
         name = layer_name(layer, index)
-        mapping = {Dense: _DENSE, Conv2D: _CONV, LayerNorm: _NORM}.get(type(layer), {})
+        mapping = _LAYOUTS_BY_TYPE.get(type(layer), {})
         for neutral, (native, axes) in mapping.items():
             table[f"{name}.{neutral}"] = (f"{name}.{native}", axes)
     return table

@@ -64,7 +64,6 @@ class TorchStrategy:
 
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TorchState:
         import torch
-
         from crosstrain.backends.torch.model import build_module, load_neutral
 
         module = build_module(plan)
@@ -85,7 +84,6 @@ class TorchStrategy:
 
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, float]:
         import torch
-
         from crosstrain.backends.torch.model import per_row_loss
 
         state.model.train()
@@ -103,7 +101,7 @@ class TorchStrategy:
                     outputs = state.model(x)
                 micro_sum = (per_row_loss(state.plan.loss.name, outputs, y) * weight).sum()
                 scaled = micro_sum * scale
-                (state.scaler.scale(scaled) if state.scaler else scaled).backward()
+                (state.scaler.scale(scaled) if state.scaler else scaled).backward()  # type: ignore[no-untyped-call]
             loss_sum += micro_sum.detach().double()
         self._optimizer_step(state)
         total = self._sum_across(loss_sum)
@@ -127,7 +125,6 @@ class TorchStrategy:
 
     def eval_step(self, state: TorchState, batch: Batch) -> dict[str, float]:
         import torch
-
         from crosstrain.backends.torch.model import per_row_loss
 
         state.model.eval()
@@ -147,22 +144,28 @@ class TorchStrategy:
     # ----------------------------------------------------------------- collectives
 
     def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
-        import torch
         import torch.distributed as dist
+
+        import torch
 
         if not self._distributed():
             return values
         tensor = torch.as_tensor(np.asarray(values), device=self.device).clone()
-        reduce_op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
-                     "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        reduce_op = {
+            "sum": dist.ReduceOp.SUM,
+            "mean": dist.ReduceOp.SUM,
+            "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN,
+        }[op]
         dist.all_reduce(tensor, op=reduce_op)
         if op == "mean":
             tensor = tensor / self.world.process_count
         return np.asarray(tensor.cpu().numpy())
 
     def broadcast(self, values: np.ndarray, src: int = 0) -> np.ndarray:
-        import torch
         import torch.distributed as dist
+
+        import torch
 
         if not self._distributed():
             return values
@@ -234,8 +237,9 @@ def _make_optimizer(module: torch.nn.Module, spec: OptimizerSpec) -> torch.optim
 
     params = list(module.parameters())
     if spec.name == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov,
-                               weight_decay=spec.weight_decay)
+        return torch.optim.SGD(
+            params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov, weight_decay=spec.weight_decay
+        )
     betas = (spec.beta1, spec.beta2)
     if spec.name == "adam":
         return torch.optim.Adam(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
