@@ -144,9 +144,13 @@ def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, consol
     return 0
 
 
+def _print_error(message: str) -> None:
+    # plain print, not rich: a message must never be wrapped mid-path or styled into a pipe
+    print(message, file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    error_console = Console(stderr=True, highlight=False)
     try:
         manager = make_plugin_manager(selection_from_args(_plugin_args(argv)))
         report_failures(manager)
@@ -155,13 +159,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WorkerError as error:
         if error.traceback_text:  # the failing rank's traceback, once, unwrapped
             sys.stderr.write(error.traceback_text.rstrip() + "\n")
-        error_console.print(f"crosstrain: error: {error}", markup=False)
+        _print_error(f"crosstrain: error: {error}")
         return error.exit_code
     except CrosstrainError as error:
-        error_console.print(f"crosstrain: error: {error}", markup=False)
+        _print_error(f"crosstrain: error: {error}")
         return error.exit_code
     except KeyboardInterrupt:
-        error_console.print("crosstrain: interrupted", markup=False)
+        _print_error("crosstrain: interrupted")
         return 130
 
 

@@ -41,6 +41,12 @@ def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
 
 def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict[str, Any]:
     """Train the job's plan on this process's share of the world; return the summary."""
+    summary, _ = train(strategy, job, hook)
+    return summary
+
+
+def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tuple[dict[str, Any], Any]:
+    """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
     datasets = load_datasets(plan)
@@ -115,7 +121,7 @@ def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict
         "wall_seconds": time.perf_counter() - started,
     }
     hook.crosstrain_train_end(context=context, summary=summary)
-    return summary
+    return summary, state
 
 
 def evaluate(

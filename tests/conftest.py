@@ -1,0 +1,73 @@
+"""Shared fixtures: small plans and data sets written to tmp_path, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+MLP_PLAN = """
+name = "tiny_mlp"
+seed = 3
+[model]
+input_shape = [64]
+layers = [{ type = "dense", units = 32 }, { type = "relu" }, { type = "dense", units = 10 }]
+[data]
+source = "digits"
+[optimizer]
+name = "sgd"
+lr = 0.05
+momentum = 0.9
+[train]
+global_batch_size = 32
+epochs = 1
+"""
+
+
+@pytest.fixture
+def write_plan(tmp_path: Path) -> Callable[..., Path]:
+    """Write a TOML plan (dedented) into tmp_path and return its path."""
+
+    def write(text: str = MLP_PLAN, name: str = "plan.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def odd_npz(tmp_path: Path) -> Path:
+    """A 203-row classification set: not a multiple of any batch size the tests use."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(203, 64)).astype(np.float32)
+    y = rng.integers(0, 10, size=203)
+    path = tmp_path / "odd.npz"
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for CLI subprocesses: one thread each, quiet TF, keras.json kept out of $HOME."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
+    env.setdefault("KERAS_HOME", str(Path(os.environ.get("TMPDIR", "/tmp")) / "crosstrain-keras"))
+    return env
+
+
+def run_cli(*args: str, timeout: float = 240, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `crosstrain` CLI in a subprocess (as a user would) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "crosstrain.cli", *args],
+        capture_output=True, text=True, timeout=timeout, env=env or worker_env(), cwd=cwd,
+    )

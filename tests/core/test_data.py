@@ -1,0 +1,71 @@
+"""The global sampler and batches of DESIGN rule 3."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crosstrain.core.data import ArrayDataset, GlobalSampler, load_datasets, step_batch
+from crosstrain.core.errors import PlanError
+from crosstrain.core.plan import load_plan
+
+
+def test_every_row_exactly_once_per_epoch_and_padding_weighs_zero() -> None:
+    sampler = GlobalSampler(num_rows=103, global_batch_size=16, seed=1)
+    for epoch in range(3):
+        batches = list(sampler.epoch(epoch))
+        assert len(batches) == sampler.steps_per_epoch == 7
+        assert all(len(indices) == 16 for indices, _ in batches)
+        real = np.concatenate([indices[weight == 1] for indices, weight in batches])
+        assert sorted(real.tolist()) == list(range(103))
+        assert sum(int((weight == 0).sum()) for _, weight in batches) == 7 * 16 - 103
+
+
+def test_epochs_are_shuffled_differently_but_reproducibly() -> None:
+    sampler = GlobalSampler(num_rows=50, global_batch_size=10, seed=4)
+    first = np.concatenate([i for i, _ in sampler.epoch(0)])
+    assert not np.array_equal(first, np.concatenate([i for i, _ in sampler.epoch(1)]))
+    assert np.array_equal(first, np.concatenate([i for i, _ in sampler.epoch(0)]))
+
+
+def test_processes_split_each_micro_batch_contiguously() -> None:
+    dataset = ArrayDataset(np.arange(32, dtype=np.float32).reshape(16, 2), np.arange(16))
+    indices, weight = np.arange(16), np.ones(16, np.float32)
+    parts = [step_batch(dataset, indices, weight, p, 2, grad_accum_steps=2) for p in range(2)]
+    assert [m.y.tolist() for m in parts[0].micro_batches] == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert [m.y.tolist() for m in parts[1].micro_batches] == [[4, 5, 6, 7], [12, 13, 14, 15]]
+    assert parts[0].global_real_rows == parts[1].global_real_rows == 16
+
+
+def test_digits_is_real_data_split_by_seed(write_plan: Callable[..., Path]) -> None:
+    plan = load_plan(write_plan())
+    data = load_datasets(plan)
+    assert data.eval is not None
+    assert len(data.train) + len(data.eval) == 1797
+    assert data.train.x.shape[1:] == (64,) and 0.0 <= data.train.x.min() and data.train.x.max() <= 1.0
+    assert set(np.unique(data.train.y)) == set(range(10))
+
+
+def test_digits_reshape_to_image_input(write_plan: Callable[..., Path]) -> None:
+    plan = load_plan(write_plan(), ["model.input_shape=[8, 8, 1]", "model.layers=[{type='flatten'},"
+                                    "{type='dense', units=10}]"])
+    assert load_datasets(plan).train.x.shape[1:] == (8, 8, 1)
+
+
+def test_npz_errors_name_the_field(write_plan: Callable[..., Path], odd_npz: Path) -> None:
+    plan = load_plan(write_plan(), ["data.source='npz'", f"data.path='{odd_npz}'", "data.y_key='labels'"])
+    with pytest.raises(PlanError, match=r"data.y_key: .*no array 'labels'"):
+        load_datasets(plan)
+    plan = load_plan(write_plan(), ["data.source='npz'", f"data.path='{odd_npz}'",
+                                    "model.input_shape=[32]"])
+    with pytest.raises(PlanError, match=r"data.path: rows have shape \[64\].*input_shape \[32\]"):
+        load_datasets(plan)
+
+
+def test_labels_beyond_the_output_layer_are_refused(write_plan: Callable[..., Path]) -> None:
+    plan = load_plan(write_plan(), ["model.layers=[{type='dense', units=5}]"])
+    with pytest.raises(PlanError, match="labels span 0..9 but the model's last layer has 5 units"):
+        load_datasets(plan)

@@ -1,0 +1,62 @@
+"""Shape inference and the seeded, framework-free initial weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crosstrain.core.layers import (
+    Conv2D,
+    Dense,
+    Flatten,
+    LayerNorm,
+    MaxPool2D,
+    ReLU,
+    infer_shapes,
+    init_weights,
+)
+
+CNN = (Conv2D(filters=6, kernel_size=3), ReLU(), MaxPool2D(), Flatten(), Dense(units=10))
+
+
+def test_cnn_shapes_flow_channels_last() -> None:
+    assert infer_shapes((8, 8, 1), CNN) == [(6, 6, 6), (6, 6, 6), (3, 3, 6), (54,), (10,)]
+
+
+def test_same_padding_keeps_size() -> None:
+    assert infer_shapes((7, 7, 3), [Conv2D(filters=2, kernel_size=3, padding="same")]) == [(7, 7, 2)]
+
+
+def test_same_padding_with_stride_is_refused() -> None:
+    with pytest.raises(ValueError, match="strides = 1"):
+        Conv2D(filters=2, kernel_size=3, strides=2, padding="same")
+
+
+def test_weights_have_neutral_names_and_layouts() -> None:
+    weights = init_weights((8, 8, 1), CNN, seed=0)
+    assert set(weights) == {"conv2d_0.kernel", "conv2d_0.bias", "dense_4.kernel", "dense_4.bias"}
+    assert weights["conv2d_0.kernel"].shape == (3, 3, 1, 6)  # [kh, kw, in, out]
+    assert weights["dense_4.kernel"].shape == (54, 10)  # [in, out]
+    assert not weights["dense_4.bias"].any()
+    assert all(value.dtype == np.float32 for value in weights.values())
+
+
+def test_glorot_uniform_bounds() -> None:
+    kernel = init_weights((64,), [Dense(units=32)], seed=1)["dense_0.kernel"]
+    limit = np.sqrt(6 / (64 + 32))
+    assert np.abs(kernel).max() <= limit
+    assert np.abs(kernel).max() > 0.9 * limit  # really spread over the range, not tiny
+
+
+def test_same_seed_same_weights_other_seed_other_weights() -> None:
+    first = init_weights((8, 8, 1), CNN, seed=5)
+    again = init_weights((8, 8, 1), CNN, seed=5)
+    other = init_weights((8, 8, 1), CNN, seed=6)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    assert not np.array_equal(first["dense_4.kernel"], other["dense_4.kernel"])
+
+
+def test_layernorm_starts_at_identity() -> None:
+    weights = init_weights((16,), [LayerNorm()], seed=0)
+    assert np.array_equal(weights["layernorm_0.scale"], np.ones(16, np.float32))
+    assert not weights["layernorm_0.offset"].any()
