@@ -64,10 +64,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, timeout: float = 240, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 240, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real `crosstrain` CLI in a subprocess (as a user would) and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "crosstrain.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env=env or worker_env(), cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or worker_env(),
+        cwd=cwd,
     )

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from crosstrain.api import make_job, prepare_plan, run_job
+from crosstrain.api import default_out_dir, make_job, prepare_plan, run_job
 from crosstrain.core.errors import CrosstrainError, WorkerError
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
@@ -20,6 +21,7 @@ from crosstrain.plugins.manager import (
     report_failures,
     selection_from_args,
 )
+from crosstrain.plugins.plot import add_plot_command
 
 _RUN_ARGUMENTS = {
     "plan",
@@ -44,9 +46,10 @@ def _plugin_args(argv: Sequence[str]) -> list[str]:
     return list(known.plugins)
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = True) -> None:
     parser.add_argument("plan", help="plan file (.toml or .py)")
-    parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
+    if with_backend:
+        parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
     parser.add_argument("--nproc", type=int, default=1, help="replicas (model copies) in all")
     parser.add_argument(
         "--workers", type=int, default=None, help="processes; default: the backend's natural layout"
@@ -81,8 +84,25 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     _add_run_arguments(run)
     manager.hook.crosstrain_addoption(parser=run)
     run.set_defaults(handler=_run)
+    compare = commands.add_parser("compare", help="run a plan on several backends and compare")
+    _add_run_arguments(compare, with_backend=False)
+    compare.add_argument("--backends", default="torch,tf", help="comma-separated, the first is the reference")
+    compare.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-4,
+        help="largest relative per-step (and eval) loss difference that agrees",
+    )
+    compare.add_argument(
+        "--accuracy-tolerance",
+        type=float,
+        default=0.01,
+        help="largest absolute eval-accuracy difference that agrees",
+    )
+    compare.set_defaults(handler=_compare)
     backends = commands.add_parser("backends", help="list registered backends")
     backends.set_defaults(handler=_backends)
+    add_plot_command(commands)
     return parser
 
 
@@ -107,6 +127,28 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
     summary = run_job(job, manager)
     print_summary(console, summary, job.out_dir)
     return 0
+
+
+def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.compare import compare_pair, print_comparison, run_backends
+
+    plan = prepare_plan(args.plan, args.overrides)
+    out_root = Path(args.out) if args.out else default_out_dir(plan, "compare", args.nproc)
+    backends = [name.strip() for name in args.backends.split(",") if name.strip()]
+    runs = run_backends(
+        plan,
+        backends,
+        manager,
+        out_root,
+        args.nproc,
+        args.workers,
+        args.device,
+        selection_from_args(args.plugins),
+        args.timeout,
+    )
+    comparisons = [compare_pair(runs[0], run) for run in runs[1:]]
+    agree = print_comparison(console, runs, comparisons, args.tolerance, args.accuracy_tolerance)
+    return 0 if agree else 1
 
 
 def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) -> None:

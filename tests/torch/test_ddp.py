@@ -18,8 +18,18 @@ pytestmark = pytest.mark.torch
 
 
 def _run(plan: Path, out: Path, nproc: int, *overrides: str) -> Path:
-    args = ["run", str(plan), "--backend", "torch", "--nproc", str(nproc), "--device", "cpu",
-            "--out", str(out)]
+    args = [
+        "run",
+        str(plan),
+        "--backend",
+        "torch",
+        "--nproc",
+        str(nproc),
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     for override in overrides:
         args += ["--set", override]
     result = run_cli(*args)
@@ -51,8 +61,9 @@ def test_world_1_and_world_2_give_the_same_losses(write_plan: Callable[..., Path
 def test_eval_at_world_2_equals_world_1_exactly(
     write_plan: Callable[..., Path], tmp_path: Path, odd_npz: Path
 ) -> None:
-    plan = prepare_plan(write_plan(), [f"data.source='npz'", f"data.path='{odd_npz}'",
-                                       "train.global_batch_size=16"])
+    plan = prepare_plan(
+        write_plan(), ["data.source='npz'", f"data.path='{odd_npz}'", "train.global_batch_size=16"]
+    )
     one = eval_per_rank(make_job(plan, "torch", replicas=1, device="cpu", out=tmp_path / "one"))
     two = eval_per_rank(make_job(plan, "torch", replicas=2, device="cpu", out=tmp_path / "two"))
     assert one[0]["count"] == 41  # 203 rows x 0.2: not a multiple of the batch of 16
@@ -62,7 +73,7 @@ def test_eval_at_world_2_equals_world_1_exactly(
 def test_eval_through_the_cli_counts_every_row_once(
     write_plan: Callable[..., Path], tmp_path: Path, odd_npz: Path
 ) -> None:
-    data = [f"data.source='npz'", f"data.path='{odd_npz}'", "train.global_batch_size=16", "train.max_steps=3"]
+    data = ["data.source='npz'", f"data.path='{odd_npz}'", "train.global_batch_size=16", "train.max_steps=3"]
     result = summary(_run(write_plan(), tmp_path / "two", 2, *data))
     assert result["eval"]["count"] == 41
 
@@ -78,8 +89,21 @@ def test_a_failing_rank_ends_the_run_with_its_traceback_once(
     write_plan: Callable[..., Path], tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    result = run_cli("-p", "tests.failing_plugin", "run", str(write_plan()), "--backend", "torch",
-                     "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run"), timeout=60)
+    result = run_cli(
+        "-p",
+        "tests.failing_plugin",
+        "run",
+        str(write_plan()),
+        "--backend",
+        "torch",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+        timeout=60,
+    )
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert elapsed < 30

@@ -61,8 +61,13 @@ def eval_per_rank(job: Job) -> dict[int, dict[str, float]]:
 
 def _launch(job: Job, entry: Callable[[Job], T]) -> dict[int, T]:
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=job.replicas, run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=job.replicas,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
         start_method="spawn",
     )
     return dict(elastic_launch(config, entry)(job))

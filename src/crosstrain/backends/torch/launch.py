@@ -12,14 +12,16 @@ import os
 import uuid
 from typing import Any
 
+import attrs
+import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-import torch
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.errors import BackendError, WorkerError
+from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.core.worker import run_worker
 
@@ -46,7 +48,10 @@ def launch(job: Job) -> RunResult:
             f"must equal --nproc ({job.replicas})"
         )
     if launched_by_torchrun():
-        return RunResult(_worker(job) or {}, job.out_dir)
+        # torchrun already chose the world; --nproc cannot be passed through its own parser
+        world_size = int(os.environ["WORLD_SIZE"])
+        check_world_fits(job.plan, world_size)
+        return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
     device = resolve_device(job.device)
     if device == "cuda" and torch.cuda.device_count() < processes:
         raise BackendError(

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
 import torch
+from torch import nn
+
 from crosstrain.backends.common import native_factory
 from crosstrain.core.layers import (
     GELU,
@@ -29,7 +30,6 @@ from crosstrain.core.layers import (
     layer_name,
 )
 from crosstrain.core.plan import Plan
-from torch import nn
 
 
 class ToChannelsFirst(nn.Module):

@@ -64,6 +64,7 @@ class TorchStrategy:
 
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TorchState:
         import torch
+
         from crosstrain.backends.torch.model import build_module, load_neutral
 
         module = build_module(plan)
@@ -84,6 +85,7 @@ class TorchStrategy:
 
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, float]:
         import torch
+
         from crosstrain.backends.torch.model import per_row_loss
 
         state.model.train()
@@ -125,6 +127,7 @@ class TorchStrategy:
 
     def eval_step(self, state: TorchState, batch: Batch) -> dict[str, float]:
         import torch
+
         from crosstrain.backends.torch.model import per_row_loss
 
         state.model.eval()
@@ -144,9 +147,8 @@ class TorchStrategy:
     # ----------------------------------------------------------------- collectives
 
     def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
-        import torch.distributed as dist
-
         import torch
+        import torch.distributed as dist
 
         if not self._distributed():
             return values
@@ -163,9 +165,8 @@ class TorchStrategy:
         return np.asarray(tensor.cpu().numpy())
 
     def broadcast(self, values: np.ndarray, src: int = 0) -> np.ndarray:
-        import torch.distributed as dist
-
         import torch
+        import torch.distributed as dist
 
         if not self._distributed():
             return values

@@ -1,0 +1,148 @@
+"""`crosstrain compare`: one plan on several backends, per-step losses side by side, and a verdict."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from crosstrain.api import make_job, run_job
+from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.plan import Plan
+from crosstrain.core.strategy import DeviceChoice, PluginSelection
+from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
+
+
+@attrs.frozen
+class BackendRun:
+    backend: str
+    summary: Mapping[str, Any]
+    losses: np.ndarray
+
+
+@attrs.frozen
+class Comparison:
+    """How a candidate run differs from the reference (the first backend)."""
+
+    reference: BackendRun
+    candidate: BackendRun
+    max_relative_loss_difference: float
+    worst_step: int
+    eval_relative_loss_difference: float
+    accuracy_difference: float
+
+    def agrees(self, tolerance: float, accuracy_tolerance: float) -> bool:
+        return (
+            self.max_relative_loss_difference <= tolerance
+            and self.eval_relative_loss_difference <= tolerance
+            and self.accuracy_difference <= accuracy_tolerance
+        )
+
+
+def read_step_losses(run_dir: Path) -> np.ndarray:
+    """Per-optimizer-step losses from a run's metrics.jsonl, in step order."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return np.array([record["loss"] for record in records if "loss" in record and "eval" not in record])
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare_pair(reference: BackendRun, candidate: BackendRun) -> Comparison:
+    if reference.losses.shape != candidate.losses.shape:
+        difference, worst = float("inf"), min(len(reference.losses), len(candidate.losses))
+    else:
+        relative = np.abs(candidate.losses - reference.losses) / np.maximum(np.abs(reference.losses), 1e-12)
+        worst = int(np.argmax(relative)) + 1 if relative.size else 0
+        difference = float(relative.max()) if relative.size else 0.0
+    reference_eval, candidate_eval = reference.summary.get("eval", {}), candidate.summary.get("eval", {})
+    eval_difference = (
+        _relative(candidate_eval["loss"], reference_eval["loss"])
+        if "loss" in reference_eval and "loss" in candidate_eval
+        else 0.0
+    )
+    accuracy_difference = abs(candidate_eval.get("accuracy", 0.0) - reference_eval.get("accuracy", 0.0))
+    return Comparison(reference, candidate, difference, worst, eval_difference, accuracy_difference)
+
+
+def run_backends(
+    plan: Plan,
+    backends: Sequence[str],
+    manager: CrosstrainPluginManager,
+    out_root: Path,
+    replicas: int = 1,
+    workers: int | None = None,
+    device: DeviceChoice = "auto",
+    plugins: PluginSelection = PluginSelection(),
+    timeout_seconds: float = 300.0,
+) -> list[BackendRun]:
+    """Run the plan once per backend, each into ``out_root/BACKEND``."""
+    if len(backends) < 2:
+        raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
+    for backend in backends:
+        get_backend(manager, backend)  # every backend must exist before the first run starts
+    runs = []
+    for index, backend in enumerate(backends):
+        # the same backend twice (a determinism check) must not share, and append to, one folder
+        folder = backend if backends.count(backend) == 1 else f"{backend}-{index}"
+        job = make_job(
+            plan,
+            backend,
+            replicas,
+            workers,
+            device,
+            out_root / folder,
+            plugins=plugins,
+            timeout_seconds=timeout_seconds,
+        )
+        summary = run_job(job, manager)
+        runs.append(BackendRun(backend, summary, read_step_losses(Path(job.out_dir))))
+    return runs
+
+
+def print_comparison(
+    console: Console,
+    runs: Sequence[BackendRun],
+    comparisons: Sequence[Comparison],
+    tolerance: float,
+    accuracy_tolerance: float,
+) -> bool:
+    """Print the side-by-side table and the verdict; return whether every backend agrees."""
+    table = Table(title=f"compare: {', '.join(run.backend for run in runs)}")
+    table.add_column("")
+    for run in runs:
+        table.add_column(run.backend, justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("steps", lambda r: f"{len(r.losses)}"),
+        ("final train loss", lambda r: f"{r.summary['train']['loss']:.6f}"),
+        ("eval loss", lambda r: f"{r.summary.get('eval', {}).get('loss', float('nan')):.6f}"),
+        ("eval accuracy", lambda r: f"{r.summary.get('eval', {}).get('accuracy', float('nan')):.4f}"),
+        ("samples/s", lambda r: f"{r.summary['samples_per_second']:.0f}"),
+    ]
+    for label, cell in rows:
+        table.add_row(label, *(cell(run) for run in runs))
+    table.add_row(
+        "max rel. step-loss diff",
+        "-",
+        *(f"{c.max_relative_loss_difference:.2e} (step {c.worst_step})" for c in comparisons),
+    )
+    table.add_row(
+        "eval loss rel. diff", "-", *(f"{c.eval_relative_loss_difference:.2e}" for c in comparisons)
+    )
+    console.print(table)
+    agree = all(c.agrees(tolerance, accuracy_tolerance) for c in comparisons)
+    verdict = "AGREE" if agree else "DISAGREE"
+    console.print(
+        f"verdict: {verdict} (step-loss and eval-loss tolerance {tolerance:g} relative, "
+        f"accuracy tolerance {accuracy_tolerance:g})",
+        markup=False,
+        soft_wrap=True,
+    )
+    return agree

@@ -1,0 +1,174 @@
+"""The CLI and Python API around the torch backend, as a newcomer would use them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import crosstrain
+from crosstrain.core.checkpoint import load_checkpoint
+from crosstrain.core.layers import init_weights
+from crosstrain.core.plan import load_plan
+from tests.conftest import EXAMPLES, run_cli, worker_env
+from tests.support import step_losses, summary
+
+pytestmark = pytest.mark.torch
+
+
+def test_backends_lists_torch_with_its_distribution_and_devices() -> None:
+    result = run_cli("backends")
+    assert result.returncode == 0, result.stderr
+    torch_row = next(line for line in result.stdout.splitlines() if " torch " in line)
+    assert "crosstrain" in torch_row and "2." in torch_row and "cpu" in torch_row
+
+
+def test_unknown_backend_lists_the_registered_ones(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    result = run_cli("run", str(write_plan()), "--backend", "nosuch", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert "unknown backend 'nosuch'; registered backends:" in result.stderr
+    assert "torch" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_missing_framework_names_the_extra(write_plan: Callable[..., Path]) -> None:
+    result = run_cli("-p", "tests.ghost_backend", "run", str(write_plan()), "--backend", "ghost")
+    assert result.returncode == 2
+    assert "pip install 'crosstrain[ghost]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_fit_from_python_returns_the_summary(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    result = crosstrain.fit(
+        write_plan(),
+        backend="torch",
+        nproc=2,
+        device="cpu",
+        out=tmp_path / "run",
+        overrides=["optimizer.lr=0.01", "train.max_steps=10"],
+    )
+    assert result["steps"] == 10 and result["world_size"] == 2
+    assert summary(tmp_path / "run") == json.loads(json.dumps(result))
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["lr"] == 0.01
+
+
+def test_checkpoint_holds_neutral_names_and_layouts(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    plan_path = write_plan()
+    crosstrain.fit(
+        plan_path,
+        backend="torch",
+        nproc=1,
+        device="cpu",
+        out=tmp_path / "run",
+        overrides=["train.max_steps=1", "optimizer.lr=1e-9", "optimizer.momentum=0"],
+    )
+    saved = load_checkpoint(tmp_path / "run" / "model.safetensors")
+    plan = load_plan(plan_path)
+    initial = init_weights(plan.model.input_shape, plan.model.layers, plan.seed)
+    assert set(saved) == set(initial)
+    for name, value in initial.items():
+        np.testing.assert_allclose(saved[name], value, atol=1e-6)  # one step at lr 1e-9
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(write_plan: Callable[..., Path], tmp_path: Path, precision: str) -> None:
+    result = run_cli(
+        "run",
+        str(write_plan()),
+        "--device",
+        "cpu",
+        "--nproc",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--set",
+        f"train.precision='{precision}'",
+        "--set",
+        "train.epochs=2",
+    )
+    assert result.returncode == 0, result.stderr
+    losses = step_losses(tmp_path)
+    assert np.isfinite(losses).all() and losses[-5:].mean() < losses[:5].mean()
+    assert summary(tmp_path)["precision"] == precision
+
+
+def test_native_escape_hatch(tmp_path: Path) -> None:
+    (tmp_path / "native_models.py").write_text(
+        "import torch\n"
+        "def build(plan):\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 10))\n"
+    )
+    (tmp_path / "plan.py").write_text(
+        "from crosstrain import Plan, ModelSpec, NativeModel, TrainSpec, OptimizerSpec\n"
+        "plan = Plan(name='native', model=ModelSpec(input_shape=(64,), native=NativeModel(\n"
+        "    torch='native_models:build')), optimizer=OptimizerSpec(name='adam', lr=0.003),\n"
+        "    train=TrainSpec(global_batch_size=64, epochs=3))\n"
+    )
+    env = worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    result = run_cli(
+        "run",
+        str(tmp_path / "plan.py"),
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert summary(tmp_path / "run")["eval"]["accuracy"] > 0.85
+    assert "0.weight" in load_checkpoint(tmp_path / "run" / "model.safetensors")
+
+
+def test_joins_an_existing_torchrun_group(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "--max-restarts",
+        "0",
+        "-m",
+        "crosstrain.cli",
+        "run",
+        str(write_plan()),
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        "train.max_steps=10",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180, env=worker_env())
+    assert result.returncode == 0, result.stderr
+    assert summary(tmp_path / "run")["world_size"] == 2
+    assert len(step_losses(tmp_path / "run")) == 10  # rank 0 wrote once, not once per launcher
+
+
+def test_digits_example_runs_from_the_readme_command(tmp_path: Path) -> None:
+    result = run_cli(
+        "run",
+        str(EXAMPLES / "digits_mlp.toml"),
+        "--backend",
+        "torch",
+        "--nproc",
+        "2",
+        "--out",
+        str(tmp_path / "readme"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "eval accuracy" in result.stdout
