@@ -1,11 +1,34 @@
-"""Built-in plugin ``console``: one line per epoch on rank 0."""
+"""Built-in plugin ``progress``: what rank 0 shows while it trains.
+
+On a terminal, a rich progress bar (step/total, epoch, loss, lr, samples/s, ETA);
+anywhere else (a pipe, a CI log), plain lines every ~10 % of the steps, with no
+escape codes. In both, one line per epoch stays printed. Workers are processes of
+their own, so the choice is made in rank 0's process, from its own stdout.
+"""
 
 from __future__ import annotations
 
+import math
+import sys
+import time
 from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from crosstrain.core.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
+
+#: plain mode prints a step line about this many times per run
+PLAIN_LINES_PER_RUN = 10
 
 
 def format_epoch_line(context: RunContext, epoch: int, metrics: Mapping[str, float]) -> str:
@@ -18,7 +41,170 @@ def format_epoch_line(context: RunContext, epoch: int, metrics: Mapping[str, flo
     return "  ".join(parts)
 
 
+def format_duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}"
+
+
+class _Throughput:
+    """Samples per second since the epoch began (evaluation excluded), and the ETA from the
+    run's pace so far."""
+
+    def __init__(self, context: RunContext) -> None:
+        self._rows_per_step = context.plan.train.global_batch_size
+        self._total_steps = context.total_steps
+        self._run_started = self._epoch_started = time.perf_counter()
+        self._last_step = self._epoch_first_step = 0
+
+    def record(self, step: int) -> None:
+        self._last_step = step
+
+    def next_epoch(self) -> None:
+        self._epoch_started, self._epoch_first_step = time.perf_counter(), self._last_step
+
+    def samples_per_second(self) -> float:
+        elapsed = time.perf_counter() - self._epoch_started
+        return (self._last_step - self._epoch_first_step) * self._rows_per_step / max(elapsed, 1e-9)
+
+    def eta_seconds(self) -> float:
+        elapsed = time.perf_counter() - self._run_started
+        return elapsed / max(self._last_step, 1) * (self._total_steps - self._last_step)
+
+
+class _BarDisplay:
+    """A rich bar on rank 0's terminal; epoch lines are printed above it and stay."""
+
+    def __init__(self, context: RunContext) -> None:
+        self._epochs = context.plan.train.epochs
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("lr {task.fields[lr]}"),
+            TextColumn("{task.fields[speed]} samples/s"),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(file=sys.stdout, highlight=False),
+            transient=True,  # the bar goes when training ends; the epoch lines stay
+        )
+        self._task: TaskID = self._progress.add_task(
+            self._description(0), total=context.total_steps, loss="-", lr="-", speed="-"
+        )
+        self._progress.start()
+
+    def _description(self, epoch: int) -> str:
+        return f"epoch {epoch + 1}/{self._epochs}"
+
+    def step(self, step: int, epoch: int, lr: float, loss: float, speed: float) -> None:
+        self._progress.update(self._task, completed=step, description=self._description(epoch),
+                              loss=f"{loss:.4f}", lr=f"{lr:.2e}", speed=f"{speed:.0f}")
+
+    def line(self, text: str) -> None:
+        self._progress.refresh()  # printing redraws the bar below the line: draw it up to date
+        self._progress.console.print(text, markup=False, highlight=False)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class _PlainDisplay:
+    """Plain lines for pipes and logs: a step line every ~10 % of the run."""
+
+    def __init__(self, context: RunContext) -> None:
+        self._epochs = context.plan.train.epochs
+        self._total_steps = context.total_steps
+        self._every = max(1, math.ceil(context.total_steps / PLAIN_LINES_PER_RUN))
+        self.line(f"{context.plan.name}: {context.total_steps} steps "
+                  f"({context.plan.train.epochs} epochs) on {context.backend} "
+                  f"x{context.world.replicas}")
+
+    def step(self, step: int, epoch: int, lr: float, loss: float, speed: float, eta: float) -> None:
+        if step % self._every and step != self._total_steps:
+            return
+        percent = 100 * step / max(self._total_steps, 1)
+        self.line(f"step {step}/{self._total_steps} ({percent:.0f}%)  epoch {epoch + 1}/{self._epochs}"
+                  f"  loss {loss:.4f}  lr {lr:.2e}  {speed:.0f} samples/s"
+                  f"  eta {format_duration(eta)}")
+
+    def line(self, text: str) -> None:
+        print(text, flush=True)
+
+    def close(self) -> None:
+        sys.stdout.flush()
+
+
+class ProgressReporter:
+    """The plugin's state in this process; only rank 0 ever opens a display."""
+
+    def __init__(self) -> None:
+        self._bar: _BarDisplay | None = None
+        self._plain: _PlainDisplay | None = None
+        self._throughput: _Throughput | None = None
+
+    def start(self, context: RunContext) -> None:
+        self.close()
+        if not context.world.is_main:
+            return
+        self._throughput = _Throughput(context)
+        if sys.stdout.isatty():
+            self._bar = _BarDisplay(context)
+        else:
+            self._plain = _PlainDisplay(context)
+
+    def step(self, step: int, epoch: int, lr: float, metrics: Mapping[str, float]) -> None:
+        if self._throughput is None:
+            return
+        self._throughput.record(step)
+        speed = self._throughput.samples_per_second()
+        if self._bar is not None:
+            self._bar.step(step, epoch, lr, metrics["loss"], speed)
+        if self._plain is not None:
+            self._plain.step(step, epoch, lr, metrics["loss"], speed, self._throughput.eta_seconds())
+
+    def epoch(self, context: RunContext, epoch: int, metrics: Mapping[str, float]) -> None:
+        if self._throughput is None:  # not rank 0
+            return
+        self._throughput.next_epoch()
+        text = format_epoch_line(context, epoch, metrics)
+        display = self._bar or self._plain
+        if display is not None:
+            display.line(text)
+
+    def close(self) -> None:
+        """Stop the bar (restoring the cursor) so nothing printed afterwards lands on it."""
+        display = self._bar or self._plain
+        self._bar = self._plain = self._throughput = None
+        if display is not None:
+            display.close()
+
+
+_reporter = ProgressReporter()
+
+
+@hookimpl
+def crosstrain_train_start(context: RunContext) -> None:
+    _reporter.start(context)
+
+
+@hookimpl
+def crosstrain_step_end(
+    context: RunContext, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
+) -> None:
+    _reporter.step(step, epoch, lr, metrics)
+
+
 @hookimpl
 def crosstrain_epoch_end(context: RunContext, epoch: int, metrics: Mapping[str, float]) -> None:
-    if context.world.is_main:
-        print(format_epoch_line(context, epoch, metrics), flush=True)
+    _reporter.epoch(context, epoch, metrics)
+
+
+@hookimpl
+def crosstrain_train_end(context: RunContext, summary: Mapping[str, Any]) -> None:
+    _reporter.close()
+
+
+@hookimpl
+def crosstrain_exception(context: RunContext, rank: int, error: BaseException) -> None:
+    _reporter.close()

@@ -1,0 +1,179 @@
+"""``crosstrain plot RUN_DIR [RUN_DIR ...] -o curves.png``: learning curves of finished runs.
+
+Reads what the ``metrics`` plugin wrote (metrics.jsonl, summary.json) and draws, one
+line per run, the train loss per step and the eval loss and accuracy per step. Needs
+matplotlib (``pip install 'crosstrain[plot]'``), imported only when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from crosstrain.core.errors import CrosstrainError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from rich.console import Console
+
+    from crosstrain.plugins.manager import CrosstrainPluginManager
+
+METRICS_FILE, SUMMARY_FILE = "metrics.jsonl", "summary.json"
+FIGURE_INCHES = (15.0, 4.5)
+FIGURE_DPI = 100  # with FIGURE_INCHES: a 1500 x 450 pixel PNG
+# runs that train identically (world 1 vs world N) draw the same curve: vary the dash too
+LINE_STYLES = ("-", "--", ":", "-.")
+PANELS = (
+    # (title, y label, marker) of each subplot, left to right; eval points are few: mark them
+    ("train loss", "loss", ""),
+    ("eval loss", "loss", "o"),
+    ("eval accuracy", "accuracy", "o"),
+)
+
+
+class RunDirError(CrosstrainError):
+    """A folder given to ``crosstrain plot`` that holds no run to plot."""
+
+    exit_code = 2
+
+
+@attrs.frozen
+class Curve:
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+@attrs.frozen
+class RunCurves:
+    """One run's curves, read from its folder."""
+
+    folder: Path
+    label: str
+    plan: str
+    train_loss: Curve
+    eval_loss: Curve
+    eval_accuracy: Curve
+
+
+def _last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """metrics.jsonl is appended to: a run repeated into the same folder starts again at a
+    lower step. Keep the last run, the one summary.json describes."""
+    start, previous = 0, 0
+    for index, record in enumerate(records):
+        if "eval" not in record and record.get("step", 0) <= previous:
+            start = index
+        previous = record.get("step", previous)
+    return records[start:]
+
+
+def _train_curve(records: list[dict[str, Any]]) -> Curve:
+    points = [(int(record["step"]), float(record["loss"])) for record in records
+              if "eval" not in record and record.get("loss") is not None]  # null: a NaN loss
+    return Curve(tuple(step for step, _ in points), tuple(value for _, value in points))
+
+
+def _eval_curve(records: list[dict[str, Any]], name: str) -> Curve:
+    points = [(int(record["step"]), float(record["eval"][name])) for record in records
+              if record.get("eval", {}).get(name) is not None]
+    return Curve(tuple(step for step, _ in points), tuple(value for _, value in points))
+
+
+def read_run(folder: str | Path) -> RunCurves:
+    folder = Path(folder)
+    metrics_path = folder / METRICS_FILE
+    if not metrics_path.is_file():
+        what = "is not a folder" if not folder.is_dir() else f"has no {METRICS_FILE}"
+        raise RunDirError(f"{folder}: {what}; give the output folder of a crosstrain run")
+    lines = metrics_path.read_text(encoding="utf-8").splitlines()
+    records = _last_run([json.loads(line) for line in lines if line.strip()])
+    train_loss = _train_curve(records)
+    if not train_loss.steps:
+        raise RunDirError(f"{metrics_path}: holds no training step to plot")
+    summary_path = folder / SUMMARY_FILE
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+    label = f"{summary['backend']} x{summary['world_size']}" if summary else folder.name
+    return RunCurves(folder, label, str(summary.get("plan", "")), train_loss, _eval_curve(records, "loss"),
+                     _eval_curve(records, "accuracy"))
+
+
+def _distinct_labels(runs: list[RunCurves]) -> list[str]:
+    """"torch x2" for each run, plus the folder's name where two runs would read the same."""
+    counts = Counter(run.label for run in runs)
+    return [f"{run.label} ({run.folder.name})" if counts[run.label] > 1 else run.label for run in runs]
+
+
+def _draw(axes: Axes, title: str, y_label: str, curves: list[tuple[str, Curve]], marker: str) -> None:
+    for index, (label, curve) in enumerate(curves):
+        if curve.steps:
+            axes.plot(curve.steps, curve.values, marker=marker, linewidth=1.4, label=label,
+                      linestyle=LINE_STYLES[index % len(LINE_STYLES)])
+    axes.set_title(title)
+    axes.set_xlabel("step")
+    axes.set_ylabel(y_label)
+    axes.grid(True, alpha=0.3)
+    if axes.lines:
+        axes.legend()
+
+
+def build_figure(run_dirs: Sequence[str | Path]) -> Figure:
+    """The figure ``plot_runs`` saves, for inspection: one subplot per entry of PANELS."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise CrosstrainError(
+            f"crosstrain plot needs matplotlib ({error}); pip install 'crosstrain[plot]'"
+        ) from None
+    if not run_dirs:
+        raise RunDirError("crosstrain plot needs at least one run folder")
+    runs = [read_run(folder) for folder in run_dirs]
+    labels = _distinct_labels(runs)
+    figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI, layout="constrained")
+    FigureCanvasAgg(figure)  # draw with Agg: no display, no pyplot global state
+    plans = sorted({run.plan for run in runs if run.plan})
+    figure.suptitle(f"learning curves: {', '.join(plans)}" if plans else "learning curves")
+    curves_by_panel = (
+        [run.train_loss for run in runs],
+        [run.eval_loss for run in runs],
+        [run.eval_accuracy for run in runs],
+    )
+    for axes, (title, y_label, marker), curves in zip(
+        figure.subplots(1, len(PANELS)), PANELS, curves_by_panel, strict=True
+    ):
+        _draw(axes, title, y_label, list(zip(labels, curves, strict=True)), marker)
+    return figure
+
+
+def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
+    """Draw the runs' learning curves into ``output`` (a PNG, or any format matplotlib
+    writes, chosen by the suffix) and return its path."""
+    figure = build_figure(run_dirs)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=FIGURE_DPI)
+    return output
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _plot_command(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    path = plot_runs(args.runs, args.output)
+    console.print(f"wrote {path}", markup=False)
+    return 0
+
+
+def add_plot_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``crosstrain plot``: called by the CLI's parser builder."""
+    plot = subparsers.add_parser("plot", help="draw learning curves of runs into an image")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folders of crosstrain runs")
+    plot.add_argument("-o", "--output", default="curves.png",
+                      help="image to write (default: curves.png)")
+    plot.set_defaults(handler=_plot_command)

@@ -1,0 +1,112 @@
+"""`crosstrain plot`: learning curves of real runs, drawn into a PNG of a fixed size."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from crosstrain.plugins.plot import FIGURE_DPI, FIGURE_INCHES, RunDirError, build_figure, plot_runs
+from tests.conftest import EXAMPLES, run_cli
+
+pytest.importorskip("matplotlib", reason="crosstrain plot needs matplotlib (the plot extra)")
+
+DIGITS = str(EXAMPLES / "digits_mlp.toml")
+PANELS = [("train loss", "loss"), ("eval loss", "loss"), ("eval accuracy", "accuracy")]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The same plan trained on 1 and on 2 processes, two epochs each."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = []
+    for nproc in (1, 2):
+        out = root / f"x{nproc}"
+        result = run_cli("run", DIGITS, "--backend", "torch", "--nproc", str(nproc),
+                         "--set", "train.epochs=2", "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        runs.append(out)
+    return runs
+
+
+@pytest.mark.torch
+def test_the_cli_writes_a_png_of_the_fixed_size(two_runs: list[Path], tmp_path: Path) -> None:
+    output = tmp_path / "figures" / "curves.png"
+    result = run_cli("plot", *map(str, two_runs), "-o", str(output))
+    assert result.returncode == 0, result.stderr
+    png = output.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk comes first
+    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+
+
+@pytest.mark.torch
+def test_each_panel_has_one_labelled_line_per_run(two_runs: list[Path]) -> None:
+    figure = build_figure(two_runs)
+    assert figure.get_suptitle() == "learning curves: digits_mlp"
+    assert [(axes.get_title(), axes.get_xlabel(), axes.get_ylabel()) for axes in figure.axes] == [
+        (title, "step", y_label) for title, y_label in PANELS
+    ]
+    for axes in figure.axes:
+        assert [line.get_label() for line in axes.get_lines()] == ["torch x1", "torch x2"]
+        assert [text.get_text() for text in axes.get_legend().get_texts()] == ["torch x1", "torch x2"]
+    train_loss, eval_loss, eval_accuracy = figure.axes
+    records = [json.loads(line) for line in (two_runs[0] / "metrics.jsonl").read_text().splitlines()]
+    line = train_loss.get_lines()[0]
+    assert list(line.get_xdata()) == list(range(1, 47))
+    assert list(line.get_ydata()) == [record["loss"] for record in records if "eval" not in record]
+    assert list(eval_accuracy.get_lines()[0].get_xdata()) == [23, 46]  # one evaluation an epoch
+    assert list(eval_loss.get_lines()[1].get_ydata()) == [
+        record["eval"]["loss"] for record in
+        map(json.loads, (two_runs[1] / "metrics.jsonl").read_text().splitlines()) if "eval" in record
+    ]
+
+
+@pytest.mark.torch
+def test_runs_that_would_share_a_label_are_told_apart_by_folder(two_runs: list[Path], tmp_path: Path) -> None:
+    again = shutil.copytree(two_runs[1], tmp_path / "again")
+    labels = [line.get_label() for line in build_figure([two_runs[1], again]).axes[0].get_lines()]
+    assert labels == ["torch x2 (x2)", "torch x2 (again)"]
+
+
+# --------------------------------------------------------------------------- without a framework
+
+
+def write_run(folder: Path, losses: list[float | None], backend: str = "torch", world_size: int = 1) -> Path:
+    folder.mkdir(parents=True)
+    lines = [{"step": step, "epoch": 0, "lr": 0.1, "loss": loss} for step, loss in enumerate(losses, 1)]
+    lines.append({"step": len(losses), "epoch": 0, "eval": {"loss": 0.5, "count": 10.0}})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = {"plan": "toy", "backend": backend, "world_size": world_size}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_folder_without_metrics_is_named_in_the_error(tmp_path: Path) -> None:
+    good = write_run(tmp_path / "good", [1.0, 0.5])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunDirError, match=re.escape(f"{tmp_path / 'empty'}: has no metrics.jsonl")) as caught:
+        plot_runs([good, tmp_path / "empty"], tmp_path / "curves.png")
+    assert caught.value.exit_code == 2
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_the_cli_exits_2_naming_a_missing_folder(tmp_path: Path) -> None:
+    result = run_cli("plot", str(tmp_path / "nowhere"), "-o", str(tmp_path / "curves.png"))
+    assert result.returncode == 2
+    assert "nowhere: is not a folder" in result.stderr
+
+
+def test_a_repeated_run_in_one_folder_plots_the_last_one_and_skips_nan(tmp_path: Path) -> None:
+    folder = write_run(tmp_path / "run", [3.0, 2.0, 1.0])
+    with (folder / "metrics.jsonl").open("a") as stream:  # a second run into the same folder
+        for step, loss in enumerate([0.9, None, 0.7], 1):  # None: a NaN loss, written as null
+            stream.write(json.dumps({"step": step, "epoch": 0, "lr": 0.1, "loss": loss}) + "\n")
+    figure = build_figure([folder])
+    line = figure.axes[0].get_lines()[0]
+    assert (list(line.get_xdata()), list(line.get_ydata())) == ([1, 3], [0.9, 0.7])
+    assert figure.axes[2].get_lines() == []  # the plan had no accuracy metric

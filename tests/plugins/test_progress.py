@@ -1,0 +1,171 @@
+"""The progress plugin: a bar on a terminal, plain lines in a pipe, epoch lines in both."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from crosstrain.core.context import RunContext
+from crosstrain.core.plan import load_plan
+from crosstrain.core.strategy import Job, World
+from crosstrain.plugins.progress import ProgressReporter
+from tests.conftest import EXAMPLES, REPO, run_cli, worker_env
+
+DIGITS = str(EXAMPLES / "digits_mlp.toml")
+ANSI_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
+BAR_GLYPH = "━"
+EPOCH_LINE = re.compile(
+    r"^epoch (\d+)/2  loss \d+\.\d{4}  eval_loss \d+\.\d{4}  eval_acc \d\.\d{4}  \d+ samples/s$"
+)
+STEP_LINE = re.compile(
+    r"^step (\d+)/46 \(\d+%\)  epoch [12]/2  loss \d+\.\d{4}  lr \d\.\d\de-\d\d  \d+ samples/s"
+    r"  eta \d+:\d\d:\d\d$"
+)
+# 1,797 digits, 20 % held out: 1,438 training rows in batches of 64 -> 23 steps an epoch
+TWO_EPOCHS = ("--set", "train.epochs=2")
+
+
+def console_env(**extra: str) -> dict[str, str]:
+    """The CLI's environment without variables that force or forbid terminal features."""
+    env = worker_env()
+    for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def run_in_terminal(*args: str, env: dict[str, str], cwd: Path | None = None,
+                    timeout: float = 240) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as stdin, stdout and stderr, as a user's shell would;
+    return its exit code and everything it wrote to the terminal."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    process = subprocess.Popen([sys.executable, "-m", "crosstrain.cli", *args], stdin=terminal,
+                               stdout=terminal, stderr=terminal, env=env, cwd=cwd)
+    os.close(terminal)  # only the CLI and its workers hold it now: EOF once they all exit
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # EIO: every process holding the terminal has closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            process.kill()
+            pytest.fail(f"crosstrain did not finish in {timeout} s")
+    finally:
+        os.close(controller)
+    return process.wait(timeout=60), b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def screen_pieces(output: str) -> list[str]:
+    """Every piece of text written between carriage returns and newlines, escape codes removed."""
+    return [piece for piece in re.split(r"[\r\n]+", ANSI_SEQUENCE.sub("", output)) if piece]
+
+
+def epoch_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if EPOCH_LINE.match(line)]
+
+
+def assert_bar_stopped(output: str) -> None:
+    """The bar hid the cursor while it ran and gave it back before anything else was printed."""
+    assert HIDE_CURSOR in output
+    assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR)
+
+
+@pytest.mark.torch
+def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(tmp_path: Path) -> None:
+    code, output = run_in_terminal("run", DIGITS, "--backend", "torch", "--nproc", "2", *TWO_EPOCHS,
+                                   "--out", str(tmp_path / "run"), env=console_env(TERM="xterm-256color"))
+    assert code == 0, output
+    pieces = screen_pieces(output)
+    bars = [piece for piece in pieces if BAR_GLYPH in piece]
+    assert bars, output
+    # the last drawing of the bar, at the end of training: every element is there
+    assert re.search(r"epoch 2/2 ━+ 46/46 loss \d\.\d{4} lr \d\.\d\de-\d\d \d+ samples/s ETA "
+                     r"\d+:\d\d:\d\d", bars[-1]), bars[-1]
+    assert [line.split()[1] for line in epoch_lines(pieces)] == ["1/2", "2/2"]
+    assert_bar_stopped(output)
+    assert "digits_mlp on torch x2" in output.rsplit(SHOW_CURSOR, 1)[1]  # the summary comes after
+
+
+@pytest.mark.torch
+def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path) -> None:
+    result = run_cli("run", DIGITS, "--backend", "torch", "--nproc", "2", *TWO_EPOCHS,
+                     "--out", str(tmp_path / "run"), env=console_env(TERM="xterm-256color"))
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and BAR_GLYPH not in result.stdout
+    lines = result.stdout.splitlines()
+    steps = [int(match.group(1)) for line in lines if (match := STEP_LINE.match(line))]
+    assert steps == [5, 10, 15, 20, 25, 30, 35, 40, 45, 46]
+    assert len(epoch_lines(lines)) == 2
+    # the first epoch's line sits between its last step line and the second epoch's first (23 steps each)
+    first_epoch = lines.index(epoch_lines(lines)[0])
+    assert lines[first_epoch - 1].startswith("step 20/") and lines[first_epoch + 1].startswith("step 25/")
+
+
+@pytest.mark.torch
+def test_a_failing_run_stops_the_bar_before_the_error_is_shown(tmp_path: Path) -> None:
+    env = console_env(TERM="xterm-256color", CROSSTRAIN_TEST_FAIL_RANK="0")
+    code, output = run_in_terminal("-p", "tests.failing_plugin", "run", DIGITS, "--backend", "torch",
+                                   "--out", str(tmp_path / "run"), env=env, cwd=REPO)
+    assert code == 1, output
+    assert_bar_stopped(output)
+    assert "injected failure at step 3" in output.rsplit(SHOW_CURSOR, 1)[1]
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def digits_context(process_index: int = 0) -> RunContext:
+    plan = load_plan(DIGITS, ["train.epochs=2"])
+    return RunContext(job=Job(plan=plan, backend="torch", replicas=2), world=World(process_index, 2),
+                      total_steps=46, steps_per_epoch=23, train_rows=1438, eval_rows=359)
+
+
+def drive(reporter: ProgressReporter, context: RunContext) -> None:
+    """The hooks' calls of a two-epoch run of 23 steps each."""
+    reporter.start(context)
+    for step in range(1, 47):
+        epoch = (step - 1) // 23
+        reporter.step(step, epoch, 0.001, {"loss": 1.0 / step})
+        if step % 23 == 0:
+            reporter.epoch(context, epoch, {"loss": 0.5, "samples_per_second": 1000.0,
+                                            "eval_loss": 0.4, "eval_accuracy": 0.9})
+    reporter.close()
+
+
+def test_plain_lines_come_every_tenth_of_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    drive(ProgressReporter(), digits_context())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "digits_mlp: 46 steps (2 epochs) on torch x2"
+    steps = [int(match.group(1)) for line in lines if (match := STEP_LINE.match(line))]
+    assert steps == [5, 10, 15, 20, 25, 30, 35, 40, 45, 46]
+    assert epoch_lines(lines) == [
+        "epoch 1/2  loss 0.5000  eval_loss 0.4000  eval_acc 0.9000  1000 samples/s",
+        "epoch 2/2  loss 0.5000  eval_loss 0.4000  eval_acc 0.9000  1000 samples/s",
+    ]
+
+
+def test_other_ranks_print_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    drive(ProgressReporter(), digits_context(process_index=1))
+    assert capsys.readouterr().out == ""

@@ -1,0 +1,147 @@
+"""The tensorboard plugin: `--tensorboard [DIR]`, event files written by rank 0 only, read back."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crosstrain.core.context import RunContext
+from crosstrain.core.plan import load_plan
+from crosstrain.core.strategy import Job, World
+from crosstrain.plugins import tensorboard
+from tests.conftest import EXAMPLES, run_cli, worker_env
+
+DIGITS = str(EXAMPLES / "digits_mlp.toml")
+SCALAR_TAGS = {"train/loss", "train/lr", "eval/loss", "eval/accuracy"}
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the folder's event files, by tag, as (step, value) in file order.
+
+    tensorboard's loader reads both writers' files (torch's simple values and tf.summary's
+    tensors) without importing tensorflow."""
+    pytest.importorskip("tensorboard", reason="reading event files needs the tensorboard package")
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, float(make_ndarray(value.tensor))))
+    return scalars
+
+
+def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_events_match_metrics(log_dir: Path, run_dir: Path, steps: int) -> None:
+    """The event file holds what metrics.jsonl holds: every step's loss and lr, every evaluation."""
+    scalars = read_scalars(log_dir)
+    assert set(scalars) == SCALAR_TAGS
+    records = metrics_records(run_dir)
+    step_records = [record for record in records if "eval" not in record]
+    eval_records = [record for record in records if "eval" in record]
+    assert [step for step, _ in scalars["train/loss"]] == list(range(1, steps + 1))
+    assert [value for _, value in scalars["train/loss"]] == pytest.approx(
+        [record["loss"] for record in step_records], rel=1e-6)
+    assert [value for _, value in scalars["train/lr"]] == pytest.approx(
+        [record["lr"] for record in step_records], rel=1e-6)
+    for name in ("loss", "accuracy"):
+        evaluations = [record["eval"] for record in eval_records]
+        assert [step for step, _ in scalars[f"eval/{name}"]] == [record["step"] for record in eval_records]
+        assert [value for _, value in scalars[f"eval/{name}"]] == pytest.approx(
+            [evaluation[name] for evaluation in evaluations], rel=1e-6)
+
+
+@pytest.mark.torch
+def test_a_torch_run_writes_one_event_file_of_loss_lr_and_eval(tmp_path: Path) -> None:
+    # a relative DIR is the CLI's working directory's, even though workers write it
+    result = run_cli("run", DIGITS, "--backend", "torch", "--nproc", "2", "--set", "train.epochs=2",
+                     "--out", "run", "--tensorboard", "board", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    log_dir = tmp_path / "board"
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # rank 0's only
+    assert_events_match_metrics(log_dir, tmp_path / "run", steps=46)
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.skipif(importlib.util.find_spec("crosstrain.backends.tf.plugin") is None,
+                    reason="the tf backend is not in this checkout")
+def test_a_tf_run_writes_its_events_into_the_run_folder_by_default(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli("run", DIGITS, "--backend", "tf", "--nproc", "2", "--set", "train.epochs=2",
+                     "--out", str(run_dir), "--tensorboard")
+    assert result.returncode == 0, result.stderr
+    assert_events_match_metrics(run_dir / "tensorboard", run_dir, steps=46)
+
+
+TF_WRITER_SCRIPT = """
+import sys
+from pathlib import Path
+import tensorflow  # the running backend's framework, imported before the writer is chosen
+from crosstrain.plugins.tensorboard import open_scalar_writer
+writer = open_scalar_writer(Path(sys.argv[1]))
+for step in (1, 2, 3):
+    writer.scalar("train/loss", 1.0 / step, step)
+writer.close()
+print(type(writer).__name__)
+"""
+
+
+@pytest.mark.tf
+def test_a_process_that_imported_tensorflow_writes_with_tf_summary(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-c", TF_WRITER_SCRIPT, str(tmp_path)], capture_output=True,
+                            text=True, timeout=120, env=worker_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["TensorflowScalarWriter"]
+    assert read_scalars(tmp_path) == {"train/loss": [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]}
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    tensorboard.crosstrain_addoption(parser)
+    return parser.parse_args(list(argv))
+
+
+def context_with(option: object, out_dir: Path) -> RunContext:
+    job = Job(plan=load_plan(DIGITS), backend="any", out_dir=str(out_dir), options={"tensorboard": option})
+    return RunContext(job=job, world=World(), total_steps=1, steps_per_epoch=1, train_rows=1, eval_rows=0)
+
+
+def test_the_option_names_a_folder_or_defaults_to_the_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+
+    def log_dir(*argv: str) -> Path | None:
+        return tensorboard.log_dir_for(context_with(parse(*argv).tensorboard, out))
+
+    assert log_dir() is None
+    assert log_dir("--tensorboard") == out / "tensorboard"
+    assert log_dir("--tensorboard", "tb") == tmp_path / "tb"  # absolute, for workers elsewhere
+    assert tensorboard.log_dir_for(context_with(True, out)) == out / "tensorboard"  # crosstrain.fit(options=)
+
+
+def test_without_a_framework_the_error_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in ("torch", "torch.utils.tensorboard", "tensorflow"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    with pytest.raises(tensorboard.TensorboardError, match="pip install tensorboard") as caught:
+        tensorboard.open_scalar_writer(tmp_path)
+    assert caught.value.exit_code == 2
+    assert "torch:" in str(caught.value) and "tensorflow:" in str(caught.value)
