@@ -11,12 +11,21 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 import pluggy
 
 from crosstrain.core.checkpoint import save_checkpoint
 from crosstrain.core.context import RunContext
-from crosstrain.core.data import ArrayDataset, GlobalSampler, eval_batches, load_datasets, shard, step_batch
+from crosstrain.core.data import (
+    ArrayDataset,
+    Datasets,
+    GlobalSampler,
+    eval_batches,
+    load_datasets,
+    shard,
+    step_batch,
+)
 from crosstrain.core.layers import init_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.schedule import LearningRateSchedule
@@ -45,83 +54,125 @@ def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict
     return summary
 
 
+@attrs.define
+class _Progress:
+    """What the loop has done so far, for the epoch lines and the summary."""
+
+    step: int = 0
+    epochs_run: int = 0
+    train_seconds: float = 0.0
+    train_samples: int = 0
+    last_train_loss: float = float("nan")
+    eval_metrics: dict[str, float] = attrs.field(factory=dict)
+
+
 def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tuple[dict[str, Any], Any]:
     """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
     datasets = load_datasets(plan)
-    state = strategy.build(plan, initial_weights(plan))
     sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
-    steps = total_steps(plan, len(datasets.train))
-    schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, steps)
     context = RunContext(
         job=job,
         world=world,
-        total_steps=steps,
+        total_steps=total_steps(plan, len(datasets.train)),
         steps_per_epoch=sampler.steps_per_epoch,
         train_rows=len(datasets.train),
         eval_rows=len(datasets.eval) if datasets.eval else 0,
     )
-    hook.crosstrain_train_start(context=context)
-
-    step, train_seconds, train_samples = 0, 0.0, 0
-    last_train_loss, eval_metrics = float("nan"), {}
-    epoch = 0
-    for epoch in range(plan.train.epochs):
-        if step >= steps:
-            break
-        epoch_started = time.perf_counter()
-        loss_sum, real_rows = 0.0, 0
-        for indices, weight in sampler.epoch(epoch):
-            if step >= steps:
+    try:
+        state = strategy.build(plan, initial_weights(plan))
+        hook.crosstrain_train_start(context=context)
+        progress = _Progress()
+        schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, context.total_steps)
+        for epoch in range(plan.train.epochs):
+            if progress.step >= context.total_steps:
                 break
-            batch = step_batch(
-                datasets.train,
-                indices,
-                weight,
-                world.process_index,
-                world.process_count,
-                plan.train.grad_accum_steps,
-            )
-            lr = schedule(step)
-            metrics = strategy.train_step(state, batch, lr)
-            step += 1
-            loss_sum += metrics["loss"] * batch.global_real_rows
-            real_rows += batch.global_real_rows
-            hook.crosstrain_step_end(context=context, step=step, epoch=epoch, lr=lr, metrics=metrics)
-        epoch_seconds = time.perf_counter() - epoch_started
-        train_seconds += epoch_seconds
-        train_samples += real_rows
-        last_train_loss = loss_sum / max(real_rows, 1)
-        epoch_metrics: dict[str, float] = {
-            "loss": last_train_loss,
-            "samples_per_second": real_rows / max(epoch_seconds, 1e-9),
-        }
-        is_last = step >= steps or epoch + 1 == plan.train.epochs
-        if datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last):
-            eval_metrics = evaluate(strategy, state, datasets.eval, plan)
-            hook.crosstrain_eval_end(context=context, step=step, epoch=epoch, metrics=eval_metrics)
-            epoch_metrics.update({f"eval_{name}": value for name, value in eval_metrics.items()})
-        hook.crosstrain_epoch_end(context=context, epoch=epoch, metrics=epoch_metrics)
+            _train_epoch(strategy, state, context, datasets, sampler, schedule, epoch, progress, hook)
+        if plan.output.checkpoint:
+            _save_checkpoint(strategy, state, context, progress.step, hook)
+        summary = _summary(context, progress, time.perf_counter() - started)
+        hook.crosstrain_train_end(context=context, summary=summary)
+    except BaseException as error:
+        report_exception(hook, context, error)
+        raise
+    return summary, state
 
-    if plan.output.checkpoint:
-        _save_checkpoint(strategy, state, context, step, hook)
-    summary = {
+
+def report_exception(hook: pluggy.HookRelay, context: RunContext, error: BaseException) -> None:
+    """Call crosstrain_exception once per error, however many layers catch and re-raise it."""
+    if not getattr(error, "_crosstrain_reported", False):
+        error._crosstrain_reported = True  # type: ignore[attr-defined]
+        hook.crosstrain_exception(context=context, rank=context.world.process_index, error=error)
+
+
+def _train_epoch(
+    strategy: DistributedStrategy,
+    state: Any,
+    context: RunContext,
+    datasets: Datasets,
+    sampler: GlobalSampler,
+    schedule: LearningRateSchedule,
+    epoch: int,
+    progress: _Progress,
+    hook: pluggy.HookRelay,
+) -> None:
+    plan, world = context.plan, context.world
+    epoch_started = time.perf_counter()
+    loss_sum, real_rows = 0.0, 0
+    for indices, weight in sampler.epoch(epoch):
+        if progress.step >= context.total_steps:
+            break
+        batch = step_batch(
+            datasets.train,
+            indices,
+            weight,
+            world.process_index,
+            world.process_count,
+            plan.train.grad_accum_steps,
+        )
+        lr = schedule(progress.step)
+        metrics = strategy.train_step(state, batch, lr)
+        progress.step += 1
+        loss_sum += metrics["loss"] * batch.global_real_rows
+        real_rows += batch.global_real_rows
+        hook.crosstrain_step_end(context=context, step=progress.step, epoch=epoch, lr=lr, metrics=metrics)
+    epoch_seconds = time.perf_counter() - epoch_started
+    progress.epochs_run = epoch + 1
+    progress.train_seconds += epoch_seconds
+    progress.train_samples += real_rows
+    progress.last_train_loss = loss_sum / max(real_rows, 1)
+    epoch_metrics = {
+        "loss": progress.last_train_loss,
+        "samples_per_second": real_rows / max(epoch_seconds, 1e-9),
+    }
+    is_last = progress.step >= context.total_steps or epoch + 1 == plan.train.epochs
+    if datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last):
+        progress.eval_metrics = evaluate(strategy, state, datasets.eval, plan)
+        hook.crosstrain_eval_end(
+            context=context, step=progress.step, epoch=epoch, metrics=progress.eval_metrics
+        )
+        epoch_metrics.update({f"eval_{name}": value for name, value in progress.eval_metrics.items()})
+    hook.crosstrain_epoch_end(context=context, epoch=epoch, metrics=epoch_metrics)
+
+
+def _summary(context: RunContext, progress: _Progress, wall_seconds: float) -> dict[str, Any]:
+    """The run's summary: what summary.json holds and fit() returns."""
+    plan, world = context.plan, context.world
+    return {
         "plan": plan.name,
-        "backend": job.backend,
+        "backend": context.backend,
         "world_size": world.replicas,
         "processes": world.process_count,
         "device": world.device,
         "precision": plan.train.precision,
-        "steps": step,
-        "epochs": epoch + 1,
-        "train": {"loss": last_train_loss},
-        "eval": eval_metrics,
-        "samples_per_second": train_samples / max(train_seconds, 1e-9),
-        "wall_seconds": time.perf_counter() - started,
+        "steps": progress.step,
+        "epochs": progress.epochs_run,
+        "train": {"loss": progress.last_train_loss},
+        "eval": progress.eval_metrics,
+        "samples_per_second": progress.train_samples / max(progress.train_seconds, 1e-9),
+        "wall_seconds": wall_seconds,
     }
-    hook.crosstrain_train_end(context=context, summary=summary)
-    return summary, state
 
 
 def evaluate(

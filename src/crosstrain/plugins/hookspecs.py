@@ -94,5 +94,9 @@ def crosstrain_train_end(context: RunContext, summary: Mapping[str, Any]) -> Non
 
 @hookspec
 def crosstrain_exception(context: RunContext, rank: int, error: BaseException) -> None:
-    """Called once, on the failing process, when training raises; ``rank`` is that process.
-    Files written so far must be kept: flush and close, never truncate."""
+    """Called once on a process whose training raised, with its ``rank`` and ``error``.
+
+    The rank that failed first reports the original error. A peer whose collective then
+    breaks (before the launcher stops it) may report its own, secondary, error once too.
+    Files written so far must be kept: flush and close, never truncate.
+    """

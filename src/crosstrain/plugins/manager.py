@@ -105,18 +105,22 @@ def report_failures(manager: CrosstrainPluginManager) -> None:
 def backend_registry(manager: CrosstrainPluginManager) -> dict[str, BackendEntry]:
     """Backend name -> class and providing distribution; a clash names both distributions."""
     registry: dict[str, BackendEntry] = {}
+    plugin_of: dict[str, str] = {}
     for implementation in manager.hook.crosstrain_backends.get_hookimpls():
-        distribution = manager.distributions.get(implementation.plugin_name, implementation.plugin_name)
+        plugin = implementation.plugin_name
+        distribution = manager.distributions.get(plugin, plugin)
         strategies = cast(list[type[DistributedStrategy]], implementation.function())
         for strategy in strategies:
             earlier = registry.get(strategy.name)
             if earlier is not None and earlier.strategy is not strategy:
+                both = sorted([(earlier.distribution, plugin_of[strategy.name]), (distribution, plugin)])
+                named = " and ".join(f"{dist!r} (plugin {name!r})" for dist, name in both)
                 raise BackendError(
-                    f"backend {strategy.name!r} is registered by two distributions: "
-                    f"{earlier.distribution!r} and {distribution!r}; uninstall one or block "
-                    f"one with -p no:PLUGIN"
+                    f"backend {strategy.name!r} is registered by two distributions: {named}; "
+                    f"uninstall one, or block one with -p no:PLUGIN"
                 )
             registry[strategy.name] = BackendEntry(strategy, distribution)
+            plugin_of[strategy.name] = plugin
     return registry
 
 

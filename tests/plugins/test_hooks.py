@@ -1,0 +1,102 @@
+"""Lifecycle hooks over real 2-replica runs: order, arguments, every rank, exception once."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli, worker_env
+
+BACKENDS = [
+    pytest.param(
+        "torch",
+        marks=[
+            pytest.mark.torch,
+            pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
+        ],
+    ),
+    pytest.param(
+        "tf",
+        marks=[
+            pytest.mark.tf,
+            pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow"),
+        ],
+    ),
+]
+
+
+def _records(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    return {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines()]
+        for path in sorted(folder.glob("rank*.jsonl"))
+    }
+
+
+def _run(plan: Path, out: Path, backend: str, record_dir: Path, *extra: str) -> Any:
+    env = worker_env()
+    env["CROSSTRAIN_TEST_RECORD_DIR"] = str(record_dir)
+    return run_cli(
+        "-p",
+        "tests.recording_plugin",
+        *extra,
+        "run",
+        str(plan),
+        "--backend",
+        backend,
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "train.max_steps=8",
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hook_order_and_arguments(write_plan: Callable[..., Path], tmp_path: Path, backend: str) -> None:
+    result = _run(write_plan(), tmp_path / "run", backend, tmp_path / "calls")
+    assert result.returncode == 0, result.stderr
+    records = _records(tmp_path / "calls")
+    # torch: one process per replica, every process calls every hook; tf Mirrored: one process
+    assert records, "no hook was called"
+    for calls in records.values():
+        hooks = [call["hook"] for call in calls]
+        # max_steps=8 ends training inside epoch 0 (45 steps long), so one evaluation follows
+        assert hooks == (
+            ["train_start"] + ["step_end"] * 8 + ["eval_end", "epoch_end", "checkpoint_saved", "train_end"]
+        )
+        assert [call["step"] for call in calls if call["hook"] == "step_end"] == list(range(1, 9))
+        assert all(call["replicas"] == 2 and call["backend"] == backend for call in calls)
+        assert calls[0]["total_steps"] == 8
+        evaluation = next(call for call in calls if call["hook"] == "eval_end")
+        assert evaluation["step"] == 8 and evaluation["metrics"]["count"] == 359  # 20% of 1,797
+        saved = next(call for call in calls if call["hook"] == "checkpoint_saved")
+        assert Path(saved["path"]).is_file()
+    main = [calls for calls in records.values() if calls[0]["is_main"]]
+    assert len(main) == 1
+    losses = [[call["loss"] for call in calls if call["hook"] == "step_end"] for calls in records.values()]
+    assert all(other == losses[0] for other in losses)  # metrics are global: equal on every rank
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exception_hook_runs_once_with_the_failing_rank(
+    write_plan: Callable[..., Path], tmp_path: Path, backend: str
+) -> None:
+    result = _run(write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "tests.failing_plugin")
+    assert result.returncode != 0
+    calls = [call for rank_calls in _records(tmp_path / "calls").values() for call in rank_calls]
+    exceptions = [call for call in calls if call["hook"] == "exception"]
+    injected = [call for call in exceptions if "injected failure at step 3" in call["error"]]
+    assert len(injected) == 1 and injected[0]["error_rank"] == injected[0]["rank"] == 1
+    # a peer may also see its collective break before the launcher stops it: at most once each
+    assert len({call["rank"] for call in exceptions}) == len(exceptions)

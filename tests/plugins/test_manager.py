@@ -1,0 +1,146 @@
+"""Plugin hygiene as in pytest: autoload off, -p / -p no:, broken plugins, duplicate backend names.
+
+Third-party plugins are real distributions: a dist-info folder with entry_points.txt put on
+PYTHONPATH, found by importlib.metadata exactly as an installed package is.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from crosstrain.core.errors import BackendError
+from crosstrain.plugins.manager import backend_registry, make_plugin_manager, selection_from_args
+from tests.conftest import run_cli, worker_env
+
+
+def _install_fake_distribution(
+    site: Path, name: str, entry_points: dict[str, str], modules: dict[str, str]
+) -> None:
+    dist_info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    lines = "\n".join(f"{key} = {value}" for key, value in entry_points.items())
+    (dist_info / "entry_points.txt").write_text(f"[crosstrain]\n{lines}\n")
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(textwrap.dedent(source))
+
+
+RECORDER = """
+import os, crosstrain
+@crosstrain.hookimpl
+def crosstrain_train_start(context):
+    if context.world.is_main:
+        open(os.environ["HELLO_FILE"], "w").write("hello from a third-party plugin")
+"""
+
+CLASH = """
+from crosstrain.plugins.hookspecs import hookimpl
+@hookimpl
+def crosstrain_backends():
+    from tests.ghost_backend import GhostStrategy
+    class Impostor(GhostStrategy):
+        name = "torch"
+    return [Impostor]
+"""
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    folder = tmp_path / "site"
+    _install_fake_distribution(folder, "hello-plugin", {"hello": "hello_plugin"}, {"hello_plugin": RECORDER})
+    _install_fake_distribution(
+        folder,
+        "broken-plugin",
+        {"broken": "broken_plugin"},
+        {"broken_plugin": "raise ImportError('needs libfoo')\n"},
+    )
+    return folder
+
+
+def _env(site: Path, **extra: str) -> dict[str, str]:
+    env = worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def test_broken_plugin_is_reported_once_and_the_rest_work(site: Path) -> None:
+    result = run_cli("backends", env=_env(site))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "broken" in line]
+    assert warnings == [
+        "crosstrain: warning: plugin 'broken' from distribution 'broken-plugin' failed to "
+        "load: ImportError: needs libfoo"
+    ]
+    assert " torch " in result.stdout
+
+
+def test_blocking_a_plugin_silences_it(site: Path) -> None:
+    result = run_cli("-p", "no:broken", "backends", env=_env(site))
+    assert result.returncode == 0 and "broken" not in result.stderr
+
+
+@pytest.mark.torch
+def test_autoload_off_loads_only_builtins_and_named_plugins(
+    site: Path, tmp_path: Path, write_plan: Callable[..., Path]
+) -> None:
+    hello = tmp_path / "hello.txt"
+    args = ("run", str(write_plan()), "--device", "cpu", "--set", "train.max_steps=2")
+    off = _env(site, HELLO_FILE=str(hello), CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD="1")
+    result = run_cli(*args, "--out", str(tmp_path / "a"), env=off)
+    assert result.returncode == 0, result.stderr
+    assert not hello.exists() and "broken" not in result.stderr  # third parties stay out
+    assert (tmp_path / "a" / "metrics.jsonl").is_file()  # built-ins still load
+    result = run_cli("-p", "hello", *args, "--out", str(tmp_path / "b"), env=off)
+    assert result.returncode == 0, result.stderr
+    assert hello.read_text() == "hello from a third-party plugin"
+
+
+@pytest.mark.torch
+def test_builtin_plugins_can_be_removed(tmp_path: Path, write_plan: Callable[..., Path]) -> None:
+    result = run_cli(
+        "-p",
+        "no:metrics",
+        "run",
+        str(write_plan()),
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "train.max_steps=2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "summary.json").exists()
+
+
+def test_two_distributions_claiming_one_backend_name(tmp_path: Path) -> None:
+    site = tmp_path / "clash-site"
+    _install_fake_distribution(
+        site, "impostor-backend", {"impostor": "impostor_plugin"}, {"impostor_plugin": CLASH}
+    )
+    result = run_cli("backends", env=_env(site))
+    assert result.returncode == 2
+    assert (
+        "backend 'torch' is registered by two distributions: 'crosstrain' (plugin 'torch') and "
+        "'impostor-backend' (plugin 'impostor')" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_registry_in_process_lists_builtin_backends() -> None:
+    registry = backend_registry(make_plugin_manager(selection_from_args([])))
+    assert {"torch", "tf"} <= set(registry)
+    assert registry["torch"].distribution == "crosstrain"
+
+
+def test_unknown_backend_error_in_process() -> None:
+    from crosstrain.plugins.manager import get_backend
+
+    with pytest.raises(BackendError, match="unknown backend 'nosuch'; registered backends: .*torch"):
+        get_backend(make_plugin_manager(), "nosuch")
