@@ -12,7 +12,7 @@ from crosstrain.plugins.hookspecs import hookimpl
 
 class GhostStrategy:
     name: ClassVar[str] = os.environ.get("CROSSTRAIN_TEST_GHOST_NAME", "ghost")
-    extra: ClassVar[str] = "ghost"
+    install_hint: ClassVar[str] = "pip install 'crosstrain[ghost]'"
     world = World()
 
     @classmethod

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from crosstrain.api import default_out_dir, make_job, prepare_plan, run_job
 from crosstrain.core.errors import CrosstrainError, WorkerError
@@ -176,12 +177,10 @@ def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, consol
         table.add_column(column)
     for name, entry in sorted(backend_registry(manager).items()):
         status = entry.strategy.framework_status()
-        framework = (
-            status.version
-            if status.importable
-            else (f"missing: pip install 'crosstrain[{entry.strategy.extra}]'")
-        )
-        table.add_row(name, entry.distribution, framework, ", ".join(status.devices) or "-")
+        framework = status.version if status.importable else f"missing: {entry.strategy.install_hint}"
+        # Text, not markup: "crosstrain[torch]" must not be read as a rich style tag
+        cells = (name, entry.distribution, framework, ", ".join(status.devices) or "-")
+        table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
     return 0
 

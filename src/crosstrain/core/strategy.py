@@ -95,8 +95,9 @@ class DistributedStrategy(Protocol):
     the backend turns them into native models, steps and collectives."""
 
     name: ClassVar[str]
-    #: the pip extra that installs this backend's framework, named in error messages
-    extra: ClassVar[str]
+    #: what installs this backend's framework, quoted when it is missing
+    #: (e.g. "pip install 'crosstrain[torch]'" or, for a third party, "pip install jax")
+    install_hint: ClassVar[str]
     world: World
 
     @classmethod

@@ -135,6 +135,6 @@ def get_backend(manager: CrosstrainPluginManager, name: str) -> type[Distributed
     if not status.importable:
         raise BackendError(
             f"backend {name!r} needs its framework, which does not import ({status.problem}); "
-            f"install it with: pip install 'crosstrain[{entry.strategy.extra}]'"
+            f"install it with: {entry.strategy.install_hint}"
         )
     return entry.strategy

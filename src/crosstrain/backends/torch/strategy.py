@@ -36,7 +36,7 @@ _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
 class TorchStrategy:
     name: ClassVar[str] = "torch"
-    extra: ClassVar[str] = "torch"
+    install_hint: ClassVar[str] = "pip install 'crosstrain[torch]'"
 
     def __init__(self, world: World | None = None, device: str = "cpu") -> None:
         self.world = world or World()

@@ -1,0 +1,120 @@
+"""SGD, Adam and AdamW written out with torch's exact formulas (plan.py's OptimizerSpec).
+
+Matching torch operation for operation is what makes per-step losses agree to float
+rounding. Scalars that torch computes in Python (double precision) - bias corrections,
+step sizes, AdamW's decay factor - are computed on the host here too and passed into
+the compiled step as float32 arguments, exactly where torch casts them; so the
+learning rate changes every step without recompiling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from crosstrain.core.plan import OptimizerSpec
+
+Tree = dict[str, jax.Array]
+OptimizerState = dict[str, Tree]
+Scalars = dict[str, float]
+
+#: torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing
+_CLIP_EPS = 1e-6
+
+
+def init_state(spec: OptimizerSpec, params: Mapping[str, jax.Array]) -> OptimizerState:
+    """Zeroed buffers: SGD's momentum buffer, Adam's first and second moments."""
+    def zeros() -> Tree:
+        return {name: jnp.zeros_like(value) for name, value in params.items()}
+
+    if spec.name == "sgd":
+        return {"momentum": zeros()} if spec.momentum else {}
+    return {"exp_avg": zeros(), "exp_avg_sq": zeros()}
+
+
+def host_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
+    """The per-step scalars torch computes in Python, for optimizer step ``step`` (1-based)."""
+    if spec.name == "sgd":
+        return {"neg_lr": -lr}
+    bias_correction1 = 1 - spec.beta1**step
+    bias_correction2 = 1 - spec.beta2**step
+    scalars = {
+        "neg_step_size": -(lr / bias_correction1),
+        "bias_correction2_sqrt": bias_correction2**0.5,
+    }
+    if spec.name == "adamw":
+        scalars["decay_factor"] = 1 - lr * spec.weight_decay
+    return scalars
+
+
+def clip_by_global_norm(grads: Tree, names: Sequence[str], max_norm: float) -> Tree:
+    """torch's clip_grad_norm_: norm of the per-tensor norms, coefficient clamped at 1,
+    applied always (no branch on the device)."""
+    norms = jnp.stack([jnp.linalg.norm(grads[name].ravel()) for name in names])
+    total_norm = jnp.linalg.norm(norms)
+    coefficient = jnp.minimum(max_norm / (total_norm + _CLIP_EPS), 1.0)
+    return {name: grad * coefficient for name, grad in grads.items()}
+
+
+def apply_update(
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array],
+) -> tuple[Tree, OptimizerState]:
+    """One optimizer step on every parameter (traced inside the compiled train step)."""
+    if spec.name == "sgd":
+        return _sgd(spec, params, grads, state, scalars)
+    return _adam(spec, params, grads, state, scalars)
+
+
+def _sgd(
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array],
+) -> tuple[Tree, OptimizerState]:
+    new_params, new_buffers = {}, {}
+    for name, param in params.items():
+        grad = grads[name]
+        if spec.weight_decay:
+            grad = grad + spec.weight_decay * param  # grad.add(param, alpha=wd)
+        if spec.momentum:
+            # buf.mul_(m).add_(grad); the first step's zero buffer gives torch's buf = grad
+            buffer = state["momentum"][name] * spec.momentum + grad
+            new_buffers[name] = buffer
+            grad = grad + spec.momentum * buffer if spec.nesterov else buffer
+        new_params[name] = param + scalars["neg_lr"] * grad  # param.add_(grad, alpha=-lr)
+    return new_params, ({"momentum": new_buffers} if spec.momentum else {})
+
+
+def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
+    """torch.lerp's two-sided formula, which keeps the result exact at either end."""
+    if weight < 0.5:
+        return start + weight * (end - start)
+    return end - (end - start) * (1 - weight)
+
+
+def _adam(
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array],
+) -> tuple[Tree, OptimizerState]:
+    decoupled = spec.name == "adamw"
+    new_params, exp_avgs, exp_avg_sqs = {}, {}, {}
+    for name, param in params.items():
+        grad = grads[name]
+        if spec.weight_decay and decoupled:
+            param = param * scalars["decay_factor"]  # param.mul_(1 - lr * wd)
+        elif spec.weight_decay:
+            grad = grad + spec.weight_decay * param
+        exp_avg = _lerp(state["exp_avg"][name], grad, 1 - spec.beta1)
+        # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        exp_avg_sq = state["exp_avg_sq"][name] * spec.beta2 + (1 - spec.beta2) * grad * grad
+        denom = jnp.sqrt(exp_avg_sq) / scalars["bias_correction2_sqrt"] + spec.eps
+        # param.addcdiv_(exp_avg, denom, value=-step_size)
+        new_params[name] = param + scalars["neg_step_size"] * exp_avg / denom
+        exp_avgs[name], exp_avg_sqs[name] = exp_avg, exp_avg_sq
+    return new_params, {"exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}
+
+
+def as_float32(scalars: Scalars) -> dict[str, np.float32]:
+    """Host doubles -> float32 arguments (torch casts a Python scalar to the tensor's dtype)."""
+    return {name: np.float32(value) for name, value in scalars.items()}

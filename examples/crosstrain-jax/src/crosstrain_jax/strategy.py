@@ -1,0 +1,231 @@
+"""JaxStrategy: data parallel over the devices of one process, with jax.sharding.
+
+One process drives every replica: the batch is sharded over a one-axis device mesh
+('data'), the parameters are replicated, and XLA inserts the gradient all-reduce
+itself. This module imports jax only inside methods, so ``crosstrain backends`` can
+list the backend (and say jax is missing) on a machine without jax.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import numpy as np
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.errors import PlanError
+from crosstrain.core.plan import Plan
+from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+
+    from crosstrain_jax.optimizer import OptimizerState
+
+
+@attrs.define
+class JaxState:
+    plan: Plan
+    names: tuple[str, ...]  # parameter names in model order (the clip norm's order, as torch's)
+    params: dict[str, jax.Array]
+    optimizer_state: OptimizerState
+    train_fn: Callable[..., Any]
+    eval_fn: Callable[..., Any]
+    replicated: NamedSharding
+    rows: NamedSharding  # [batch, ...] arrays, batch split over the devices
+    micro_rows: NamedSharding  # [micro-step, batch, ...] arrays, batch split over the devices
+    dropout_key: jax.Array
+    optimizer_steps: int = 0
+
+
+class JaxStrategy:
+    name: ClassVar[str] = "jax"
+    install_hint: ClassVar[str] = "pip install 'crosstrain-jax' jax"
+
+    def __init__(
+        self, world: World | None = None, devices: Sequence[Any] | None = None,
+        heartbeat: str | None = None,
+    ) -> None:
+        self.world = world or World()
+        self.devices = list(devices) if devices is not None else None
+        # launch() watches this file's mtime: a step that stops touching it is a hang.
+        self.heartbeat = heartbeat
+
+    # ----------------------------------------------------------------- discovery and launch
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        return _probe_framework()
+
+    def launch(self, job: Job) -> RunResult:
+        from crosstrain_jax.launch import launch
+
+        return launch(job)
+
+    # ----------------------------------------------------------------- model
+
+    def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> JaxState:
+        import jax
+        from jax.sharding import Mesh
+
+        from crosstrain_jax.model import build_forward, make_eval_step, make_train_step
+        from crosstrain_jax.optimizer import init_state
+
+        forward = build_forward(plan)
+        devices = self.devices or jax.local_devices()[: self.world.local_replicas]
+        mesh = Mesh(np.asarray(devices), ("data",))
+        replicated = _sharding(mesh)
+        names = tuple(weights)
+        params = {name: jax.device_put(np.asarray(weights[name], np.float32), replicated)
+                  for name in names}
+        train_fn = jax.jit(make_train_step(plan, forward, names), out_shardings=replicated,
+                           donate_argnums=(0, 1))
+        return JaxState(
+            plan=plan, names=names, params=params,
+            optimizer_state=jax.device_put(init_state(plan.optimizer, params), replicated),
+            train_fn=train_fn, eval_fn=jax.jit(make_eval_step(plan, forward)),
+            replicated=replicated,
+            rows=_sharding(mesh, "data"),
+            micro_rows=_sharding(mesh, None, "data"),
+            dropout_key=jax.random.key(plan.seed),
+        )
+
+    # ----------------------------------------------------------------- steps
+
+    def train_step(self, state: JaxState, step: StepBatch, lr: float) -> dict[str, float]:
+        import jax
+
+        from crosstrain_jax.optimizer import as_float32, host_scalars
+
+        self._beat()
+        micro = step.micro_batches
+        xs, ys, ws = (
+            jax.device_put(np.stack(arrays), state.micro_rows)
+            for arrays in ([batch.x for batch in micro],
+                           [_targets(batch, state.plan) for batch in micro],
+                           [batch.weight for batch in micro])
+        )
+        state.optimizer_steps += 1
+        scalars = as_float32(host_scalars(state.plan.optimizer, lr, state.optimizer_steps))
+        # DESIGN rule 4: one global computation over the whole batch, normalised once.
+        scale = np.float32(1.0 / step.global_real_rows)
+        key = jax.random.fold_in(state.dropout_key, state.optimizer_steps)
+        state.params, state.optimizer_state, micro_sums = state.train_fn(
+            state.params, state.optimizer_state, xs, ys, ws, scale, scalars, key
+        )
+        loss_sum = float(np.asarray(micro_sums, np.float64).sum())
+        return {"loss": loss_sum / step.global_real_rows}
+
+    def eval_step(self, state: JaxState, batch: Batch) -> dict[str, float]:
+        import jax
+
+        self._beat()
+        x = jax.device_put(batch.x, state.rows)
+        y = jax.device_put(_targets(batch, state.plan), state.rows)
+        losses, correct = state.eval_fn(state.params, x, y)
+        # float64 sums on the host, in row order: identical for any number of devices
+        weight = batch.weight.astype(np.float64)
+        metrics = {"loss_sum": float((np.asarray(losses, np.float64) * weight).sum())}
+        if state.plan.loss.name == "cross_entropy":
+            metrics["correct"] = float((np.asarray(correct, np.float64) * weight).sum())
+        metrics["count"] = float(weight.sum())
+        return metrics
+
+    # ----------------------------------------------------------------- collectives
+    # One process holds every replica, so there is nobody to reduce with: the device-level
+    # reductions happen inside the compiled steps.
+
+    def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
+        return values
+
+    def broadcast(self, values: np.ndarray, src: int = 0) -> np.ndarray:
+        return values
+
+    def barrier(self) -> None:
+        return None
+
+    # ----------------------------------------------------------------- weights
+
+    def state_dict(self, state: JaxState) -> dict[str, np.ndarray]:
+        import jax
+
+        host = jax.device_get(state.params)
+        return {name: np.array(host[name], dtype=np.float32) for name in state.names}
+
+    def load_state_dict(self, state: JaxState, tensors: Mapping[str, np.ndarray]) -> None:
+        import jax
+
+        missing, unexpected = set(state.names) - set(tensors), set(tensors) - set(state.names)
+        if missing or unexpected:
+            raise PlanError(f"weights do not match the model: missing {sorted(missing)}, "
+                            f"unexpected {sorted(unexpected)}")
+        for name in state.names:
+            expected = state.params[name].shape
+            if tuple(tensors[name].shape) != expected:
+                raise PlanError(f"weight {name!r} has shape {list(tensors[name].shape)}, "
+                                f"the model expects {list(expected)}")
+        state.params = {
+            name: jax.device_put(np.asarray(tensors[name], np.float32), state.replicated)
+            for name in state.names
+        }
+
+    # ----------------------------------------------------------------- helpers
+
+    def _beat(self) -> None:
+        if self.heartbeat is not None:
+            try:
+                os.utime(self.heartbeat)
+            except OSError:  # the launcher's folder is gone: it has stopped watching
+                self.heartbeat = None
+
+
+def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
+    """Arrays laid out on the mesh: axis i split over the mesh axis named at i (None: whole)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    # jax leaves PartitionSpec.__init__ unannotated
+    return NamedSharding(mesh, PartitionSpec(*axes))  # type: ignore[no-untyped-call]
+
+
+def _targets(batch: Batch, plan: Plan) -> np.ndarray:
+    # jax runs 32-bit by default: class labels as int32 (they index 10s of classes, not 2**31)
+    return batch.y.astype(np.int32) if plan.loss.name == "cross_entropy" else batch.y
+
+
+# Run in a child process: initialising a jax backend here would claim the GPUs (jax
+# preallocates most of their memory) in the launching process, which never trains.
+_PROBE = """
+import json, jax
+devices = ["cpu"] + [f"{d.platform}:{d.id} ({d.device_kind})"
+                     for d in jax.devices() if d.platform != "cpu"]
+print(json.dumps({"version": jax.__version__, "devices": devices}))
+"""
+
+
+@functools.cache
+def _probe_framework() -> FrameworkStatus:
+    """Whether jax imports and what it sees, asked of a child python; never raises."""
+    if importlib.util.find_spec("jax") is None:
+        return FrameworkStatus(importable=False, problem="No module named 'jax' (pip install jax)")
+    try:
+        completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                                   timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return FrameworkStatus(importable=False, problem=f"{type(error).__name__}: {error}")
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or [f"exit code {completed.returncode}"]
+        return FrameworkStatus(importable=False, problem=lines[-1])
+    try:
+        found = json.loads(completed.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return FrameworkStatus(importable=False, problem="the jax probe printed no answer")
+    return FrameworkStatus(importable=True, version=str(found["version"]),
+                           devices=tuple(str(device) for device in found["devices"]))

@@ -1,0 +1,107 @@
+"""Real runs of the jax backend through crosstrain's API and CLI: DESIGN rules 3 and 4 hold
+when the replicas are devices of one process, and failures end the run cleanly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import crosstrain
+
+from jaxtest_support import (
+    CNN_PLAN,
+    EXAMPLES,
+    TESTS,
+    max_relative_difference,
+    run_cli,
+    step_losses,
+    summary,
+)
+
+
+def _fit(plan: Path, out: Path, nproc: int, *overrides: str) -> Path:
+    crosstrain.fit(plan, backend="jax", nproc=nproc, device="cpu", out=out, overrides=overrides)
+    return out
+
+
+def test_world_1_and_world_2_give_the_same_losses(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    plan = write_plan()
+    one = _fit(plan, tmp_path / "one", 1, "train.max_steps=30")
+    two = _fit(plan, tmp_path / "two", 2, "train.max_steps=30")
+    losses_one, losses_two = step_losses(one), step_losses(two)
+    assert len(losses_one) == 30
+    assert max_relative_difference(losses_two, losses_one) <= 1e-5
+    assert summary(two)["world_size"] == 2 and summary(two)["processes"] == 1
+
+
+def test_every_layer_type_trains_alike_on_1_and_2_devices(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    # dropout included: its masks come from one key over the global batch, whatever the sharding
+    plan = write_plan(CNN_PLAN)
+    one = _fit(plan, tmp_path / "one", 1, "train.max_steps=20", "train.grad_accum_steps=2")
+    two = _fit(plan, tmp_path / "two", 2, "train.max_steps=20", "train.grad_accum_steps=2")
+    assert max_relative_difference(step_losses(two), step_losses(one)) <= 1e-5
+
+
+def test_grad_accumulation_matches_one_big_batch(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    plan = write_plan()
+    plain = _fit(plan, tmp_path / "plain", 2, "train.max_steps=20")
+    accumulated = _fit(plan, tmp_path / "accum", 2, "train.max_steps=20",
+                       "train.grad_accum_steps=2")
+    assert max_relative_difference(step_losses(accumulated), step_losses(plain)) <= 1e-5
+
+
+def test_eval_through_the_cli_counts_every_row_once(
+    write_plan: Callable[..., Path], tmp_path: Path, odd_npz: Path
+) -> None:
+    result = run_cli("run", str(write_plan()), "--backend", "jax", "--nproc", "2",
+                     "--device", "cpu", "--out", str(tmp_path / "run"),
+                     "--set", "data.source='npz'", "--set", f"data.path='{odd_npz}'",
+                     "--set", "train.global_batch_size=16", "--set", "train.max_steps=3")
+    assert result.returncode == 0, result.stderr
+    assert summary(tmp_path / "run")["eval"]["count"] == 41  # 203 rows x 0.2, batches of 16
+
+
+def test_digits_example_reaches_95_percent(tmp_path: Path) -> None:
+    run = tmp_path / "digits"
+    result = run_cli("run", str(EXAMPLES / "digits_mlp.toml"), "--backend", "jax", "--nproc", "2",
+                     "--device", "cpu", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert "digits_mlp on jax x2" in result.stdout
+    outcome = summary(run)
+    assert outcome["eval"]["accuracy"] >= 0.95
+    assert outcome["backend"] == "jax" and outcome["world_size"] == 2 and outcome["device"] == "cpu"
+    assert (run / "model.safetensors").is_file()
+
+
+def test_a_failing_worker_ends_the_run_with_its_traceback_once(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    result = run_cli("-p", "jaxtest_faults", "run", str(write_plan()), "--backend", "jax",
+                     "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run"),
+                     env={"CROSSTRAIN_JAX_TEST_FAULT": "raise"}, cwd=TESTS, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.count("Traceback (most recent call last)") == 1
+    assert result.stderr.rstrip().endswith(
+        "crosstrain: error: rank 0 failed: RuntimeError: injected failure at step 3"
+    )
+    assert len(step_losses(tmp_path / "run")) >= 2  # what was written before the failure is kept
+
+
+def test_a_hung_worker_is_stopped_after_the_timeout(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    result = run_cli("-p", "jaxtest_faults", "run", str(write_plan()), "--backend", "jax",
+                     "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run"),
+                     "--timeout", "15",
+                     env={"CROSSTRAIN_JAX_TEST_FAULT": "hang"}, cwd=TESTS, timeout=120)
+    assert result.returncode == 1
+    assert "made no progress" in result.stderr and "timeout 15 s" in result.stderr
+    assert time.monotonic() - started < 90  # stopped by the launcher, not by the 600 s sleep
