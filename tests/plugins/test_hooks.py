@@ -37,27 +37,23 @@ def _records(folder: Path) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _run(plan: Path, out: Path, backend: str, record_dir: Path, *extra: str) -> Any:
+def _run(plan: Path, out: Path, backend: str, record_dir: Path, *plugins: str, workers: int = 0) -> Any:
     env = worker_env()
     env["CROSSTRAIN_TEST_RECORD_DIR"] = str(record_dir)
+    layout = ["--nproc", "2", "--device", "cpu"] + (["--workers", str(workers)] if workers else [])
+    overrides = ["--set", "train.epochs=2", "--set", "train.max_steps=8"]
     return run_cli(
         "-p",
         "tests.recording_plugin",
-        *extra,
+        *plugins,
         "run",
         str(plan),
         "--backend",
         backend,
-        "--nproc",
-        "2",
-        "--device",
-        "cpu",
+        *layout,
         "--out",
         str(out),
-        "--set",
-        "train.epochs=2",
-        "--set",
-        "train.max_steps=8",
+        *overrides,
         env=env,
     )
 
@@ -92,7 +88,10 @@ def test_hook_order_and_arguments(write_plan: Callable[..., Path], tmp_path: Pat
 def test_exception_hook_runs_once_with_the_failing_rank(
     write_plan: Callable[..., Path], tmp_path: Path, backend: str
 ) -> None:
-    result = _run(write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "tests.failing_plugin")
+    # two processes on every backend (tf: MultiWorkerMirrored), so that rank 1 exists to fail
+    result = _run(
+        write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "tests.failing_plugin", workers=2
+    )
     assert result.returncode != 0
     calls = [call for rank_calls in _records(tmp_path / "calls").values() for call in rank_calls]
     exceptions = [call for call in calls if call["hook"] == "exception"]

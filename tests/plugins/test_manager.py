@@ -142,5 +142,5 @@ def test_registry_in_process_lists_builtin_backends() -> None:
 def test_unknown_backend_error_in_process() -> None:
     from crosstrain.plugins.manager import get_backend
 
-    with pytest.raises(BackendError, match="unknown backend 'nosuch'; registered backends: .*torch"):
+    with pytest.raises(BackendError, match=r"unknown backend 'nosuch'; registered backends: .*torch"):
         get_backend(make_plugin_manager(), "nosuch")

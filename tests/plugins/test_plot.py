@@ -26,8 +26,18 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     runs = []
     for nproc in (1, 2):
         out = root / f"x{nproc}"
-        result = run_cli("run", DIGITS, "--backend", "torch", "--nproc", str(nproc),
-                         "--set", "train.epochs=2", "--out", str(out))
+        result = run_cli(
+            "run",
+            DIGITS,
+            "--backend",
+            "torch",
+            "--nproc",
+            str(nproc),
+            "--set",
+            "train.epochs=2",
+            "--out",
+            str(out),
+        )
         assert result.returncode == 0, result.stderr
         runs.append(out)
     return runs
@@ -61,8 +71,9 @@ def test_each_panel_has_one_labelled_line_per_run(two_runs: list[Path]) -> None:
     assert list(line.get_ydata()) == [record["loss"] for record in records if "eval" not in record]
     assert list(eval_accuracy.get_lines()[0].get_xdata()) == [23, 46]  # one evaluation an epoch
     assert list(eval_loss.get_lines()[1].get_ydata()) == [
-        record["eval"]["loss"] for record in
-        map(json.loads, (two_runs[1] / "metrics.jsonl").read_text().splitlines()) if "eval" in record
+        record["eval"]["loss"]
+        for record in map(json.loads, (two_runs[1] / "metrics.jsonl").read_text().splitlines())
+        if "eval" in record
     ]
 
 

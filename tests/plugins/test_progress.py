@@ -46,14 +46,21 @@ def console_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_in_terminal(*args: str, env: dict[str, str], cwd: Path | None = None,
-                    timeout: float = 240) -> tuple[int, str]:
+def run_in_terminal(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 240
+) -> tuple[int, str]:
     """Run the CLI with a pseudo-terminal as stdin, stdout and stderr, as a user's shell would;
     return its exit code and everything it wrote to the terminal."""
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    process = subprocess.Popen([sys.executable, "-m", "crosstrain.cli", *args], stdin=terminal,
-                               stdout=terminal, stderr=terminal, env=env, cwd=cwd)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "crosstrain.cli", *args],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env=env,
+        cwd=cwd,
+    )
     os.close(terminal)  # only the CLI and its workers hold it now: EOF once they all exit
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
@@ -94,15 +101,28 @@ def assert_bar_stopped(output: str) -> None:
 
 @pytest.mark.torch
 def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(tmp_path: Path) -> None:
-    code, output = run_in_terminal("run", DIGITS, "--backend", "torch", "--nproc", "2", *TWO_EPOCHS,
-                                   "--out", str(tmp_path / "run"), env=console_env(TERM="xterm-256color"))
+    code, output = run_in_terminal(
+        "run",
+        DIGITS,
+        "--backend",
+        "torch",
+        "--nproc",
+        "2",
+        *TWO_EPOCHS,
+        "--out",
+        str(tmp_path / "run"),
+        env=console_env(TERM="xterm-256color"),
+    )
     assert code == 0, output
     pieces = screen_pieces(output)
     bars = [piece for piece in pieces if BAR_GLYPH in piece]
     assert bars, output
     # the last drawing of the bar, at the end of training: every element is there
-    assert re.search(r"epoch 2/2 ━+ 46/46 loss \d\.\d{4} lr \d\.\d\de-\d\d \d+ samples/s ETA "
-                     r"\d+:\d\d:\d\d", bars[-1]), bars[-1]
+    assert re.search(
+        r"epoch 2/2 ━+ 46/46 loss \d\.\d{4} lr \d\.\d\de-\d\d \d+ samples/s ETA "
+        r"\d+:\d\d:\d\d",
+        bars[-1],
+    ), bars[-1]
     assert [line.split()[1] for line in epoch_lines(pieces)] == ["1/2", "2/2"]
     assert_bar_stopped(output)
     assert "digits_mlp on torch x2" in output.rsplit(SHOW_CURSOR, 1)[1]  # the summary comes after
@@ -110,8 +130,18 @@ def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(tmp_path: 
 
 @pytest.mark.torch
 def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path) -> None:
-    result = run_cli("run", DIGITS, "--backend", "torch", "--nproc", "2", *TWO_EPOCHS,
-                     "--out", str(tmp_path / "run"), env=console_env(TERM="xterm-256color"))
+    result = run_cli(
+        "run",
+        DIGITS,
+        "--backend",
+        "torch",
+        "--nproc",
+        "2",
+        *TWO_EPOCHS,
+        "--out",
+        str(tmp_path / "run"),
+        env=console_env(TERM="xterm-256color"),
+    )
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout and BAR_GLYPH not in result.stdout
     lines = result.stdout.splitlines()
@@ -126,8 +156,18 @@ def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_a_failing_run_stops_the_bar_before_the_error_is_shown(tmp_path: Path) -> None:
     env = console_env(TERM="xterm-256color", CROSSTRAIN_TEST_FAIL_RANK="0")
-    code, output = run_in_terminal("-p", "tests.failing_plugin", "run", DIGITS, "--backend", "torch",
-                                   "--out", str(tmp_path / "run"), env=env, cwd=REPO)
+    code, output = run_in_terminal(
+        "-p",
+        "tests.failing_plugin",
+        "run",
+        DIGITS,
+        "--backend",
+        "torch",
+        "--out",
+        str(tmp_path / "run"),
+        env=env,
+        cwd=REPO,
+    )
     assert code == 1, output
     assert_bar_stopped(output)
     assert "injected failure at step 3" in output.rsplit(SHOW_CURSOR, 1)[1]
@@ -138,8 +178,14 @@ def test_a_failing_run_stops_the_bar_before_the_error_is_shown(tmp_path: Path) -
 
 def digits_context(process_index: int = 0) -> RunContext:
     plan = load_plan(DIGITS, ["train.epochs=2"])
-    return RunContext(job=Job(plan=plan, backend="torch", replicas=2), world=World(process_index, 2),
-                      total_steps=46, steps_per_epoch=23, train_rows=1438, eval_rows=359)
+    return RunContext(
+        job=Job(plan=plan, backend="torch", replicas=2),
+        world=World(process_index, 2),
+        total_steps=46,
+        steps_per_epoch=23,
+        train_rows=1438,
+        eval_rows=359,
+    )
 
 
 def drive(reporter: ProgressReporter, context: RunContext) -> None:
@@ -149,8 +195,11 @@ def drive(reporter: ProgressReporter, context: RunContext) -> None:
         epoch = (step - 1) // 23
         reporter.step(step, epoch, 0.001, {"loss": 1.0 / step})
         if step % 23 == 0:
-            reporter.epoch(context, epoch, {"loss": 0.5, "samples_per_second": 1000.0,
-                                            "eval_loss": 0.4, "eval_accuracy": 0.9})
+            reporter.epoch(
+                context,
+                epoch,
+                {"loss": 0.5, "samples_per_second": 1000.0, "eval_loss": 0.4, "eval_accuracy": 0.9},
+            )
     reporter.close()
 
 

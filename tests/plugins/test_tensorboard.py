@@ -52,21 +52,37 @@ def assert_events_match_metrics(log_dir: Path, run_dir: Path, steps: int) -> Non
     eval_records = [record for record in records if "eval" in record]
     assert [step for step, _ in scalars["train/loss"]] == list(range(1, steps + 1))
     assert [value for _, value in scalars["train/loss"]] == pytest.approx(
-        [record["loss"] for record in step_records], rel=1e-6)
+        [record["loss"] for record in step_records], rel=1e-6
+    )
     assert [value for _, value in scalars["train/lr"]] == pytest.approx(
-        [record["lr"] for record in step_records], rel=1e-6)
+        [record["lr"] for record in step_records], rel=1e-6
+    )
     for name in ("loss", "accuracy"):
         evaluations = [record["eval"] for record in eval_records]
         assert [step for step, _ in scalars[f"eval/{name}"]] == [record["step"] for record in eval_records]
         assert [value for _, value in scalars[f"eval/{name}"]] == pytest.approx(
-            [evaluation[name] for evaluation in evaluations], rel=1e-6)
+            [evaluation[name] for evaluation in evaluations], rel=1e-6
+        )
 
 
 @pytest.mark.torch
 def test_a_torch_run_writes_one_event_file_of_loss_lr_and_eval(tmp_path: Path) -> None:
     # a relative DIR is the CLI's working directory's, even though workers write it
-    result = run_cli("run", DIGITS, "--backend", "torch", "--nproc", "2", "--set", "train.epochs=2",
-                     "--out", "run", "--tensorboard", "board", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        DIGITS,
+        "--backend",
+        "torch",
+        "--nproc",
+        "2",
+        "--set",
+        "train.epochs=2",
+        "--out",
+        "run",
+        "--tensorboard",
+        "board",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     log_dir = tmp_path / "board"
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # rank 0's only
@@ -78,8 +94,19 @@ def test_a_torch_run_writes_one_event_file_of_loss_lr_and_eval(tmp_path: Path) -
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
 def test_a_tf_run_writes_its_events_into_the_run_folder_by_default(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli("run", DIGITS, "--backend", "tf", "--nproc", "2", "--set", "train.epochs=2",
-                     "--out", str(run_dir), "--tensorboard")
+    result = run_cli(
+        "run",
+        DIGITS,
+        "--backend",
+        "tf",
+        "--nproc",
+        "2",
+        "--set",
+        "train.epochs=2",
+        "--out",
+        str(run_dir),
+        "--tensorboard",
+    )
     assert result.returncode == 0, result.stderr
     assert_events_match_metrics(run_dir / "tensorboard", run_dir, steps=46)
 
@@ -99,8 +126,13 @@ print(type(writer).__name__)
 
 @pytest.mark.tf
 def test_a_process_that_imported_tensorflow_writes_with_tf_summary(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-c", TF_WRITER_SCRIPT, str(tmp_path)], capture_output=True,
-                            text=True, timeout=120, env=worker_env())
+    result = subprocess.run(
+        [sys.executable, "-c", TF_WRITER_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=worker_env(),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["TensorflowScalarWriter"]
     assert read_scalars(tmp_path) == {"train/loss": [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]}

@@ -24,6 +24,7 @@ from crosstrain.core.layers import LAYER_TYPES, Layer, Shape, infer_shapes
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
+
 def _ge0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
         raise ValueError(f"'{attribute.name}' must be >= 0, got {value}")
@@ -79,9 +80,7 @@ class DataSpec:
     path: str | None = None
     x_key: str = "x"
     y_key: str = "y"
-    eval_fraction: float = attrs.field(
-        default=0.2, validator=[_ge0, _lt1]
-    )
+    eval_fraction: float = attrs.field(default=0.2, validator=[_ge0, _lt1])
     eval_path: str | None = None
     limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     shuffle: bool = True

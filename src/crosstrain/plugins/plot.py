@@ -74,14 +74,20 @@ def _last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _train_curve(records: list[dict[str, Any]]) -> Curve:
-    points = [(int(record["step"]), float(record["loss"])) for record in records
-              if "eval" not in record and record.get("loss") is not None]  # null: a NaN loss
+    points = [
+        (int(record["step"]), float(record["loss"]))
+        for record in records
+        if "eval" not in record and record.get("loss") is not None
+    ]  # null: a NaN loss
     return Curve(tuple(step for step, _ in points), tuple(value for _, value in points))
 
 
 def _eval_curve(records: list[dict[str, Any]], name: str) -> Curve:
-    points = [(int(record["step"]), float(record["eval"][name])) for record in records
-              if record.get("eval", {}).get(name) is not None]
+    points = [
+        (int(record["step"]), float(record["eval"][name]))
+        for record in records
+        if record.get("eval", {}).get(name) is not None
+    ]
     return Curve(tuple(step for step, _ in points), tuple(value for _, value in points))
 
 
@@ -99,12 +105,18 @@ def read_run(folder: str | Path) -> RunCurves:
     summary_path = folder / SUMMARY_FILE
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
     label = f"{summary['backend']} x{summary['world_size']}" if summary else folder.name
-    return RunCurves(folder, label, str(summary.get("plan", "")), train_loss, _eval_curve(records, "loss"),
-                     _eval_curve(records, "accuracy"))
+    return RunCurves(
+        folder,
+        label,
+        str(summary.get("plan", "")),
+        train_loss,
+        _eval_curve(records, "loss"),
+        _eval_curve(records, "accuracy"),
+    )
 
 
 def _distinct_labels(runs: list[RunCurves]) -> list[str]:
-    """"torch x2" for each run, plus the folder's name where two runs would read the same."""
+    """ "torch x2" for each run, plus the folder's name where two runs would read the same."""
     counts = Counter(run.label for run in runs)
     return [f"{run.label} ({run.folder.name})" if counts[run.label] > 1 else run.label for run in runs]
 
@@ -112,8 +124,14 @@ def _distinct_labels(runs: list[RunCurves]) -> list[str]:
 def _draw(axes: Axes, title: str, y_label: str, curves: list[tuple[str, Curve]], marker: str) -> None:
     for index, (label, curve) in enumerate(curves):
         if curve.steps:
-            axes.plot(curve.steps, curve.values, marker=marker, linewidth=1.4, label=label,
-                      linestyle=LINE_STYLES[index % len(LINE_STYLES)])
+            axes.plot(
+                curve.steps,
+                curve.values,
+                marker=marker,
+                linewidth=1.4,
+                label=label,
+                linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+            )
     axes.set_title(title)
     axes.set_xlabel("step")
     axes.set_ylabel(y_label)
@@ -174,6 +192,5 @@ def add_plot_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     """``crosstrain plot``: called by the CLI's parser builder."""
     plot = subparsers.add_parser("plot", help="draw learning curves of runs into an image")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folders of crosstrain runs")
-    plot.add_argument("-o", "--output", default="curves.png",
-                      help="image to write (default: curves.png)")
+    plot.add_argument("-o", "--output", default="curves.png", help="image to write (default: curves.png)")
     plot.set_defaults(handler=_plot_command)

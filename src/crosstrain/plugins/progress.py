@@ -98,8 +98,14 @@ class _BarDisplay:
         return f"epoch {epoch + 1}/{self._epochs}"
 
     def step(self, step: int, epoch: int, lr: float, loss: float, speed: float) -> None:
-        self._progress.update(self._task, completed=step, description=self._description(epoch),
-                              loss=f"{loss:.4f}", lr=f"{lr:.2e}", speed=f"{speed:.0f}")
+        self._progress.update(
+            self._task,
+            completed=step,
+            description=self._description(epoch),
+            loss=f"{loss:.4f}",
+            lr=f"{lr:.2e}",
+            speed=f"{speed:.0f}",
+        )
 
     def line(self, text: str) -> None:
         self._progress.refresh()  # printing redraws the bar below the line: draw it up to date
@@ -116,17 +122,21 @@ class _PlainDisplay:
         self._epochs = context.plan.train.epochs
         self._total_steps = context.total_steps
         self._every = max(1, math.ceil(context.total_steps / PLAIN_LINES_PER_RUN))
-        self.line(f"{context.plan.name}: {context.total_steps} steps "
-                  f"({context.plan.train.epochs} epochs) on {context.backend} "
-                  f"x{context.world.replicas}")
+        self.line(
+            f"{context.plan.name}: {context.total_steps} steps "
+            f"({context.plan.train.epochs} epochs) on {context.backend} "
+            f"x{context.world.replicas}"
+        )
 
     def step(self, step: int, epoch: int, lr: float, loss: float, speed: float, eta: float) -> None:
         if step % self._every and step != self._total_steps:
             return
         percent = 100 * step / max(self._total_steps, 1)
-        self.line(f"step {step}/{self._total_steps} ({percent:.0f}%)  epoch {epoch + 1}/{self._epochs}"
-                  f"  loss {loss:.4f}  lr {lr:.2e}  {speed:.0f} samples/s"
-                  f"  eta {format_duration(eta)}")
+        self.line(
+            f"step {step}/{self._total_steps} ({percent:.0f}%)  epoch {epoch + 1}/{self._epochs}"
+            f"  loss {loss:.4f}  lr {lr:.2e}  {speed:.0f} samples/s"
+            f"  eta {format_duration(eta)}"
+        )
 
     def line(self, text: str) -> None:
         print(text, flush=True)

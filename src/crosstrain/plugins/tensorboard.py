@@ -151,10 +151,15 @@ _logger = TensorboardLogger()
 def crosstrain_addoption(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tensorboard")
     group.add_argument(
-        "--tensorboard", dest=OPTION, nargs="?", const="", default=None, type=_absolute,
+        "--tensorboard",
+        dest=OPTION,
+        nargs="?",
+        const="",
+        default=None,
+        type=_absolute,
         metavar="DIR",
         help="write TensorBoard event files (step loss, lr, eval metrics) to DIR "
-             "(default: OUT_DIR/tensorboard); put it after the plan file",
+        "(default: OUT_DIR/tensorboard); put it after the plan file",
     )
 
 
@@ -171,9 +176,7 @@ def crosstrain_step_end(
 
 
 @hookimpl
-def crosstrain_eval_end(
-    context: RunContext, step: int, epoch: int, metrics: Mapping[str, float]
-) -> None:
+def crosstrain_eval_end(context: RunContext, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
     _logger.evaluation(step, metrics)
 
 

@@ -1,0 +1,398 @@
+"""TfStrategy: tf.distribute's MirroredStrategy (several replicas in one process) or
+MultiWorkerMirroredStrategy (one process per worker), driven by a custom loop.
+
+The optimizer is written here in TensorFlow ops instead of taken from Keras: Keras's
+SGD keeps the learning rate inside the momentum buffer, its Adam places epsilon
+differently and its weight decay is always decoupled, while a plan means torch's
+semantics (see OptimizerSpec). The per-step scalars (bias corrections, decay factor)
+are computed on the host in float64 exactly as torch computes them.
+
+This module imports tensorflow only inside functions, so ``crosstrain backends`` can
+list the backend (and say tensorflow is missing) on a machine without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import numpy as np
+
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+
+if TYPE_CHECKING:
+    import keras
+
+# Positions in the float32 vector of per-step scalars handed to the compiled step.
+LR, STEP_SIZE, BIAS2_SQRT, DECAY, LOSS_SCALE, REAL_ROWS = range(6)
+
+#: environment every TensorFlow process of crosstrain gets unless the user set it
+TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+UpdateRule = Callable[[Any, Any, Sequence[Any], Any], tuple[Any, tuple[Any, ...]]]
+
+
+@attrs.define
+class DynamicLossScale:
+    """torch.amp.GradScaler's rule, kept on the host: halve on inf/nan (and skip the
+    step), double after ``growth_interval`` finite steps in a row."""
+
+    scale: float = 2.0**16
+    growth_interval: int = 2000
+    finite_steps: int = 0
+
+    def update(self, finite: bool) -> None:
+        if not finite:
+            self.scale *= 0.5
+            self.finite_steps = 0
+            return
+        self.finite_steps += 1
+        if self.finite_steps == self.growth_interval:
+            self.scale *= 2.0
+            self.finite_steps = 0
+
+
+@attrs.define
+class TfState:
+    model: keras.Model
+    plan: Plan
+    slots: list[tuple[Any, ...]]  # optimizer state per trainable variable, mirrored like it
+    train_function: Any  # tf.function: (xs, ys, weights, scalars) -> (loss sum, finite)
+    eval_function: Any  # tf.function: (x, y, weight) -> float64 [loss_sum, (correct,) count]
+    optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
+    loss_scale: DynamicLossScale | None = None
+
+
+class TfStrategy:
+    name: ClassVar[str] = "tf"
+    install_hint: ClassVar[str] = "pip install 'crosstrain[tf]'"
+
+    def __init__(self, world: World | None = None, distribution: Any = None) -> None:
+        self.world = world or World()
+        self._distribution = distribution  # a tf.distribute.Strategy; None: TF's default
+        self._gather_function: Any = None
+
+    @property
+    def distribution(self) -> Any:
+        if self._distribution is None:
+            import tensorflow as tf
+
+            self._distribution = tf.distribute.get_strategy()
+        return self._distribution
+
+    # ----------------------------------------------------------------- discovery and launch
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        if importlib.util.find_spec("tensorflow") is None:
+            return FrameworkStatus(importable=False, problem="No module named 'tensorflow'")
+        for name, value in TF_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+        try:
+            import tensorflow as tf
+
+            # Physical devices only: the runtime stays uninitialised, so logical devices
+            # can still be configured (in the workers, which is where training runs).
+            gpus = tf.config.list_physical_devices("GPU")
+        except Exception as error:  # a broken install must not break `crosstrain backends`
+            return FrameworkStatus(importable=False, problem=f"{type(error).__name__}: {error}")
+        devices = ("cpu", *(f"gpu:{index}" for index in range(len(gpus))))
+        return FrameworkStatus(importable=True, version=str(tf.__version__), devices=devices)
+
+    def launch(self, job: Job) -> RunResult:
+        from crosstrain.backends.tf.launch import launch
+
+        return launch(job)
+
+    # ----------------------------------------------------------------- model
+
+    def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TfState:
+        import tensorflow as tf
+
+        from crosstrain.backends.tf.model import build_model, load_neutral
+
+        with self.distribution.scope():
+            model = build_model(plan)
+            if weights:
+                load_neutral(model, plan, weights)
+            variables = [variable.value for variable in model.trainable_variables]
+            slot_count = _slot_count(plan.optimizer)
+            slots = [
+                tuple(tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for _ in range(slot_count))
+                for v in variables
+            ]
+        loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
+        return TfState(
+            model,
+            plan,
+            slots,
+            self._train_function(model, variables, slots, plan),
+            self._eval_function(model, plan),
+            loss_scale=loss_scale,
+        )
+
+    # ----------------------------------------------------------------- steps
+
+    def train_step(self, state: TfState, step: StepBatch, lr: float) -> dict[str, float]:
+        micro = step.micro_batches
+        xs = np.stack([batch.x for batch in micro])
+        ys = np.stack([batch.y for batch in micro])
+        weights = np.stack([batch.weight for batch in micro])
+        scale = state.loss_scale.scale if state.loss_scale else 1.0
+        scalars = step_scalars(
+            state.plan.optimizer, lr, state.optimizer_steps + 1, scale, step.global_real_rows
+        )
+        loss_sum, finite_tensor = state.train_function(xs, ys, weights, scalars)
+        finite = bool(finite_tensor)  # always true below fp16, whose overflowing steps are skipped
+        if finite:
+            state.optimizer_steps += 1
+        if state.loss_scale is not None:
+            state.loss_scale.update(finite)
+        return {"loss": float(loss_sum) / step.global_real_rows}
+
+    def eval_step(self, state: TfState, batch: Batch) -> dict[str, float]:
+        sums = state.eval_function(batch.x, batch.y, batch.weight).numpy()
+        names = ["loss_sum", "correct", "count"] if len(sums) == 3 else ["loss_sum", "count"]
+        return {name: float(value) for name, value in zip(names, sums, strict=True)}
+
+    # ----------------------------------------------------------------- collectives
+
+    def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
+        values = np.asarray(values)
+        if self.world.process_count == 1:
+            return values
+        rows = self._gather_from_processes(values)
+        reduced = {
+            "sum": rows.sum(axis=0),
+            "mean": rows.mean(axis=0),
+            "max": rows.max(axis=0),
+            "min": rows.min(axis=0),
+        }[op]
+        return np.asarray(reduced).astype(values.dtype)
+
+    def broadcast(self, values: np.ndarray, src: int = 0) -> np.ndarray:
+        values = np.asarray(values)
+        if self.world.process_count == 1:
+            return values
+        return np.asarray(self._gather_from_processes(values)[src])
+
+    def barrier(self) -> None:
+        # a collective every worker must join; MultiWorkerMirroredStrategy's
+        # communication timeout bounds the wait
+        if self.world.process_count > 1:
+            self._gather_from_processes(np.zeros(1, np.float32))
+
+    # ----------------------------------------------------------------- weights
+
+    def state_dict(self, state: TfState) -> dict[str, np.ndarray]:
+        from crosstrain.backends.tf.model import neutral_state
+
+        return neutral_state(state.model, state.plan)
+
+    def load_state_dict(self, state: TfState, tensors: Mapping[str, np.ndarray]) -> None:
+        from crosstrain.backends.tf.model import load_neutral
+
+        with self.distribution.scope():
+            load_neutral(state.model, state.plan, tensors)
+
+    # ----------------------------------------------------------------- compiled functions
+
+    def _train_function(
+        self, model: Any, variables: list[Any], slots: list[tuple[Any, ...]], plan: Plan
+    ) -> Any:
+        """One optimizer step as a tf.function: each replica runs forward and backward on
+        its rows of every micro-batch, gradients are summed across replicas (rule 4),
+        then every copy of every variable gets the same update."""
+        import tensorflow as tf
+
+        from crosstrain.backends.tf.model import per_row_loss
+
+        distribution, local = self.distribution, self.world.local_replicas
+        train, loss_name = plan.train, plan.loss.name
+        scaled = train.precision == "fp16"
+        rule = update_rule(plan.optimizer)
+        keras_variables = list(model.trainable_variables)
+
+        def replica_step(xs: Any, ys: Any, weights: Any, scalars: Any) -> tuple[Any, Any, Any]:
+            context = tf.distribute.get_replica_context()
+            part = context.replica_id_in_sync_group % local
+            grads: list[Any] = []
+            loss_sum = tf.zeros((), tf.float64)
+            for index in range(train.grad_accum_steps):
+                x, y, weight = (replica_rows(t[index], part, local) for t in (xs, ys, weights))
+                with tf.GradientTape() as tape:
+                    micro_sum = tf.reduce_sum(per_row_loss(loss_name, model(x, training=True), y) * weight)
+                    loss = micro_sum / scalars[REAL_ROWS]
+                    if scaled:
+                        loss = loss * scalars[LOSS_SCALE]
+                micro_grads = tape.gradient(loss, keras_variables)
+                micro_grads = [
+                    tf.zeros_like(v) if g is None else g for g, v in zip(micro_grads, variables, strict=True)
+                ]
+                grads = (
+                    micro_grads if index == 0 else [a + b for a, b in zip(grads, micro_grads, strict=True)]
+                )
+                loss_sum += tf.cast(micro_sum, tf.float64)
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            finite = tf.constant(True)
+            if scaled:
+                grads = [g * (1.0 / scalars[LOSS_SCALE]) for g in grads]
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+            if train.clip_grad_norm is not None:
+                grads = clip_like_torch(grads, train.clip_grad_norm)
+            return grads, loss_sum, finite
+
+        def apply(variable: Any, grad: Any, finite: Any, scalars: Any, *state: Any) -> Any:
+            value, new_state = rule(variable, grad, state, scalars)
+            if scaled:  # an inf/nan step is skipped, as GradScaler skips optimizer.step()
+                value = tf.where(finite, value, variable)
+                new_state = tuple(
+                    tf.where(finite, new, old) for new, old in zip(new_state, state, strict=True)
+                )
+            for slot, new in zip(state, new_state, strict=True):
+                slot.assign(new)
+            return variable.assign(value)
+
+        def train_function(xs: Any, ys: Any, weights: Any, scalars: Any) -> tuple[Any, Any]:
+            grads, loss_sum, finite = distribution.run(replica_step, args=(xs, ys, weights, scalars))
+            for variable, grad, state in zip(variables, grads, slots, strict=True):
+                distribution.extended.update(
+                    variable, apply, args=(grad, finite, scalars, *state), group=False
+                )
+            total = distribution.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
+            return total, distribution.experimental_local_results(finite)[0]
+
+        return tf.function(train_function)
+
+    def _eval_function(self, model: Any, plan: Plan) -> Any:
+        """Float64 sums over the real rows of the whole global batch, across every replica."""
+        import tensorflow as tf
+
+        from crosstrain.backends.tf.model import per_row_loss
+
+        distribution, local = self.distribution, self.world.local_replicas
+        classify = plan.loss.name == "cross_entropy"
+
+        def replica_eval(x: Any, y: Any, weight: Any) -> Any:
+            part = tf.distribute.get_replica_context().replica_id_in_sync_group % local
+            x, y, weight = (replica_rows(t, part, local) for t in (x, y, weight))
+            outputs = model(x, training=False)
+            weight = tf.cast(weight, tf.float64)
+            sums = [tf.reduce_sum(tf.cast(per_row_loss(plan.loss.name, outputs, y), tf.float64) * weight)]
+            if classify:
+                hits = tf.cast(tf.equal(tf.argmax(outputs, axis=1), y), tf.float64)
+                sums.append(tf.reduce_sum(hits * weight))
+            sums.append(tf.reduce_sum(weight))
+            return tf.stack(sums)
+
+        def eval_function(x: Any, y: Any, weight: Any) -> Any:
+            per_replica = distribution.run(replica_eval, args=(x, y, weight))
+            return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return tf.function(eval_function)
+
+    def _gather_from_processes(self, values: np.ndarray) -> np.ndarray:
+        """Every process's ``values``, stacked in process order, on every process."""
+        import tensorflow as tf
+
+        if self._gather_function is None:
+            distribution = self.distribution
+
+            def replica_gather(tensor: Any) -> Any:
+                # identity places the function's input on this replica's device, which
+                # the collective needs as its destination
+                return tf.distribute.get_replica_context().all_gather(tf.identity(tensor), axis=0)
+
+            self._gather_function = tf.function(
+                lambda tensor: distribution.run(replica_gather, args=(tensor,)), reduce_retracing=True
+            )
+        gathered = self._gather_function(tf.constant(values[None]))
+        rows = self.distribution.experimental_local_results(gathered)[0].numpy()
+        return np.asarray(rows[:: self.world.local_replicas])  # each process's first replica
+
+
+# --------------------------------------------------------------------------- tensor helpers
+
+
+def replica_rows(tensor: Any, part: Any, parts: int) -> Any:
+    """Contiguous slice ``part`` of ``parts`` along the first axis, with a static shape."""
+    import tensorflow as tf
+
+    if parts == 1:
+        return tensor
+    rows = tensor.shape[0] // parts
+    return tf.gather(tf.reshape(tensor, [parts, rows, *tensor.shape[1:]]), part)
+
+
+def clip_like_torch(grads: list[Any], max_norm: float) -> list[Any]:
+    """torch.nn.utils.clip_grad_norm_: the norm of per-tensor norms, coefficient
+    max_norm / (norm + 1e-6) capped at 1, always multiplied in."""
+    import tensorflow as tf
+
+    norm = tf.norm(tf.stack([tf.norm(g) for g in grads]))
+    coefficient = tf.minimum(max_norm / (norm + 1e-6), 1.0)
+    return [g * coefficient for g in grads]
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def _slot_count(spec: OptimizerSpec) -> int:
+    if spec.name == "sgd":
+        return 1 if spec.momentum else 0
+    return 2
+
+
+def step_scalars(spec: OptimizerSpec, lr: float, step: int, loss_scale: float, real_rows: int) -> np.ndarray:
+    """The per-step scalars in float64, as torch computes them, handed over as float32.
+
+    ``step`` counts from 1 (torch increments Adam's step before using it)."""
+    step_size = bias2_sqrt = decay = 1.0
+    if spec.name != "sgd":
+        step_size = lr / (1 - spec.beta1**step)
+        bias2_sqrt = (1 - spec.beta2**step) ** 0.5
+        if spec.name == "adamw":
+            decay = 1 - lr * spec.weight_decay
+    return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_rows], np.float32)
+
+
+def update_rule(spec: OptimizerSpec) -> UpdateRule:
+    """(variable, grad, slots, scalars) -> (new value, new slots), torch's update order."""
+    return _sgd_rule(spec) if spec.name == "sgd" else _adam_rule(spec)
+
+
+def _sgd_rule(spec: OptimizerSpec) -> UpdateRule:
+    def rule(variable: Any, grad: Any, slots: Sequence[Any], scalars: Any) -> tuple[Any, tuple[Any, ...]]:
+        if spec.weight_decay:
+            grad = grad + spec.weight_decay * variable  # L2 on the gradient
+        if not spec.momentum:
+            return variable - scalars[LR] * grad, ()
+        buffer = slots[0] * spec.momentum + grad  # lr stays outside the buffer
+        direction = grad + spec.momentum * buffer if spec.nesterov else buffer
+        return variable - scalars[LR] * direction, (buffer,)
+
+    return rule
+
+
+def _adam_rule(spec: OptimizerSpec) -> UpdateRule:
+    import tensorflow as tf
+
+    decoupled = spec.name == "adamw"
+
+    def rule(variable: Any, grad: Any, slots: Sequence[Any], scalars: Any) -> tuple[Any, tuple[Any, ...]]:
+        mean, square = slots
+        if decoupled:
+            variable = variable * scalars[DECAY]
+        elif spec.weight_decay:
+            grad = grad + spec.weight_decay * variable
+        mean = mean + (1 - spec.beta1) * (grad - mean)  # torch's lerp
+        square = square * spec.beta2 + (1 - spec.beta2) * grad * grad
+        denominator = tf.sqrt(square) / scalars[BIAS2_SQRT] + spec.eps
+        return variable - scalars[STEP_SIZE] * (mean / denominator), (mean, square)
+
+    return rule

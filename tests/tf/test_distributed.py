@@ -1,0 +1,237 @@
+"""The tf backend on real replicas: MirroredStrategy over two logical CPU devices and
+MultiWorkerMirroredStrategy over two local processes. DESIGN rules 3 and 4 hold, end to end.
+
+TensorFlow's distributed code always runs in fresh processes (the CLI, crosstrain.fit's
+workers, or tests/tf/workers.py), never in pytest's own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import crosstrain
+from crosstrain.backends.common import free_port
+from crosstrain.core.errors import BackendError
+from tests.conftest import EXAMPLES, MLP_PLAN, REPO, run_cli, worker_env
+from tests.support import max_relative_difference, step_losses, summary
+
+pytest.importorskip("tensorflow")
+
+pytestmark = pytest.mark.tf
+
+STEPS = 30
+
+
+def _odd_npz_plan(directory: Path) -> Path:
+    """MLP_PLAN on 203 random rows with a batch of 16: the eval set (41 rows) and the
+    train set (162 rows) are not multiples of the batch, so padding is exercised."""
+    rng = np.random.default_rng(7)
+    data = directory / "odd.npz"
+    np.savez(data, x=rng.normal(size=(203, 64)).astype(np.float32), y=rng.integers(0, 10, size=203))
+    text = MLP_PLAN.replace('source = "digits"', f'source = "npz"\npath = "{data}"')
+    plan = directory / "odd.toml"
+    plan.write_text(text.replace("global_batch_size = 32", "global_batch_size = 16"))
+    return plan
+
+
+# --------------------------------------------------------------------------- replicas in hand
+
+
+@pytest.fixture(scope="module")
+def replica_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """tests/tf/workers.py run once in a fresh process; what it measured."""
+    directory = tmp_path_factory.mktemp("replicas")
+    digits = directory / "digits.toml"
+    digits.write_text(MLP_PLAN)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tests.tf.workers import main; main()",
+            str(digits),
+            str(_odd_npz_plan(directory)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=worker_env(),
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_two_replicas_compute_their_own_rows(replica_checks: dict[str, Any]) -> None:
+    # a batch whose second half is padding: replica 0 holds the 16 real rows, replica 1 none
+    assert replica_checks["half_batch_count"] == 16
+    # with both replicas on the same rows, the summed gradient would not be world 1's
+    losses_one = np.array(replica_checks["losses_one"])
+    assert max_relative_difference(np.array(replica_checks["losses_two"]), losses_one) <= 1e-6
+    assert replica_checks["max_weight_difference"] <= 1e-6
+
+
+def test_weights_and_optimizer_state_stay_identical_across_replicas(replica_checks: dict[str, Any]) -> None:
+    assert replica_checks["replica_mismatches"] == []
+
+
+def test_the_train_step_is_traced_once(replica_checks: dict[str, Any]) -> None:
+    assert replica_checks["traces"] == 1
+
+
+def test_eval_at_world_2_equals_world_1_exactly(replica_checks: dict[str, Any]) -> None:
+    assert replica_checks["eval_one"]["count"] == 41  # 203 rows x 0.2, batch 16: padded
+    assert replica_checks["eval_two"] == replica_checks["eval_one"]
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same plan and global batch at one replica, two replicas in one process, and two
+    worker processes, through crosstrain.fit."""
+    directory = tmp_path_factory.mktemp("runs")
+    plan = _odd_npz_plan(directory)
+    layouts = {"one": (1, None), "two": (2, None), "workers": (2, 2)}
+    for name, (nproc, workers) in layouts.items():
+        crosstrain.fit(
+            plan,
+            backend="tf",
+            nproc=nproc,
+            workers=workers,
+            device="cpu",
+            out=directory / name,
+            overrides=[f"train.max_steps={STEPS}", "train.epochs=3"],
+        )
+    return {name: directory / name for name in layouts}
+
+
+def test_world_1_and_world_2_give_the_same_losses(runs: dict[str, Path]) -> None:
+    one, two = step_losses(runs["one"]), step_losses(runs["two"])
+    assert len(one) == STEPS
+    assert max_relative_difference(two, one) <= 1e-5
+    assert summary(runs["two"])["world_size"] == 2 and summary(runs["two"])["processes"] == 1
+
+
+def test_two_workers_train_like_one_replica(runs: dict[str, Path]) -> None:
+    result = summary(runs["workers"])
+    assert (result["world_size"], result["processes"]) == (2, 2)
+    assert max_relative_difference(step_losses(runs["workers"]), step_losses(runs["one"])) <= 1e-5
+    assert result["eval"]["count"] == summary(runs["one"])["eval"]["count"] == 41
+    assert (runs["workers"] / "model.safetensors").is_file()
+
+
+def test_replicas_that_do_not_split_over_workers_are_refused(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    with pytest.raises(BackendError, match="do not split evenly over 3 workers"):
+        crosstrain.fit(write_plan(), backend="tf", nproc=4, workers=3, out=tmp_path / "run")
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_a_failing_worker_ends_the_run_with_its_traceback_once(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    result = run_cli(
+        "-p",
+        "tests.failing_plugin",
+        "run",
+        str(write_plan()),
+        "--backend",
+        "tf",
+        "--nproc",
+        "2",
+        "--workers",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+        timeout=120,
+        cwd=REPO,
+    )
+    ended = time.time()
+    assert result.returncode == 1
+    assert result.stderr.count("Traceback (most recent call last)") == 1
+    assert result.stderr.rstrip().endswith(
+        "crosstrain: error: rank 1 failed: RuntimeError: injected failure at step 3"
+    )
+    # rank 0 logged its steps up to the failure; the job ended soon after, not at a timeout
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert len(step_losses(tmp_path / "run")) >= 2
+    assert ended - metrics.stat().st_mtime < 30
+
+
+def test_digits_example_reaches_95_percent(tmp_path: Path) -> None:
+    result = run_cli(
+        "run",
+        str(EXAMPLES / "digits_mlp.toml"),
+        "--backend",
+        "tf",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "digits"),
+    )
+    assert result.returncode == 0, result.stderr
+    run = summary(tmp_path / "digits")
+    assert run["eval"]["accuracy"] >= 0.95
+    assert (run["backend"], run["world_size"], run["processes"]) == ("tf", 2, 1)
+    assert "digits_mlp on tf x2" in result.stdout
+    assert (tmp_path / "digits" / "model.safetensors").is_file()
+
+
+def test_processes_started_with_tf_config_join_that_cluster(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """As under a cluster manager: each process gets its own TF_CONFIG and runs the CLI."""
+    ports = [free_port(), free_port()]
+    hosts = [f"127.0.0.1:{port}" for port in ports]
+    plan, out = str(write_plan()), str(tmp_path / "run")
+    processes = []
+    for rank in range(2):
+        env = worker_env()
+        task = {"type": "worker", "index": rank}
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts}, "task": task})
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "crosstrain.cli",
+                    "run",
+                    plan,
+                    "--backend",
+                    "tf",
+                    "--nproc",
+                    "2",
+                    "--out",
+                    out,
+                    "--set",
+                    "train.max_steps=10",
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+        )
+    outputs = [process.communicate(timeout=180) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+    assert (summary(tmp_path / "run")["world_size"], summary(tmp_path / "run")["processes"]) == (2, 2)
+    assert len(step_losses(tmp_path / "run")) == 10  # written once, by rank 0

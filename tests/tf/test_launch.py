@@ -1,0 +1,192 @@
+"""The tf launcher without TensorFlow in this process: layouts, TF_CONFIG, and how a
+failing worker is found, reported and its peers stopped (with real child processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from crosstrain.api import prepare_plan
+from crosstrain.backends.tf.launch import (
+    Cluster,
+    Layout,
+    WorkerProcess,
+    cluster_from_environment,
+    error_summary,
+    first_failure,
+    plan_layout,
+    stop,
+    supervise,
+)
+from crosstrain.core.errors import BackendError, PlanError, WorkerError
+from crosstrain.core.strategy import DeviceChoice, Job
+from tests.conftest import worker_env
+
+pytestmark = pytest.mark.tf
+
+
+@pytest.fixture
+def make_job(write_plan: Callable[..., Path]) -> Callable[..., Job]:
+    plan = prepare_plan(write_plan())
+
+    def make(replicas: int, workers: int | None = None, device: DeviceChoice = "auto") -> Job:
+        return Job(plan=plan, backend="tf", replicas=replicas, workers=workers, device=device)
+
+    return make
+
+
+def test_one_process_holds_every_replica_by_default(make_job: Callable[..., Job]) -> None:
+    assert plan_layout(make_job(2), None, gpus=0) == Layout(workers=1, local_replicas=2, device="cpu")
+    assert plan_layout(make_job(2), None, gpus=2) == Layout(workers=1, local_replicas=2, device="gpu")
+    assert plan_layout(make_job(2, device="cpu"), None, gpus=2).device == "cpu"
+
+
+def test_workers_split_the_replicas(make_job: Callable[..., Job]) -> None:
+    assert plan_layout(make_job(2, 2), None, gpus=0) == Layout(workers=2, local_replicas=1, device="cpu")
+    assert plan_layout(make_job(4, 2), None, gpus=4) == Layout(workers=2, local_replicas=2, device="gpu")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "workers", "device", "gpus", "message"),
+    [
+        (4, 3, "auto", 0, "do not split evenly over 3 workers"),
+        (4, 2, "cpu", 0, "one replica per worker"),
+        (2, None, "gpu", 0, "--device gpu, but TensorFlow sees no GPU"),
+        (4, None, "auto", 2, "--nproc 4 needs 4 GPUs here; TensorFlow sees 2"),
+    ],
+)
+def test_layouts_that_cannot_run_are_refused(
+    make_job: Callable[..., Job],
+    replicas: int,
+    workers: int | None,
+    device: DeviceChoice,
+    gpus: int,
+    message: str,
+) -> None:
+    with pytest.raises(BackendError, match=message):
+        plan_layout(make_job(replicas, workers, device), None, gpus=gpus)
+
+
+def test_a_given_tf_config_sets_the_workers_and_this_rank(make_job: Callable[..., Job]) -> None:
+    config = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "worker", "index": 1}}
+    cluster = cluster_from_environment({"TF_CONFIG": json.dumps(config)})
+    assert cluster == Cluster(workers=3, rank=2)
+    assert plan_layout(make_job(3), cluster, gpus=0) == Layout(workers=3, local_replicas=1, device="cpu")
+    with pytest.raises(BackendError, match="TF_CONFIG describes 3 workers"):
+        plan_layout(make_job(3, 2), cluster, gpus=0)
+    assert cluster_from_environment({}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not a valid cluster description"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "joins as chief or worker"),
+    ],
+)
+def test_a_bad_tf_config_is_refused_clearly(text: str, message: str) -> None:
+    with pytest.raises(BackendError, match=message):
+        cluster_from_environment({"TF_CONFIG": text})
+
+
+def test_error_summary_keeps_the_cause_of_tensorflow_errors() -> None:
+    tf_style = ValueError("in user code:\n\n    File x.py, line 3\n\n    ValueError: shapes differ\n")
+    assert error_summary(tf_style) == "ValueError: shapes differ"
+    assert error_summary(RuntimeError("boom\nmore")) == "RuntimeError: boom"
+    assert error_summary(PlanError("bad", field="train.epochs")) == "train.epochs: bad"
+    assert error_summary(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+def _error_file(run_dir: Path, rank: int, message: str, when: float) -> None:
+    report = {"message": message, "traceback": f"Traceback of rank {rank}", "time": when}
+    (run_dir / f"error-{rank}.json").write_text(json.dumps(report))
+
+
+def test_the_first_error_written_is_the_one_reported(tmp_path: Path) -> None:
+    _error_file(tmp_path, 0, "UnavailableError: socket closed", when=20.0)
+    _error_file(tmp_path, 1, "RuntimeError: the cause", when=10.0)
+    error = first_failure([0, 1], {0: 1, 1: 1}, tmp_path)
+    assert (error.rank, str(error), error.traceback_text) == (
+        1,
+        "rank 1 failed: RuntimeError: the cause",
+        "Traceback of rank 1",
+    )
+    # a rank killed outright is the cause; its peer's report only echoes the broken collective
+    (tmp_path / "error-1.json").unlink()
+    killed = first_failure([0, 1], {0: 1, 1: -9}, tmp_path)
+    assert (killed.rank, str(killed)) == (1, "rank 1 failed: killed by signal SIGKILL")
+
+
+def _child(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_a_failing_worker_stops_the_others_at_once(tmp_path: Path) -> None:
+    """A peer stuck forever (as in a collective whose partner died) is terminated."""
+    _error_file(tmp_path, 1, "RuntimeError: injected", when=time.time())
+    stuck = _child("import time; time.sleep(600)")
+    failing = _child("import time, sys; time.sleep(0.5); sys.exit(1)")
+    workers = [WorkerProcess(0, stuck), WorkerProcess(1, failing)]
+    try:
+        with pytest.raises(WorkerError, match="rank 1 failed: RuntimeError: injected"):
+            supervise(workers, tmp_path)
+    finally:
+        stop(workers)
+    assert stuck.poll() is not None  # stopped, not left running
+
+
+def test_stop_kills_a_worker_that_ignores_sigterm() -> None:
+    stubborn = _child(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    time.sleep(0.5)  # let it install the handler
+    stop([WorkerProcess(0, stubborn)])
+    assert stubborn.returncode == -9
+
+
+def test_a_worker_exiting_cleanly_without_a_result_is_a_failure(tmp_path: Path) -> None:
+    quiet = _child("pass")
+    with pytest.raises(WorkerError, match="rank 0 failed: exited without reporting a result"):
+        supervise([WorkerProcess(0, quiet)], tmp_path)
+
+
+def test_framework_status_leaves_logical_devices_configurable() -> None:
+    """`crosstrain backends` and run's checks list devices without starting TensorFlow's
+    runtime, which would fix the devices for good."""
+    pytest.importorskip("tensorflow")
+    code = (
+        "import tensorflow as tf\n"
+        "from crosstrain.backends.tf.strategy import TfStrategy\n"
+        "status = TfStrategy.framework_status()\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        "print(status.importable, status.devices[0], len(tf.config.list_logical_devices('CPU')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "cpu", "2"]
+
+
+def test_plugin_and_strategy_import_without_tensorflow() -> None:
+    code = (
+        "import sys\n"
+        "import crosstrain.backends.tf.plugin as plugin, crosstrain.backends.tf.launch\n"
+        "from crosstrain.backends.tf.strategy import TfStrategy\n"
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n"
+        "sys.modules['tensorflow'] = None  # as if it were not installed\n"
+        "status = TfStrategy.framework_status()\n"
+        "assert plugin.crosstrain_backends() == [TfStrategy]\n"
+        "print(TfStrategy.name, status.importable, status.problem, TfStrategy.install_hint)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "tf False No module named 'tensorflow' pip install 'crosstrain[tf]'"

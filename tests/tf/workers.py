@@ -1,0 +1,93 @@
+"""Checks that need TensorFlow's replicas in hand, run in a fresh process: logical CPU
+devices must be configured before TensorFlow's first op, so never in pytest's process.
+
+    python -c "from tests.tf.workers import main; main()" DIGITS_PLAN ODD_NPZ_PLAN
+
+prints one JSON line with what it measured; the tests assert on it. It goes through the
+same pieces as `crosstrain run`: configure_devices, MirroredStrategy, TfStrategy, the
+core sampler and evaluate().
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from crosstrain.backends.tf.launch import Layout, configure_devices
+from crosstrain.backends.tf.strategy import TfState, TfStrategy
+from crosstrain.core.data import Batch, GlobalSampler, load_datasets, step_batch
+from crosstrain.core.loop import evaluate, initial_weights
+from crosstrain.core.plan import Plan, load_plan
+from crosstrain.core.strategy import World
+
+STEPS = 6
+
+
+def _strategies() -> tuple[TfStrategy, TfStrategy]:
+    """One replica on /cpu:0 and two replicas on /cpu:0 and /cpu:1, in this process."""
+    import tensorflow as tf
+
+    configure_devices(Layout(workers=1, local_replicas=2, device="cpu"), 0, 1)
+    one = TfStrategy(World(local_replicas=1), tf.distribute.MirroredStrategy(["/cpu:0"]))
+    two = TfStrategy(World(local_replicas=2), tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    return one, two
+
+
+def _replica_mismatches(state: TfState) -> list[str]:
+    """Variables (weights and optimizer slots) whose two replica copies differ at all."""
+    named = [(v.path, v.value) for v in state.model.trainable_variables]
+    named += [(f"slot {i}.{j}", slot) for i, slots in enumerate(state.slots) for j, slot in enumerate(slots)]
+    mismatched = []
+    for name, variable in named:
+        copies = [np.asarray(copy.numpy()) for copy in variable.values]
+        if len(copies) != 2 or not np.array_equal(copies[0], copies[1]):
+            mismatched.append(name)
+    return mismatched
+
+
+def train_both(plan: Plan, one: TfStrategy, two: TfStrategy) -> dict[str, Any]:
+    """The same steps at one and two replicas, the last batch padded with weight 0."""
+    data = load_datasets(plan).train
+    states = {name: s.build(plan, initial_weights(plan)) for name, s in (("one", one), ("two", two))}
+    losses: dict[str, list[float]] = {"one": [], "two": []}
+    batches = list(GlobalSampler(len(data), plan.train.global_batch_size, plan.seed).epoch(0))[:STEPS]
+    batches[-1][1][-5:] = 0.0  # padding rows must count for nothing
+    for indices, weight in batches:
+        step = step_batch(data, indices, weight, 0, 1, plan.train.grad_accum_steps)
+        for name, strategy in (("one", one), ("two", two)):
+            losses[name].append(strategy.train_step(states[name], step, 0.05)["loss"])
+    weights_one, weights_two = (s.state_dict(states[n]) for n, s in (("one", one), ("two", two)))
+    half = Batch(data.x[:32], data.y[:32], np.repeat(np.float32([1, 0]), 16))
+    return {
+        "losses_one": losses["one"],
+        "losses_two": losses["two"],
+        "max_weight_difference": max(
+            float(np.max(np.abs(weights_one[k] - weights_two[k]))) for k in weights_one
+        ),
+        "replica_mismatches": _replica_mismatches(states["two"]),
+        "traces": int(states["two"].train_function.experimental_get_tracing_count()),
+        # only replica 0's rows are real: each replica must count its own rows
+        "half_batch_count": two.eval_step(states["two"], half)["count"],
+    }
+
+
+def eval_both(plan: Plan, one: TfStrategy, two: TfStrategy) -> dict[str, Any]:
+    """Evaluate the initial weights at both worlds: any difference comes from evaluation."""
+    evaluation = load_datasets(plan).eval
+    assert evaluation is not None
+    results = {}
+    for name, strategy in (("one", one), ("two", two)):
+        state = strategy.build(plan, initial_weights(plan))
+        results[f"eval_{name}"] = evaluate(strategy, state, evaluation, plan)
+    return results
+
+
+def main() -> None:
+    digits_plan, npz_plan = sys.argv[1:3]
+    one, two = _strategies()
+    results = train_both(load_plan(digits_plan), one, two)
+    results.update(eval_both(load_plan(npz_plan), one, two))
+    print(json.dumps(results))
