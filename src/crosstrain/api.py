@@ -10,7 +10,7 @@ from typing import Any
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
-from crosstrain.core.strategy import DeviceChoice, Job, PluginSelection
+from crosstrain.core.strategy import ChecksJob, DeviceChoice, Job, PluginSelection
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
 
 
@@ -48,7 +48,6 @@ def make_job(
     check_world_fits(plan, replicas)
     load_datasets(plan)  # the data must load and fit the model before any worker starts
     out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
-    out_dir.mkdir(parents=True, exist_ok=True)
     return Job(
         plan=plan,
         backend=backend,
@@ -63,8 +62,12 @@ def make_job(
 
 
 def run_job(job: Job, manager: CrosstrainPluginManager | None = None) -> dict[str, Any]:
+    """Check the layout, create the output folder, launch; return rank 0's summary."""
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
+    if isinstance(strategy, ChecksJob):
+        strategy.check_job(job)  # a layout the backend refuses writes nothing
+    Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     return dict(strategy.launch(job).summary)
 
 

@@ -26,7 +26,7 @@ from crosstrain.backends.tf.launch import (
 )
 from crosstrain.core.errors import BackendError, PlanError, WorkerError
 from crosstrain.core.strategy import DeviceChoice, Job
-from tests.conftest import worker_env
+from tests.conftest import run_cli, worker_env
 
 pytestmark = pytest.mark.tf
 
@@ -190,3 +190,23 @@ def test_plugin_and_strategy_import_without_tensorflow() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "tf False No module named 'tensorflow' pip install 'crosstrain[tf]'"
+
+
+def test_a_refused_layout_writes_nothing(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    result = run_cli(
+        "run",
+        str(write_plan()),
+        "--backend",
+        "tf",
+        "--nproc",
+        "4",
+        "--workers",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert result.returncode == 2
+    assert "on CPU, MultiWorkerMirroredStrategy runs one replica per worker" in result.stderr
+    assert not (tmp_path / "o").exists()

@@ -15,13 +15,8 @@ from crosstrain.core.strategy import World
 pytest.importorskip("tensorflow")
 
 from crosstrain.backends.tf.model import build_model, load_neutral, neutral_state
-from crosstrain.backends.tf.strategy import (
-    DynamicLossScale,
-    TfStrategy,
-    clip_like_torch,
-    step_scalars,
-    update_rule,
-)
+from crosstrain.backends.tf.optimizer import DynamicLossScale, clip_like_torch, step_scalars, update_rule
+from crosstrain.backends.tf.strategy import TfStrategy
 from crosstrain.core.convert import structure_plan
 
 pytestmark = pytest.mark.tf

@@ -37,6 +37,13 @@ def test_unknown_backend_lists_the_registered_ones(write_plan: Callable[..., Pat
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+def test_a_layout_the_backend_refuses_writes_nothing(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    result = run_cli("run", str(write_plan()), "--nproc", "2", "--workers", "1", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert "one process per replica: --workers (1) must equal --nproc (2)" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_framework_names_the_extra(write_plan: Callable[..., Path]) -> None:
     result = run_cli("-p", "tests.ghost_backend", "run", str(write_plan()), "--backend", "ghost")
     assert result.returncode == 2

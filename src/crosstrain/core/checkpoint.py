@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
     """Write atomically: a crash mid-write never replaces a good checkpoint with a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     contiguous = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
     save_file(contiguous, str(temporary), metadata=dict(metadata))

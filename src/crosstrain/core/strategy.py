@@ -90,6 +90,16 @@ class FrameworkStatus:
 
 
 @runtime_checkable
+class ChecksJob(Protocol):
+    """Optional capability: refuse a layout the backend cannot run (processes, devices)
+    before the output folder is created or any process starts."""
+
+    def check_job(self, job: Job) -> None:
+        """Raise :class:`~crosstrain.core.errors.BackendError` naming what does not fit."""
+        ...
+
+
+@runtime_checkable
 class DistributedStrategy(Protocol):
     """One backend. Core builds the weights and batches and computes the learning rate;
     the backend turns them into native models, steps and collectives."""

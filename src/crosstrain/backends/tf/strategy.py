@@ -1,11 +1,7 @@
 """TfStrategy: tf.distribute's MirroredStrategy (several replicas in one process) or
 MultiWorkerMirroredStrategy (one process per worker), driven by a custom loop.
 
-The optimizer is written here in TensorFlow ops instead of taken from Keras: Keras's
-SGD keeps the learning rate inside the momentum buffer, its Adam places epsilon
-differently and its weight decay is always decoupled, while a plan means torch's
-semantics (see OptimizerSpec). The per-step scalars (bias corrections, decay factor)
-are computed on the host in float64 exactly as torch computes them.
+The optimizer (torch's semantics, in TensorFlow ops) lives in optimizer.py.
 
 This module imports tensorflow only inside functions, so ``crosstrain backends`` can
 list the backend (and say tensorflow is missing) on a machine without it.
@@ -15,46 +11,30 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
 
+from crosstrain.backends.tf.optimizer import (
+    LOSS_SCALE,
+    REAL_ROWS,
+    DynamicLossScale,
+    clip_like_torch,
+    slot_count,
+    step_scalars,
+    update_rule,
+)
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 
 if TYPE_CHECKING:
     import keras
 
-# Positions in the float32 vector of per-step scalars handed to the compiled step.
-LR, STEP_SIZE, BIAS2_SQRT, DECAY, LOSS_SCALE, REAL_ROWS = range(6)
-
 #: environment every TensorFlow process of crosstrain gets unless the user set it
 TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
-
-UpdateRule = Callable[[Any, Any, Sequence[Any], Any], tuple[Any, tuple[Any, ...]]]
-
-
-@attrs.define
-class DynamicLossScale:
-    """torch.amp.GradScaler's rule, kept on the host: halve on inf/nan (and skip the
-    step), double after ``growth_interval`` finite steps in a row."""
-
-    scale: float = 2.0**16
-    growth_interval: int = 2000
-    finite_steps: int = 0
-
-    def update(self, finite: bool) -> None:
-        if not finite:
-            self.scale *= 0.5
-            self.finite_steps = 0
-            return
-        self.finite_steps += 1
-        if self.finite_steps == self.growth_interval:
-            self.scale *= 2.0
-            self.finite_steps = 0
 
 
 @attrs.define
@@ -104,6 +84,11 @@ class TfStrategy:
         devices = ("cpu", *(f"gpu:{index}" for index in range(len(gpus))))
         return FrameworkStatus(importable=True, version=str(tf.__version__), devices=devices)
 
+    def check_job(self, job: Job) -> None:
+        from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
+
+        plan_layout(job, cluster_from_environment(), physical_gpus() if job.device != "cpu" else 0)
+
     def launch(self, job: Job) -> RunResult:
         from crosstrain.backends.tf.launch import launch
 
@@ -121,9 +106,9 @@ class TfStrategy:
             if weights:
                 load_neutral(model, plan, weights)
             variables = [variable.value for variable in model.trainable_variables]
-            slot_count = _slot_count(plan.optimizer)
+            per_variable = slot_count(plan.optimizer)
             slots = [
-                tuple(tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for _ in range(slot_count))
+                tuple(tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for _ in range(per_variable))
                 for v in variables
             ]
         loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
@@ -327,72 +312,3 @@ def replica_rows(tensor: Any, part: Any, parts: int) -> Any:
         return tensor
     rows = tensor.shape[0] // parts
     return tf.gather(tf.reshape(tensor, [parts, rows, *tensor.shape[1:]]), part)
-
-
-def clip_like_torch(grads: list[Any], max_norm: float) -> list[Any]:
-    """torch.nn.utils.clip_grad_norm_: the norm of per-tensor norms, coefficient
-    max_norm / (norm + 1e-6) capped at 1, always multiplied in."""
-    import tensorflow as tf
-
-    norm = tf.norm(tf.stack([tf.norm(g) for g in grads]))
-    coefficient = tf.minimum(max_norm / (norm + 1e-6), 1.0)
-    return [g * coefficient for g in grads]
-
-
-# --------------------------------------------------------------------------- optimizer
-
-
-def _slot_count(spec: OptimizerSpec) -> int:
-    if spec.name == "sgd":
-        return 1 if spec.momentum else 0
-    return 2
-
-
-def step_scalars(spec: OptimizerSpec, lr: float, step: int, loss_scale: float, real_rows: int) -> np.ndarray:
-    """The per-step scalars in float64, as torch computes them, handed over as float32.
-
-    ``step`` counts from 1 (torch increments Adam's step before using it)."""
-    step_size = bias2_sqrt = decay = 1.0
-    if spec.name != "sgd":
-        step_size = lr / (1 - spec.beta1**step)
-        bias2_sqrt = (1 - spec.beta2**step) ** 0.5
-        if spec.name == "adamw":
-            decay = 1 - lr * spec.weight_decay
-    return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_rows], np.float32)
-
-
-def update_rule(spec: OptimizerSpec) -> UpdateRule:
-    """(variable, grad, slots, scalars) -> (new value, new slots), torch's update order."""
-    return _sgd_rule(spec) if spec.name == "sgd" else _adam_rule(spec)
-
-
-def _sgd_rule(spec: OptimizerSpec) -> UpdateRule:
-    def rule(variable: Any, grad: Any, slots: Sequence[Any], scalars: Any) -> tuple[Any, tuple[Any, ...]]:
-        if spec.weight_decay:
-            grad = grad + spec.weight_decay * variable  # L2 on the gradient
-        if not spec.momentum:
-            return variable - scalars[LR] * grad, ()
-        buffer = slots[0] * spec.momentum + grad  # lr stays outside the buffer
-        direction = grad + spec.momentum * buffer if spec.nesterov else buffer
-        return variable - scalars[LR] * direction, (buffer,)
-
-    return rule
-
-
-def _adam_rule(spec: OptimizerSpec) -> UpdateRule:
-    import tensorflow as tf
-
-    decoupled = spec.name == "adamw"
-
-    def rule(variable: Any, grad: Any, slots: Sequence[Any], scalars: Any) -> tuple[Any, tuple[Any, ...]]:
-        mean, square = slots
-        if decoupled:
-            variable = variable * scalars[DECAY]
-        elif spec.weight_decay:
-            grad = grad + spec.weight_decay * variable
-        mean = mean + (1 - spec.beta1) * (grad - mean)  # torch's lerp
-        square = square * spec.beta2 + (1 - spec.beta2) * grad * grad
-        denominator = tf.sqrt(square) / scalars[BIAS2_SQRT] + spec.eps
-        return variable - scalars[STEP_SIZE] * (mean / denominator), (mean, square)
-
-    return rule

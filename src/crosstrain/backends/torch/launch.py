@@ -40,23 +40,29 @@ def resolve_device(choice: str) -> str:
     return "cuda" if choice == "gpu" or (choice == "auto" and has_gpu) else "cpu"
 
 
-def launch(job: Job) -> RunResult:
+def check_layout(job: Job) -> None:
+    """One process per replica, and one GPU per process when training on GPUs."""
+    if launched_by_torchrun():
+        check_world_fits(job.plan, int(os.environ["WORLD_SIZE"]))
+        return  # torchrun already chose the processes; each process has its own device
     processes = job.workers or job.replicas
     if processes != job.replicas:
         raise BackendError(
             f"the torch backend runs one process per replica: --workers ({processes}) "
             f"must equal --nproc ({job.replicas})"
         )
+    if resolve_device(job.device) == "cuda" and torch.cuda.device_count() < processes:
+        gpus = torch.cuda.device_count()
+        raise BackendError(f"--nproc {processes} needs {processes} GPUs; torch sees {gpus}")
+
+
+def launch(job: Job) -> RunResult:
+    check_layout(job)
     if launched_by_torchrun():
         # torchrun already chose the world; --nproc cannot be passed through its own parser
         world_size = int(os.environ["WORLD_SIZE"])
-        check_world_fits(job.plan, world_size)
         return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
-    device = resolve_device(job.device)
-    if device == "cuda" and torch.cuda.device_count() < processes:
-        raise BackendError(
-            f"--nproc {processes} needs {processes} GPUs; torch sees {torch.cuda.device_count()}"
-        )
+    processes = job.replicas
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

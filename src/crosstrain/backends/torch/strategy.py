@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 
 if TYPE_CHECKING:
@@ -55,6 +55,11 @@ class TorchStrategy:
         gpus = tuple(f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count()))
         return FrameworkStatus(importable=True, version=torch.__version__, devices=("cpu", *gpus))
 
+    def check_job(self, job: Job) -> None:
+        from crosstrain.backends.torch.launch import check_layout
+
+        check_layout(job)
+
     def launch(self, job: Job) -> RunResult:
         from crosstrain.backends.torch.launch import launch
 
@@ -66,6 +71,7 @@ class TorchStrategy:
         import torch
 
         from crosstrain.backends.torch.model import build_module, load_neutral
+        from crosstrain.backends.torch.optimizer import make_optimizer
 
         module = build_module(plan)
         if weights:
@@ -79,7 +85,7 @@ class TorchStrategy:
         scaler = None
         if plan.train.precision == "fp16":
             scaler = torch.amp.GradScaler(torch.device(self.device).type)
-        return TorchState(module, model, _make_optimizer(module, plan.optimizer), scaler, plan)
+        return TorchState(module, model, make_optimizer(module, plan.optimizer), scaler, plan)
 
     # ----------------------------------------------------------------- steps
 
@@ -231,17 +237,3 @@ class TorchStrategy:
             tensor = tensor.clone()
             dist.all_reduce(tensor)
         return tensor
-
-
-def _make_optimizer(module: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
-    import torch
-
-    params = list(module.parameters())
-    if spec.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov, weight_decay=spec.weight_decay
-        )
-    betas = (spec.beta1, spec.beta2)
-    if spec.name == "adam":
-        return torch.optim.Adam(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
-    return torch.optim.AdamW(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
