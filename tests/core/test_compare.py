@@ -1,0 +1,30 @@
+"""How `crosstrain compare` judges two runs (no framework needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from crosstrain.compare import BackendRun, compare_pair
+
+
+def _run(backend: str, losses: list[float], eval_loss: float = 0.5, accuracy: float = 0.9) -> BackendRun:
+    summary = {"eval": {"loss": eval_loss, "accuracy": accuracy}}
+    return BackendRun(backend, summary, np.array(losses))
+
+
+def test_reports_the_worst_step_and_its_relative_difference() -> None:
+    comparison = compare_pair(_run("torch", [2.0, 1.0, 0.5]), _run("tf", [2.0, 1.001, 0.5]))
+    assert comparison.worst_step == 2
+    assert abs(comparison.max_relative_loss_difference - 1e-3) < 1e-12
+    assert comparison.agrees(tolerance=2e-3, accuracy_tolerance=0.01)
+    assert not comparison.agrees(tolerance=1e-4, accuracy_tolerance=0.01)
+
+
+def test_different_step_counts_never_agree() -> None:
+    comparison = compare_pair(_run("torch", [1.0, 0.9]), _run("tf", [1.0]))
+    assert not comparison.agrees(tolerance=1.0, accuracy_tolerance=1.0)
+
+
+def test_eval_accuracy_gap_disagrees() -> None:
+    comparison = compare_pair(_run("torch", [1.0], accuracy=0.90), _run("tf", [1.0], accuracy=0.95))
+    assert not comparison.agrees(tolerance=1e-4, accuracy_tolerance=0.01)
