@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ from tests.conftest import EXAMPLES, run_cli
 pytestmark = pytest.mark.cross
 
 
-def test_compare_agrees_across_frameworks(tmp_path: Path) -> None:
-    result = run_cli(
+def _compare(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(
         "-p",
         "no:progress",
         "compare",
@@ -22,10 +23,13 @@ def test_compare_agrees_across_frameworks(tmp_path: Path) -> None:
         "--device",
         "cpu",
         "--out",
-        str(tmp_path),
-        "--set",
-        "train.max_steps=30",
+        str(out),
+        *extra,
     )
+
+
+def test_compare_agrees_across_frameworks(tmp_path: Path) -> None:
+    result = _compare(tmp_path, "--set", "train.max_steps=30")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "verdict: AGREE" in result.stdout
     assert "max rel. step-loss" in result.stdout
@@ -33,23 +37,8 @@ def test_compare_agrees_across_frameworks(tmp_path: Path) -> None:
 
 def test_compare_exits_non_zero_beyond_tolerance(tmp_path: Path) -> None:
     # bf16 rounds differently in each framework: far beyond a 1e-9 tolerance
-    result = run_cli(
-        "-p",
-        "no:progress",
-        "compare",
-        str(EXAMPLES / "digits_mlp.toml"),
-        "--backends",
-        "torch,tf",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-        "--set",
-        "train.max_steps=10",
-        "--set",
-        "train.precision='bf16'",
-        "--tolerance",
-        "1e-9",
+    result = _compare(
+        tmp_path, "--set", "train.max_steps=10", "--set", "train.precision='bf16'", "--tolerance", "1e-9"
     )
     assert result.returncode == 1
     assert "verdict: DISAGREE" in result.stdout
