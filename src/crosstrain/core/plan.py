@@ -10,17 +10,16 @@ it is validated before any process starts; the first problem raises a
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.layers import LAYER_TYPES, Layer, Shape, infer_shapes
+from crosstrain.core.layers import Layer, Shape, infer_shapes
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -273,17 +272,3 @@ def output_units(plan: Plan) -> int | None:
     if plan.model.native is not None:
         return None
     return infer_shapes(plan.model.input_shape, plan.model.layers)[-1][0]
-
-
-def steps_per_epoch(num_rows: int, global_batch_size: int) -> int:
-    return math.ceil(num_rows / global_batch_size)
-
-
-def layer_types() -> Sequence[str]:
-    return sorted(LAYER_TYPES)
-
-
-def as_plain_dict(plan: Plan) -> Mapping[str, Any]:
-    from crosstrain.core.convert import unstructure_plan
-
-    return unstructure_plan(plan)

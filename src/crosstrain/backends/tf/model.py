@@ -174,7 +174,3 @@ def per_row_loss(name: str, outputs: Any, targets: Any) -> Any:
     if name == "cross_entropy":
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
     return tf.reduce_mean(tf.square(outputs - targets), axis=1)
-
-
-def describe(model: keras.Model) -> dict[str, Any]:
-    return {"parameters": int(model.count_params())}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +33,9 @@ from crosstrain.core.plan import Plan
 
 class ToChannelsFirst(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.permute(0, 3, 1, 2)
+        # contiguous: a strided NCHW view makes conv produce channels-last gradients, which DDP
+        # buckets would then copy (and warn about)
+        return x.permute(0, 3, 1, 2).contiguous()
 
 
 class NeutralFlatten(nn.Module):
@@ -161,7 +162,3 @@ def per_row_loss(name: str, outputs: torch.Tensor, targets: torch.Tensor) -> tor
     if name == "cross_entropy":
         return nn.functional.cross_entropy(outputs, targets, reduction="none")
     return ((outputs - targets) ** 2).mean(dim=1)
-
-
-def describe(module: nn.Module) -> dict[str, Any]:
-    return {"parameters": sum(p.numel() for p in module.parameters())}
