@@ -179,3 +179,21 @@ def test_digits_example_runs_from_the_readme_command(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "eval accuracy" in result.stdout
+
+
+def test_cnn_python_plan_trains_cleanly_on_two_ranks(tmp_path: Path) -> None:
+    result = run_cli(
+        "run",
+        str(EXAMPLES / "digits_cnn.py"),
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "train.epochs=5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr  # e.g. DDP's gradient-layout warning on NHWC input
+    assert summary(tmp_path)["eval"]["accuracy"] > 0.9

@@ -33,9 +33,10 @@ from crosstrain.core.plan import Plan
 
 class ToChannelsFirst(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # contiguous: a strided NCHW view makes conv produce channels-last gradients, which DDP
-        # buckets would then copy (and warn about)
-        return x.permute(0, 3, 1, 2).contiguous()
+        # A fresh NCHW copy with standard strides: a permuted view (even .contiguous() of one,
+        # when C is 1) makes conv produce channels-last weight gradients, which DDP's buckets
+        # then copy and warn about.
+        return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
 
 
 class NeutralFlatten(nn.Module):
