@@ -147,7 +147,8 @@ def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray
 
 def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
     """The module's weights under neutral names and channels-last layouts."""
-    params = {k: v.detach().float().cpu().numpy() for k, v in module.state_dict().items()}
+    # copies: numpy views of live CPU parameters would change under later optimizer steps
+    params = {k: v.detach().float().cpu().numpy().copy() for k, v in module.state_dict().items()}
     if plan.model.native is not None:
         return params
     state: dict[str, np.ndarray] = {}
