@@ -16,35 +16,21 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _shared import add_size_arguments, make_plan, print_report, timed
 
 from crosstrain.backends.tf.strategy import TF_ENVIRONMENT, TfStrategy
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.layers import Dense, ReLU, layer_name
+from crosstrain.core.layers import Dense, layer_name
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import ModelSpec, OptimizerSpec, Plan, TrainSpec
+from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import World
 
 # before TensorFlow is imported (inside main): quiet logs, no oneDNN, Keras config off $HOME
 os.environ.update(TF_ENVIRONMENT)
 os.environ.setdefault("KERAS_HOME", os.path.join(tempfile.gettempdir(), "crosstrain-bench-keras"))
-
-
-def make_plan(width: int, depth: int, batch: int, precision: str) -> Plan:
-    layers: list[object] = []
-    for _ in range(depth):
-        layers += [Dense(units=width), ReLU()]
-    layers.append(Dense(units=10))
-    return Plan(
-        name="bench",
-        model=ModelSpec(input_shape=(width,), layers=tuple(layers)),  # type: ignore[arg-type]
-        optimizer=OptimizerSpec(name="adam", lr=1e-3),
-        train=TrainSpec(global_batch_size=batch, precision=precision),  # type: ignore[arg-type]
-    )
 
 
 def configure(device: str) -> Any:
@@ -81,26 +67,11 @@ def native_model(plan: Plan, weights: dict[str, np.ndarray]) -> Any:
     return model
 
 
-def timed(step: Callable[[], object], steps: int, sync: Callable[[], None]) -> float:
-    for _ in range(10):  # the first call traces the tf.function
-        step()
-    sync()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync()
-    return (time.perf_counter() - started) / steps * 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default=None, choices=("cpu", "gpu"), help="default: gpu if visible")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--distribution", default="mirrored", choices=("mirrored", "default"))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=512)
+    add_size_arguments(parser)
     args = parser.parse_args()
     import tensorflow as tf
 
@@ -161,18 +132,11 @@ def main() -> None:
         if device == "gpu" and gpus
         else "cpu (1 thread)"
     )
-    print(
+    header = (
         f"device {name}  precision {args.precision}  MLP {args.depth}x{args.width}  batch {args.batch}"
         f"  distribution {args.distribution}  tensorflow {tf.__version__}"
     )
-    print(f"crosstrain train_step   {crosstrain_ms:8.3f} ms/step")
-    rows = [
-        ("native, batch from host, loss read (fair)", native_host_ms),
-        ("native, batch on device, loss read", native_ms),
-        ("native, batch on device, no sync", native_nosync_ms),
-    ]
-    for label, ms in rows:
-        print(f"{label:44s} {ms:8.3f} ms/step   crosstrain/native {crosstrain_ms / ms:.3f}")
+    print_report(header, crosstrain_ms, native_host_ms, native_ms, native_nosync_ms)
 
 
 if __name__ == "__main__":

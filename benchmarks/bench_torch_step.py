@@ -12,54 +12,21 @@ where time goes. Prints milliseconds per step and the ratio crosstrain / native.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
+from _shared import add_size_arguments, make_plan, print_report, timed
 
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.layers import Dense, ReLU
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import ModelSpec, OptimizerSpec, Plan, TrainSpec
 from crosstrain.core.strategy import World
-
-
-def make_plan(width: int, depth: int, batch: int, precision: str) -> Plan:
-    layers: list[object] = []
-    for _ in range(depth):
-        layers += [Dense(units=width), ReLU()]
-    layers.append(Dense(units=10))
-    return Plan(
-        name="bench",
-        model=ModelSpec(input_shape=(width,), layers=tuple(layers)),  # type: ignore[arg-type]
-        optimizer=OptimizerSpec(name="adam", lr=1e-3),
-        train=TrainSpec(global_batch_size=batch, precision=precision),  # type: ignore[arg-type]
-    )
-
-
-def timed(step: Callable[[], object], steps: int, device: str) -> float:
-    for _ in range(10):
-        step()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return (time.perf_counter() - started) / steps * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=512)
+    add_size_arguments(parser)
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -72,7 +39,12 @@ def main() -> None:
     strategy = TorchStrategy(World(device=args.device), device=args.device)
     state = strategy.build(plan, initial_weights(plan))
     step_batch = StepBatch((Batch(x, y, weight),), global_real_rows=args.batch)
-    crosstrain_ms = timed(lambda: strategy.train_step(state, step_batch, 1e-3), args.steps, args.device)
+
+    def sync() -> None:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    crosstrain_ms = timed(lambda: strategy.train_step(state, step_batch, 1e-3), args.steps, sync)
 
     native = TorchStrategy(World(device=args.device), device=args.device).build(plan, initial_weights(plan))
     model, optimizer = native.module, torch.optim.Adam(native.module.parameters(), lr=1e-3)
@@ -96,19 +68,12 @@ def main() -> None:
         if read_loss:
             loss.item()
 
-    native_host_ms = timed(lambda: native_step(True, from_host=True), args.steps, args.device)
-    native_ms = timed(lambda: native_step(True), args.steps, args.device)
-    native_nosync_ms = timed(lambda: native_step(False), args.steps, args.device)
+    native_host_ms = timed(lambda: native_step(True, from_host=True), args.steps, sync)
+    native_ms = timed(lambda: native_step(True), args.steps, sync)
+    native_nosync_ms = timed(lambda: native_step(False), args.steps, sync)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (1 thread)"
-    print(f"device {name}  precision {args.precision}  MLP {args.depth}x{args.width}  batch {args.batch}")
-    print(f"crosstrain train_step   {crosstrain_ms:8.3f} ms/step")
-    rows = [
-        ("native, batch from host, loss read (fair)", native_host_ms),
-        ("native, batch on device, loss read", native_ms),
-        ("native, batch on device, no sync", native_nosync_ms),
-    ]
-    for label, ms in rows:
-        print(f"{label:44s} {ms:8.3f} ms/step   crosstrain/native {crosstrain_ms / ms:.3f}")
+    header = f"device {name}  precision {args.precision}  MLP {args.depth}x{args.width}  batch {args.batch}"
+    print_report(header, crosstrain_ms, native_host_ms, native_ms, native_nosync_ms)
 
 
 if __name__ == "__main__":
