@@ -218,3 +218,26 @@ def test_plain_lines_come_every_tenth_of_the_run(capsys: pytest.CaptureFixture[s
 def test_other_ranks_print_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     drive(ProgressReporter(), digits_context(process_index=1))
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.torch
+def test_epoch_count_follows_max_steps(tmp_path: Path) -> None:
+    result = run_cli(
+        "-p",
+        "no:tensorboard",
+        "run",
+        DIGITS,
+        "--nproc",
+        "1",
+        "--set",
+        "train.max_steps=30",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert result.returncode == 0, result.stderr
+    # 23 steps an epoch at batch 64: 30 steps touch 2 of the plan's 20 epochs
+    assert "30 steps (2 epochs)" in result.stdout
+    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("epoch ")] == [
+        "1/2",
+        "2/2",
+    ]

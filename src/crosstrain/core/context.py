@@ -24,6 +24,13 @@ class RunContext:
     eval_rows: int
 
     @property
+    def epochs(self) -> int:
+        """Epochs the run will (at least partly) train: the plan's, unless max_steps ends it sooner."""
+        if self.steps_per_epoch == 0:
+            return self.plan.train.epochs
+        return min(self.plan.train.epochs, -(-self.total_steps // self.steps_per_epoch))
+
+    @property
     def plan(self) -> Plan:
         return self.job.plan
 

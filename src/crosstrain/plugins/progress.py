@@ -32,7 +32,7 @@ PLAIN_LINES_PER_RUN = 10
 
 
 def format_epoch_line(context: RunContext, epoch: int, metrics: Mapping[str, float]) -> str:
-    parts = [f"epoch {epoch + 1}/{context.plan.train.epochs}", f"loss {metrics['loss']:.4f}"]
+    parts = [f"epoch {epoch + 1}/{context.epochs}", f"loss {metrics['loss']:.4f}"]
     if "eval_loss" in metrics:
         parts.append(f"eval_loss {metrics['eval_loss']:.4f}")
     if "eval_accuracy" in metrics:
@@ -76,7 +76,7 @@ class _BarDisplay:
     """A rich bar on rank 0's terminal; epoch lines are printed above it and stay."""
 
     def __init__(self, context: RunContext) -> None:
-        self._epochs = context.plan.train.epochs
+        self._epochs = context.epochs
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(bar_width=24),
@@ -119,12 +119,12 @@ class _PlainDisplay:
     """Plain lines for pipes and logs: a step line every ~10 % of the run."""
 
     def __init__(self, context: RunContext) -> None:
-        self._epochs = context.plan.train.epochs
+        self._epochs = context.epochs
         self._total_steps = context.total_steps
         self._every = max(1, math.ceil(context.total_steps / PLAIN_LINES_PER_RUN))
         self.line(
             f"{context.plan.name}: {context.total_steps} steps "
-            f"({context.plan.train.epochs} epochs) on {context.backend} "
+            f"({context.epochs} epochs) on {context.backend} "
             f"x{context.world.replicas}"
         )
 
