@@ -19,8 +19,8 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from _shared import add_size_arguments, make_plan, print_report, timed
 
+from _shared import add_size_arguments, make_plan, print_report, timed
 from crosstrain.backends.tf.strategy import TF_ENVIRONMENT, TfStrategy
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.layers import Dense, layer_name

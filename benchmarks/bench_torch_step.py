@@ -15,8 +15,8 @@ import argparse
 
 import numpy as np
 import torch
-from _shared import add_size_arguments, make_plan, print_report, timed
 
+from _shared import add_size_arguments, make_plan, print_report, timed
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.loop import initial_weights

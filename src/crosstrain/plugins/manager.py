@@ -13,7 +13,7 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import attrs
@@ -87,9 +87,11 @@ def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> Cross
     return manager
 
 
-def _register(manager: CrosstrainPluginManager, name: str, distribution: str, load: object) -> None:
+def _register(
+    manager: CrosstrainPluginManager, name: str, distribution: str, load: Callable[[], object]
+) -> None:
     try:
-        plugin = load()  # type: ignore[operator]
+        plugin = load()
     except Exception as error:  # any import error of a third party's code is reported, not fatal
         manager.failures.append(PluginFailure(name, distribution, f"{type(error).__name__}: {error}"))
         return
