@@ -9,6 +9,7 @@ reported once, with its distribution, and the rest keep working.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -83,7 +84,7 @@ def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> Cross
         _register(manager, entry_point.name, distribution, entry_point.load)
     for name in selection.enabled:
         if name not in loaded and not manager.is_blocked(name):
-            _register(manager, name, "(-p)", lambda name=name: importlib.import_module(name))
+            _register(manager, name, "(-p)", functools.partial(importlib.import_module, name))
     return manager
 
 
