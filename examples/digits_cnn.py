@@ -1,7 +1,7 @@
 """A small CNN on the digits, written as a Python plan (the same vocabulary as a .toml plan).
 
-    crosstrain run examples/digits_cnn.py --backend torch --nproc 2
-    crosstrain run examples/digits_cnn.py --backend tf    --nproc 2
+crosstrain run examples/digits_cnn.py --backend torch --nproc 2
+crosstrain run examples/digits_cnn.py --backend tf    --nproc 2
 """
 
 from crosstrain import DataSpec, ModelSpec, OptimizerSpec, Plan, ScheduleSpec, TrainSpec
