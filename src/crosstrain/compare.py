@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from crosstrain.core.errors import CrosstrainError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import DeviceChoice, PluginSelection
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
+from crosstrain.plugins.metrics import read_metrics
 
 
 @attrs.frozen
@@ -46,8 +46,8 @@ class Comparison:
 
 
 def read_step_losses(run_dir: Path) -> np.ndarray:
-    """Per-optimizer-step losses from a run's metrics.jsonl, in step order."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    """Per-optimizer-step losses of the last run in ``run_dir``, in step order."""
+    records = read_metrics(run_dir)
     return np.array([record["loss"] for record in records if "loss" in record and "eval" not in record])
 
 

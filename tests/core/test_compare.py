@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from crosstrain.compare import BackendRun, compare_pair
@@ -28,3 +31,14 @@ def test_different_step_counts_never_agree() -> None:
 def test_eval_accuracy_gap_disagrees() -> None:
     comparison = compare_pair(_run("torch", [1.0], accuracy=0.90), _run("tf", [1.0], accuracy=0.95))
     assert not comparison.agrees(tolerance=1e-4, accuracy_tolerance=0.01)
+
+
+def test_a_folder_reused_by_a_second_run_yields_the_last_run_only(tmp_path: Path) -> None:
+    from crosstrain.compare import read_step_losses
+
+    first = [{"step": s, "epoch": 0, "lr": 0.1, "loss": 9.0} for s in (1, 2, 3)]
+    second = [{"step": s, "epoch": 0, "lr": 0.1, "loss": float(s)} for s in (1, 2)]
+    evaluation = [{"step": 2, "epoch": 0, "eval": {"loss": 0.5}}]
+    lines = [json.dumps(record) for record in first + second + evaluation]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert read_step_losses(tmp_path).tolist() == [1.0, 2.0]

@@ -70,5 +70,20 @@ class MetricsWriter:
             self._stream = None
 
 
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    """The records of the last run written to ``folder/metrics.jsonl``.
+
+    The file is appended to: a run repeated into the same folder starts again at a lower
+    step. The last run is the one summary.json describes."""
+    lines = (folder / METRICS_FILE).read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    start, previous = 0, 0
+    for index, record in enumerate(records):
+        if "eval" not in record and record.get("step", 0) <= previous:
+            start = index
+        previous = record.get("step", previous)
+    return records[start:]
+
+
 # The entry point names this instance ("crosstrain.plugins.metrics:plugin").
 plugin = MetricsWriter()

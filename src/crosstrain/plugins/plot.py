@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from crosstrain.core.errors import CrosstrainError
+from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
     from crosstrain.plugins.manager import CrosstrainPluginManager
 
-METRICS_FILE, SUMMARY_FILE = "metrics.jsonl", "summary.json"
 FIGURE_INCHES = (15.0, 4.5)
 FIGURE_DPI = 100  # with FIGURE_INCHES: a 1500 x 450 pixel PNG
 # runs that train identically (world 1 vs world N) draw the same curve: vary the dash too
@@ -62,17 +62,6 @@ class RunCurves:
     eval_accuracy: Curve
 
 
-def _last_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """metrics.jsonl is appended to: a run repeated into the same folder starts again at a
-    lower step. Keep the last run, the one summary.json describes."""
-    start, previous = 0, 0
-    for index, record in enumerate(records):
-        if "eval" not in record and record.get("step", 0) <= previous:
-            start = index
-        previous = record.get("step", previous)
-    return records[start:]
-
-
 def _train_curve(records: list[dict[str, Any]]) -> Curve:
     points = [
         (int(record["step"]), float(record["loss"]))
@@ -97,8 +86,7 @@ def read_run(folder: str | Path) -> RunCurves:
     if not metrics_path.is_file():
         what = "is not a folder" if not folder.is_dir() else f"has no {METRICS_FILE}"
         raise RunDirError(f"{folder}: {what}; give the output folder of a crosstrain run")
-    lines = metrics_path.read_text(encoding="utf-8").splitlines()
-    records = _last_run([json.loads(line) for line in lines if line.strip()])
+    records = read_metrics(folder)
     train_loss = _train_curve(records)
     if not train_loss.steps:
         raise RunDirError(f"{metrics_path}: holds no training step to plot")
