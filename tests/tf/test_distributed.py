@@ -22,7 +22,7 @@ import crosstrain
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
 from tests.conftest import EXAMPLES, MLP_PLAN, REPO, run_cli, worker_env
-from tests.support import max_relative_difference, step_losses, summary
+from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
 pytest.importorskip("tensorflow")
 
@@ -87,9 +87,10 @@ def test_the_train_step_is_traced_once(replica_checks: dict[str, Any]) -> None:
     assert replica_checks["traces"] == 1
 
 
-def test_eval_at_world_2_equals_world_1_exactly(replica_checks: dict[str, Any]) -> None:
+def test_eval_at_world_2_equals_world_1(replica_checks: dict[str, Any]) -> None:
     assert replica_checks["eval_one"]["count"] == 41  # 203 rows x 0.2, batch 16: padded
-    assert replica_checks["eval_two"] == replica_checks["eval_one"]
+    # counts and hits exactly; the loss within fp32 rounding of rows in batches of 8 vs 16
+    assert_same_eval(replica_checks["eval_two"], replica_checks["eval_one"])
 
 
 # --------------------------------------------------------------------------- whole runs

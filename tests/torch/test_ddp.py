@@ -11,7 +11,7 @@ import pytest
 
 from crosstrain.api import make_job, prepare_plan
 from tests.conftest import EXAMPLES, run_cli
-from tests.support import max_relative_difference, step_losses, summary
+from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 from tests.torch.workers import eval_per_rank, weights_per_rank
 
 pytestmark = pytest.mark.torch
@@ -58,7 +58,7 @@ def test_world_1_and_world_2_give_the_same_losses(write_plan: Callable[..., Path
     assert summary(two)["world_size"] == 2
 
 
-def test_eval_at_world_2_equals_world_1_exactly(
+def test_eval_at_world_2_equals_world_1(
     write_plan: Callable[..., Path], tmp_path: Path, odd_npz: Path
 ) -> None:
     plan = prepare_plan(
@@ -67,7 +67,9 @@ def test_eval_at_world_2_equals_world_1_exactly(
     one = eval_per_rank(make_job(plan, "torch", replicas=1, device="cpu", out=tmp_path / "one"))
     two = eval_per_rank(make_job(plan, "torch", replicas=2, device="cpu", out=tmp_path / "two"))
     assert one[0]["count"] == 41  # 203 rows x 0.2: not a multiple of the batch of 16
-    assert two[0] == two[1] == one[0]
+    assert two[0] == two[1]  # one all-reduced result, the same bits on every rank
+    # counts and hits exactly; the loss within fp32 rounding of rows in batches of 8 vs 16
+    assert_same_eval(two[0], one[0])
 
 
 def test_eval_through_the_cli_counts_every_row_once(

@@ -1,15 +1,18 @@
-"""Helpers for tests that run the real CLI or read what a real run wrote."""
+"""Helpers for tests that run the real CLI; readers of a run come from crosstrain.testing."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from crosstrain.testing import max_relative_difference, step_losses, summary
+
+__all__ = [
+    "CNN_PLAN", "EXAMPLES", "MLP_PLAN", "max_relative_difference", "run_cli",
+    "step_losses", "summary",
+]
 
 TESTS = Path(__file__).resolve().parent
 EXAMPLES = TESTS.parents[1]
@@ -68,17 +71,3 @@ def run_cli(*args: str, timeout: float = 240, env: dict[str, str] | None = None,
     environment = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run([sys.executable, "-m", "crosstrain.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=environment, cwd=cwd)
-
-
-def step_losses(run_dir: Path) -> np.ndarray:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return np.array([record["loss"] for record in map(json.loads, lines) if "loss" in record])
-
-
-def summary(run_dir: Path) -> dict[str, Any]:
-    return dict(json.loads((run_dir / "summary.json").read_text()))
-
-
-def max_relative_difference(a: np.ndarray, b: np.ndarray) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))

@@ -1,5 +1,6 @@
 """The strategy driven directly, in this process, on one and two CPU devices (conftest
-asks XLA for two): exact evaluation, neutral weights in and out, torch's optimizer formulas."""
+asks XLA for two): evaluation equal at both worlds, neutral weights in and out, torch's
+optimizer formulas."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from crosstrain.core.data import load_datasets
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import OptimizerSpec, Plan
 from crosstrain.core.strategy import World
+from crosstrain.testing import assert_same_eval
 
 from crosstrain_jax import JaxState, JaxStrategy
 from crosstrain_jax.optimizer import (
@@ -53,7 +55,7 @@ def test_two_devices_are_available_to_these_tests() -> None:
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
-def test_eval_at_world_2_equals_world_1_exactly(
+def test_eval_at_world_2_equals_world_1(
     write_plan: Callable[..., Path], tmp_path: Path, odd_npz: Path, loss: str
 ) -> None:
     data = odd_npz
@@ -68,7 +70,8 @@ def test_eval_at_world_2_equals_world_1_exactly(
     weights = _moved_weights(plan)
     one, two = _evaluate_at(1, plan, weights), _evaluate_at(2, plan, weights)
     assert one["count"] == 41  # 203 rows x 0.2: not a multiple of the batch of 16
-    assert two == one  # exactly: float64 sums of the same per-row values, in the same order
+    # counts and hits exactly; the loss within fp32 rounding of rows in batches of 8 vs 16
+    assert_same_eval(two, one)
     assert one["loss"] > 0
 
 
