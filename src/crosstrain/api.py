@@ -10,7 +10,8 @@ from typing import Any
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
-from crosstrain.core.strategy import ChecksJob, DeviceChoice, Job, PluginSelection
+from crosstrain.core.strategy import ChecksJob, DeviceChoice, DistributedStrategy, Job, PluginSelection
+from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
 
 
@@ -61,12 +62,21 @@ def make_job(
     )
 
 
+def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
+    """What the backend declares it cannot build or lay out is refused here, before the
+    output folder exists or any process starts."""
+    if isinstance(strategy, SpeaksVocabulary):
+        check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
+    if isinstance(strategy, ChecksJob):
+        strategy.check_job(job)
+
+
 def run_job(job: Job, manager: CrosstrainPluginManager | None = None) -> dict[str, Any]:
-    """Check the layout, create the output folder, launch; return rank 0's summary."""
+    """Check the plan and layout against the backend, create the output folder, launch;
+    return rank 0's summary."""
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
-    if isinstance(strategy, ChecksJob):
-        strategy.check_job(job)  # a layout the backend refuses writes nothing
+    check_backend_can_run(strategy, job)  # what the backend refuses writes nothing
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     return dict(strategy.launch(job).summary)
 

@@ -11,7 +11,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from crosstrain.api import make_job, run_job
+from crosstrain.api import check_backend_can_run, make_job, run_job
 from crosstrain.core.errors import CrosstrainError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import DeviceChoice, PluginSelection
@@ -86,9 +86,7 @@ def run_backends(
     """Run the plan once per backend, each into ``out_root/BACKEND``."""
     if len(backends) < 2:
         raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
-    for backend in backends:
-        get_backend(manager, backend)  # every backend must exist before the first run starts
-    runs = []
+    jobs = []
     for index, backend in enumerate(backends):
         # the same backend twice (a determinism check) must not share, and append to, one folder
         folder = backend if backends.count(backend) == 1 else f"{backend}-{index}"
@@ -102,6 +100,12 @@ def run_backends(
             plugins=plugins,
             timeout_seconds=timeout_seconds,
         )
+        # every backend must exist and accept the plan before the first run starts
+        check_backend_can_run(get_backend(manager, backend)(), job)
+        jobs.append(job)
+    runs = []
+    for job in jobs:
+        backend = job.backend
         summary = run_job(job, manager)
         runs.append(BackendRun(backend, summary, read_step_losses(Path(job.out_dir))))
     return runs

@@ -43,12 +43,23 @@ def _strict_str(value: Any, _: type) -> str:
     return value
 
 
+def _int_or_pair(value: Any, _: type) -> tuple[int, int]:
+    """kernel_size/strides: an int, or [height, width]."""
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return (_strict_int(value[0], int), _strict_int(value[1], int))
+    if isinstance(value, list | tuple):
+        raise TypeError(f"expected an integer or [height, width], got {list(value)!r}")
+    size = _strict_int(value, int)
+    return (size, size)
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_float)
     converter.register_structure_hook(bool, _strict_bool)
     converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook_func(lambda cls: cls == tuple[int, int], _int_or_pair)
     # Predicates, not singledispatch: the hook must catch the base Layer only, or it
     # would also catch (and recurse into) each concrete layer class it structures.
     converter.register_structure_hook_func(lambda cls: cls is Layer, _structure_layer)
@@ -71,8 +82,9 @@ def _structure_layer(value: Any, _: type) -> Layer:
 def _unstructure_layer(layer: Layer) -> dict[str, Any]:
     fields = {"type": layer.type}
     fields.update(attrs.asdict(layer))
-    if fields.get("name") is None:
-        fields.pop("name", None)
+    for optional in ("name", "inputs"):
+        if fields.get(optional) is None:
+            fields.pop(optional, None)
     return fields
 
 
@@ -91,6 +103,10 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
     raw: dict[str, Any] = _CONVERTER.unstructure(plan)
     raw.pop("source", None)
     raw["model"]["layers"] = [_unstructure_layer(layer) for layer in plan.model.layers]
+    raw["model"]["blocks"] = {
+        name: {"layers": [_unstructure_layer(layer) for layer in block.layers]}
+        for name, block in plan.model.blocks.items()
+    }
     if raw["model"].get("native") is None:
         raw["model"].pop("native", None)
     return raw

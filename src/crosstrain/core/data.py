@@ -11,23 +11,45 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import DataSpec, Plan, output_units
+from crosstrain.core.plan import DataSpec, Plan, output_shape
+from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
+
+
+class Rows(Protocol):
+    """What a data set's ``x`` or ``y`` is: a numpy array, or windows of a memory-mapped
+    token file; either way rows are read by an index array."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    def __getitem__(self, indices: Any) -> np.ndarray: ...
 
 
 @attrs.frozen(eq=False)
 class ArrayDataset:
-    """Rows of inputs ``x`` (channels-last) and targets ``y``, in memory."""
+    """Rows of inputs ``x`` (channels-last) and targets ``y``."""
 
-    x: np.ndarray
-    y: np.ndarray
+    x: Rows
+    y: Rows
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
+
+    @property
+    def targets_per_row(self) -> int:
+        """Target positions in one row: 1 for a label, the sequence length for tokens."""
+        # labels (cross_entropy) are integers, one per position; regression targets are
+        # floats averaged within their row
+        return math.prod(self.y.shape[1:]) if self.y.dtype.kind in "iu" else 1
 
     def take(self, indices: np.ndarray) -> ArrayDataset:
         return ArrayDataset(self.x[indices], self.y[indices])
@@ -41,11 +63,17 @@ class Datasets:
 
 @attrs.frozen(eq=False)
 class Batch:
-    """One replica-group's rows. ``weight`` is 1 for a real row and 0 for padding."""
+    """One replica-group's rows. ``weight`` is 1 for a real row and 0 for padding; ``rows``
+    is each row's position in the step's global batch (what dropout masks hash)."""
 
     x: np.ndarray
     y: np.ndarray
     weight: np.ndarray
+    rows: np.ndarray = attrs.field()
+
+    @rows.default
+    def _rows_from_zero(self) -> np.ndarray:
+        return np.arange(len(self.weight), dtype=np.int64)
 
     @property
     def real_rows(self) -> int:
@@ -57,11 +85,19 @@ class StepBatch:
     """This process's rows for one optimizer step: one Batch per accumulation micro-step.
 
     ``global_real_rows`` is the number of real rows in the whole global batch, across
-    every replica and micro-step: the loss normaliser of DESIGN rule 4.
+    every replica and micro-step; ``global_real_targets`` the number of real target
+    positions in it (rows x positions per row for token targets): the loss normaliser of
+    DESIGN rule 4. ``step`` counts optimizer steps from 0 (what dropout masks hash).
     """
 
     micro_batches: tuple[Batch, ...]
     global_real_rows: int
+    step: int = 0
+    targets_per_row: int = 1
+
+    @property
+    def global_real_targets(self) -> int:
+        return self.global_real_rows * self.targets_per_row
 
 
 # --------------------------------------------------------------------------- loading
@@ -70,6 +106,8 @@ class StepBatch:
 def load_datasets(plan: Plan) -> Datasets:
     """Load and shape the plan's data, checking it against the model; errors name the field."""
     spec = plan.data
+    if spec.source in ("tokens", "python-stdlib"):
+        return _token_datasets(plan)
     x, y = _load_arrays(spec, spec.path, plan.source)
     if spec.limit is not None:
         x, y = x[: spec.limit], y[: spec.limit]
@@ -83,26 +121,58 @@ def load_datasets(plan: Plan) -> Datasets:
     return _split(full, spec.eval_fraction, plan.seed)
 
 
-def _load_arrays(
-    spec: DataSpec, path: str | None, source: str | None, field: str = "data.path"
-) -> tuple[np.ndarray, np.ndarray]:
-    if spec.source == "digits" and field == "data.path":
-        return _load_digits()
-    assert path is not None  # DataSpec refuses source "npz" without a path
-    if not Path(path).is_file():
-        raise PlanError(f"no such file {path}", field=field, source=source)
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            missing = [key for key in (spec.x_key, spec.y_key) if key not in arrays.files]
-            if missing:
-                raise PlanError(
-                    f"{path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})",
-                    field="data.x_key" if missing[0] == spec.x_key else "data.y_key",
-                    source=source,
-                )
-            return np.asarray(arrays[spec.x_key]), np.asarray(arrays[spec.y_key])
-    except (OSError, ValueError) as error:
-        raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
+def _token_datasets(plan: Plan) -> Datasets:
+    """Windows of a token file (memory-mapped, never loaded whole); the eval set is the last
+    ``eval_fraction`` of the windows, so no eval text is ever trained on."""
+    spec = plan.data
+    assert spec.sequence_length is not None  # DataSpec refuses token sources without it
+    if spec.source == "python-stdlib":
+        tokens = python_stdlib_tokens()
+    else:
+        assert spec.path is not None
+        tokens = load_token_file(spec.path, plan.source)
+    length = spec.sequence_length
+    _check_token_model(plan, tokens, length)
+    windows = (len(tokens) - 1) // length
+    if spec.limit is not None:
+        windows = min(windows, spec.limit)
+    eval_windows = max(1, round(windows * spec.eval_fraction)) if spec.eval_fraction > 0 else 0
+    if windows - eval_windows < 1:
+        raise PlanError(
+            f"{len(tokens)} tokens make {windows} windows of {length}: too few to train on",
+            field="data.sequence_length",
+            source=plan.source,
+        )
+
+    def part(first: int, count: int) -> ArrayDataset:
+        return ArrayDataset(
+            TokenWindows(tokens, length, first, count, offset=0, dtype=np.int32),
+            TokenWindows(tokens, length, first, count, offset=1, dtype=np.int64),
+        )
+
+    train_windows = windows - eval_windows
+    evaluation = part(train_windows, eval_windows) if eval_windows else None
+    return Datasets(train=part(0, train_windows), eval=evaluation)
+
+
+def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
+    field = "data.path" if plan.data.source == "tokens" else "data.source"
+    if plan.model.input_shape != (length,):
+        raise PlanError(
+            f"windows of {length} tokens do not fit model.input_shape {list(plan.model.input_shape)}",
+            field="data.sequence_length",
+            source=plan.source,
+        )
+    if plan.model.input_dtype != "int32":
+        raise PlanError("token data needs model.input_dtype = 'int32'", field="model.input_dtype", source=plan.source)
+    shape = output_shape(plan)
+    largest = int(tokens.max(initial=0))
+    if shape is not None and largest >= shape[-1]:
+        raise PlanError(
+            f"token ids reach {largest} but the model's last layer has {shape[-1]} classes",
+            field=field,
+            source=plan.source,
+        )
 
 
 def _load_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -123,32 +193,47 @@ def _fit_to_input(x: np.ndarray, plan: Plan, field: str) -> np.ndarray:
             field=field,
             source=plan.source,
         )
-    return np.ascontiguousarray(x.reshape(rows, *shape), dtype=np.float32)
+    if plan.model.input_dtype == "int32" and not np.issubdtype(x.dtype, np.integer):
+        raise PlanError("model.input_dtype 'int32' needs integer inputs", field=field, source=plan.source)
+    dtype = np.int32 if plan.model.input_dtype == "int32" else np.float32
+    return np.ascontiguousarray(x.reshape(rows, *shape), dtype=dtype)
 
 
 def _targets(y: np.ndarray, plan: Plan) -> np.ndarray:
-    units = output_units(plan)
+    """Class ids of the logits' shape without the class axis, or regression targets of the
+    output's shape."""
+    shape = output_shape(plan)
+    rows = y.shape[0]
     if plan.loss.name == "cross_entropy":
         if not np.issubdtype(y.dtype, np.integer) and not np.all(np.mod(y, 1) == 0):
             raise PlanError(
                 "cross_entropy needs integer class labels", field="data.y_key", source=plan.source
             )
-        labels = y.astype(np.int64).reshape(-1)
-        if labels.min(initial=0) < 0 or (units is not None and labels.max(initial=0) >= units):
+        target_shape = y.shape[1:] if shape is None else shape[:-1]
+        if math.prod(y.shape[1:]) != math.prod(target_shape):
             raise PlanError(
-                f"labels span 0..{int(labels.max())} but the model's last layer has {units} units",
+                f"labels have shape {list(y.shape[1:])} per row but the model's logits need {list(target_shape)}",
+                field="data.y_key",
+                source=plan.source,
+            )
+        labels = y.astype(np.int64).reshape(rows, *target_shape)
+        classes = None if shape is None else shape[-1]
+        if labels.min(initial=0) < 0 or (classes is not None and labels.max(initial=0) >= classes):
+            raise PlanError(
+                f"labels span 0..{int(labels.max())} but the model's last layer has {classes} units",
                 field="model.layers",
                 source=plan.source,
             )
         return labels
-    targets = y.astype(np.float32).reshape(y.shape[0], -1)
-    if units is not None and targets.shape[1] != units:
+    target_shape = (-1,) if shape is None else shape
+    if shape is not None and math.prod(y.shape[1:]) != math.prod(shape):
         raise PlanError(
-            f"targets have {targets.shape[1]} columns but the model's last layer has {units} units",
+            f"targets have {math.prod(y.shape[1:])} values per row but the model's output has "
+            f"shape {list(shape)}",
             field="model.layers",
             source=plan.source,
         )
-    return targets
+    return y.astype(np.float32).reshape(rows, *target_shape)
 
 
 def _split(full: ArrayDataset, eval_fraction: float, seed: int) -> Datasets:
@@ -203,7 +288,8 @@ def shard(dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, part: 
     """Contiguous slice ``part`` of ``parts`` of a global batch, as a Batch."""
     size = len(indices) // parts
     rows = slice(part * size, (part + 1) * size)
-    return Batch(dataset.x[indices[rows]], dataset.y[indices[rows]], weight[rows])
+    positions = np.arange(part * size, (part + 1) * size, dtype=np.int64)
+    return Batch(dataset.x[indices[rows]], dataset.y[indices[rows]], weight[rows], positions)
 
 
 def step_batch(
@@ -213,22 +299,26 @@ def step_batch(
     process_index: int,
     process_count: int,
     grad_accum_steps: int,
+    step: int = 0,
 ) -> StepBatch:
     """This process's share of one optimizer step.
 
     The global batch is cut into ``grad_accum_steps`` contiguous micro-batches, and each
     micro-batch into ``process_count`` contiguous slices; a process with several local
-    replicas splits its slice among them, again contiguously.
+    replicas splits its slice among them, again contiguously. Each row keeps its position
+    in the whole global batch (``Batch.rows``).
     """
     micro = len(indices) // grad_accum_steps
-    batches = tuple(
-        shard(
+    batches = []
+    for m in range(grad_accum_steps):
+        part = shard(
             dataset,
             indices[m * micro : (m + 1) * micro],
             weight[m * micro : (m + 1) * micro],
             process_index,
             process_count,
         )
-        for m in range(grad_accum_steps)
+        batches.append(attrs.evolve(part, rows=part.rows + m * micro))
+    return StepBatch(
+        tuple(batches), global_real_rows=int(weight.sum()), step=step, targets_per_row=dataset.targets_per_row
     )
-    return StepBatch(batches, global_real_rows=int(weight.sum()))

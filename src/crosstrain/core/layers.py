@@ -1,48 +1,100 @@
 """The neutral layer vocabulary: shapes are channels-last, weights are numpy.
 
-Each layer knows its output shape (so a plan is checked end to end before any
-process starts) and how to make its initial weights from the plan's seed, with
-the usual default of its kind: Glorot-uniform kernels, zero biases, unit scales.
-Both backends receive exactly these arrays (DESIGN rules 1 and 2).
+Each layer knows its output shape (so a plan is checked end to end before any process
+starts), the shapes of its weights and how each starts (Glorot-uniform kernels, zero
+biases, unit scales, small normal embeddings), and its multiply-add count for
+``crosstrain describe``. Both backends receive exactly the arrays made here (DESIGN
+rules 1 and 2). How layers connect (names, ``inputs``, blocks) lives in
+:mod:`crosstrain.core.graph`.
+
+Shapes here are one row's: the batch axis is never part of them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 import numpy as np
 
-from crosstrain.core.errors import PlanError
-
 Shape = tuple[int, ...]
 Weights = dict[str, np.ndarray]
+Pair = tuple[int, int]
+DType = Literal["float32", "int32"]
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"'{attribute.name}' must be > 0, got {value}")
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    values = value if isinstance(value, tuple) else (value,)
+    if any(item <= 0 for item in values):
+        raise ValueError(f"'{attribute.name}' must be > 0, got {list(values) if len(values) > 1 else value}")
+
+
+def as_pair(value: int | Sequence[int]) -> Pair:
+    """An int or [h, w] as (h, w): the kernel_size/strides convention of both frameworks."""
+    if isinstance(value, int):
+        return (value, value)
+    items = tuple(value)
+    if len(items) != 2:
+        raise ValueError(f"expected an int or [height, width], got {list(items)}")
+    return (int(items[0]), int(items[1]))
+
+
+@attrs.frozen
+class WeightSpec:
+    """One weight of a layer: its shape, how it starts, and whether the optimizer trains it
+    (batch norm's running statistics are weights too, updated by the forward pass)."""
+
+    shape: Shape
+    init: Literal["glorot", "zeros", "ones", "normal"]
+    fan_in: int = 0
+    fan_out: int = 0
+    stddev: float = 0.02
+    trainable: bool = True
+
+    def initial(self, rng: np.random.Generator) -> np.ndarray:
+        if self.init == "glorot":
+            limit = math.sqrt(6.0 / (self.fan_in + self.fan_out))
+            return rng.uniform(-limit, limit, size=self.shape).astype(np.float32)
+        if self.init == "normal":
+            return (rng.standard_normal(size=self.shape) * self.stddev).astype(np.float32)
+        if self.init == "ones":
+            return np.ones(self.shape, np.float32)
+        return np.zeros(self.shape, np.float32)
+
+
+def _glorot(shape: Shape, fan_in: int, fan_out: int) -> WeightSpec:
+    return WeightSpec(shape, "glorot", fan_in=fan_in, fan_out=fan_out)
 
 
 @attrs.frozen
 class Layer:
-    """Base of every neutral layer. ``type`` is the plan's tag; ``name`` is optional."""
+    """Base of every neutral layer. ``type`` is the plan's tag; ``name`` (unique within its
+    list) and ``inputs`` (names of earlier layers of the same list, or ``"input"``) are
+    optional: without ``inputs`` a layer takes the previous layer's output."""
 
     type: ClassVar[str] = ""
+    #: how many inputs the layer takes: 1, or None for two or more (add, concat)
+    arity: ClassVar[int | None] = 1
+    #: which input dtypes it accepts; only an embedding reads integer token ids
+    accepts: ClassVar[tuple[DType, ...]] = ("float32",)
     name: str | None = attrs.field(default=None, kw_only=True)
+    inputs: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         return input_shape
 
-    def init_weights(self, input_shape: Shape, rng: np.random.Generator) -> Weights:
+    def merged_shape(self, input_shapes: Sequence[Shape]) -> Shape:
+        """The output shape from every input's shape (one, unless ``arity`` is None)."""
+        return self.output_shape(input_shapes[0])
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         return {}
 
-
-def _glorot_uniform(shape: Shape, fan_in: int, fan_out: int, rng: np.random.Generator) -> np.ndarray:
-    limit = math.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-limit, limit, size=shape).astype(np.float32)
+    def multiply_adds(self, input_shape: Shape) -> int:
+        """Multiply-adds of the forward pass for one row (elementwise work not counted)."""
+        return 0
 
 
 def _expect_rank(layer: Layer, input_shape: Shape, rank: int, what: str) -> None:
@@ -50,24 +102,35 @@ def _expect_rank(layer: Layer, input_shape: Shape, rank: int, what: str) -> None
         raise ValueError(f"{layer.type} expects {what}, got input shape {list(input_shape)}")
 
 
+def _expect_image(layer: Layer, input_shape: Shape) -> None:
+    _expect_rank(layer, input_shape, 3, "an image input [height, width, channels]")
+
+
+# --------------------------------------------------------------------------- dense and conv
+
+
 @attrs.frozen
 class Dense(Layer):
-    """Fully connected: kernel [in, out], bias [out]; acts on the last axis."""
+    """Fully connected on the last axis, as in Keras: kernel [in, out], bias [out]."""
 
     type: ClassVar[str] = "dense"
     units: int = attrs.field(validator=_positive)
     use_bias: bool = True
 
     def output_shape(self, input_shape: Shape) -> Shape:
-        _expect_rank(self, input_shape, 1, "a flat [features] input (add a flatten layer)")
-        return (self.units,)
+        if not input_shape:
+            raise ValueError("dense needs at least one feature axis")
+        return (*input_shape[:-1], self.units)
 
-    def init_weights(self, input_shape: Shape, rng: np.random.Generator) -> Weights:
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         fan_in = input_shape[-1]
-        weights = {"kernel": _glorot_uniform((fan_in, self.units), fan_in, self.units, rng)}
+        specs = {"kernel": _glorot((fan_in, self.units), fan_in, self.units)}
         if self.use_bias:
-            weights["bias"] = np.zeros(self.units, np.float32)
-        return weights
+            specs["bias"] = WeightSpec((self.units,), "zeros")
+        return specs
+
+    def multiply_adds(self, input_shape: Shape) -> int:
+        return math.prod(input_shape) * self.units
 
 
 def _window_output(size: int, window: int, stride: int, padding: str) -> int:
@@ -78,12 +141,13 @@ def _window_output(size: int, window: int, stride: int, padding: str) -> int:
 
 @attrs.frozen
 class Conv2D(Layer):
-    """2-D convolution on NHWC input: kernel [kh, kw, in, out], bias [out]."""
+    """2-D convolution on NHWC input: kernel [kh, kw, in, out], bias [out].
+    ``kernel_size`` and ``strides`` are an int or [h, w]."""
 
     type: ClassVar[str] = "conv2d"
     filters: int = attrs.field(validator=_positive)
-    kernel_size: int = attrs.field(validator=_positive)
-    strides: int = attrs.field(default=1, validator=_positive)
+    kernel_size: Pair = attrs.field(converter=as_pair, validator=_positive)
+    strides: Pair = attrs.field(default=(1, 1), converter=as_pair, validator=_positive)
     padding: Literal["valid", "same"] = attrs.field(
         default="valid", validator=attrs.validators.in_(("valid", "same"))
     )
@@ -91,48 +155,79 @@ class Conv2D(Layer):
 
     def __attrs_post_init__(self) -> None:
         # torch has no asymmetric 'same' padding for strides > 1; refusing it keeps parity honest.
-        if self.padding == "same" and self.strides != 1:
+        if self.padding == "same" and self.strides != (1, 1):
             raise ValueError("padding 'same' needs strides = 1")
 
     def output_shape(self, input_shape: Shape) -> Shape:
-        _expect_rank(self, input_shape, 3, "an image input [height, width, channels]")
+        _expect_image(self, input_shape)
         height, width, _ = input_shape
-        out_h = _window_output(height, self.kernel_size, self.strides, self.padding)
-        out_w = _window_output(width, self.kernel_size, self.strides, self.padding)
+        out_h = _window_output(height, self.kernel_size[0], self.strides[0], self.padding)
+        out_w = _window_output(width, self.kernel_size[1], self.strides[1], self.padding)
         if out_h <= 0 or out_w <= 0:
-            raise ValueError(f"kernel {self.kernel_size} does not fit input shape {list(input_shape)}")
+            raise ValueError(f"kernel {_show(self.kernel_size)} does not fit input shape {list(input_shape)}")
         return (out_h, out_w, self.filters)
 
-    def init_weights(self, input_shape: Shape, rng: np.random.Generator) -> Weights:
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         channels = input_shape[-1]
-        receptive = self.kernel_size * self.kernel_size
-        shape = (self.kernel_size, self.kernel_size, channels, self.filters)
-        weights = {"kernel": _glorot_uniform(shape, receptive * channels, receptive * self.filters, rng)}
+        receptive = self.kernel_size[0] * self.kernel_size[1]
+        shape = (*self.kernel_size, channels, self.filters)
+        specs = {"kernel": _glorot(shape, receptive * channels, receptive * self.filters)}
         if self.use_bias:
-            weights["bias"] = np.zeros(self.filters, np.float32)
-        return weights
+            specs["bias"] = WeightSpec((self.filters,), "zeros")
+        return specs
+
+    def multiply_adds(self, input_shape: Shape) -> int:
+        out_h, out_w, _ = self.output_shape(input_shape)
+        return out_h * out_w * self.kernel_size[0] * self.kernel_size[1] * input_shape[-1] * self.filters
+
+
+def _show(pair: Pair) -> str:
+    return str(pair[0]) if pair[0] == pair[1] else str(list(pair))
+
+
+# --------------------------------------------------------------------------- pooling and reshaping
 
 
 @attrs.frozen
-class MaxPool2D(Layer):
-    """Max pooling on NHWC input, 'valid' padding; strides default to the pool size."""
+class _Pool2D(Layer):
+    """Pooling on NHWC input, 'valid' padding; strides default to the pool size."""
 
-    type: ClassVar[str] = "maxpool2d"
     pool_size: int = attrs.field(default=2, validator=_positive)
-    strides: int | None = None
+    strides: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
 
     @property
     def effective_strides(self) -> int:
         return self.strides if self.strides is not None else self.pool_size
 
     def output_shape(self, input_shape: Shape) -> Shape:
-        _expect_rank(self, input_shape, 3, "an image input [height, width, channels]")
+        _expect_image(self, input_shape)
         height, width, channels = input_shape
         out_h = _window_output(height, self.pool_size, self.effective_strides, "valid")
         out_w = _window_output(width, self.pool_size, self.effective_strides, "valid")
         if out_h <= 0 or out_w <= 0:
             raise ValueError(f"pool {self.pool_size} does not fit input shape {list(input_shape)}")
         return (out_h, out_w, channels)
+
+
+@attrs.frozen
+class MaxPool2D(_Pool2D):
+    type: ClassVar[str] = "maxpool2d"
+
+
+@attrs.frozen
+class AvgPool2D(_Pool2D):
+    type: ClassVar[str] = "avgpool2d"
+
+
+@attrs.frozen
+class GlobalAvgPool2D(Layer):
+    """Mean over height and width: [h, w, c] -> [c]."""
+
+    type: ClassVar[str] = "global_avg_pool2d"
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_image(self, input_shape)
+        return (input_shape[-1],)
 
 
 @attrs.frozen
@@ -143,6 +238,9 @@ class Flatten(Layer):
 
     def output_shape(self, input_shape: Shape) -> Shape:
         return (math.prod(input_shape),)
+
+
+# --------------------------------------------------------------------------- activations
 
 
 @attrs.frozen
@@ -164,10 +262,14 @@ class Tanh(Layer):
 
 @attrs.frozen
 class Dropout(Layer):
-    """Dropout; each framework draws its own masks, so plans with dropout lose exact parity."""
+    """Dropout whose masks come from crosstrain's counter-based hash
+    (:mod:`crosstrain.core.dropout`), so every backend and world size drops the same units."""
 
     type: ClassVar[str] = "dropout"
     rate: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+
+
+# --------------------------------------------------------------------------- normalisation
 
 
 @attrs.frozen
@@ -177,49 +279,177 @@ class LayerNorm(Layer):
     type: ClassVar[str] = "layernorm"
     eps: float = attrs.field(default=1e-5, validator=attrs.validators.gt(0.0))
 
-    def init_weights(self, input_shape: Shape, rng: np.random.Generator) -> Weights:
-        features = input_shape[-1]
-        return {"scale": np.ones(features, np.float32), "offset": np.zeros(features, np.float32)}
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        features = (input_shape[-1],)
+        return {"scale": WeightSpec(features, "ones"), "offset": WeightSpec(features, "zeros")}
+
+
+@attrs.frozen
+class BatchNorm(Layer):
+    """Normalises each feature of the last axis over every other axis and over the real rows
+    of the whole (micro-)batch, across every replica and process, so world N equals world 1.
+
+    Training uses the batch's mean and biased variance; the running statistics move as
+    ``running = momentum * running + (1 - momentum) * batch`` (the unbiased variance, as
+    torch), and evaluation uses them. ``momentum``/``epsilon`` are crosstrain's defaults."""
+
+    type: ClassVar[str] = "batchnorm"
+    momentum: float = attrs.field(default=0.9, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+    epsilon: float = attrs.field(default=1e-5, validator=attrs.validators.gt(0.0))
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if not input_shape:
+            raise ValueError("batchnorm needs at least one feature axis")
+        return input_shape
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        features = (input_shape[-1],)
+        return {
+            "scale": WeightSpec(features, "ones"),
+            "offset": WeightSpec(features, "zeros"),
+            "moving_mean": WeightSpec(features, "zeros", trainable=False),
+            "moving_variance": WeightSpec(features, "ones", trainable=False),
+        }
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+@attrs.frozen
+class Embedding(Layer):
+    """Token ids [length] -> vectors [length, units]; table [vocab_size, units], N(0, 0.02)."""
+
+    type: ClassVar[str] = "embedding"
+    accepts: ClassVar[tuple[DType, ...]] = ("int32",)
+    vocab_size: int = attrs.field(validator=_positive)
+    units: int = attrs.field(validator=_positive)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        return (*input_shape, self.units)
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        return {"table": WeightSpec((self.vocab_size, self.units), "normal")}
+
+
+@attrs.frozen
+class PositionEmbedding(Layer):
+    """Learned positions added to [length, units]: table [length, units], N(0, 0.02)."""
+
+    type: ClassVar[str] = "position_embedding"
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_rank(self, input_shape, 2, "a sequence [length, units]")
+        return input_shape
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        return {"table": WeightSpec(input_shape, "normal")}
+
+
+#: the projections of attention, in the order their weights are made
+ATTENTION_PROJECTIONS = ("query", "key", "value", "output")
+
+
+@attrs.frozen
+class Attention(Layer):
+    """Multi-head self-attention on [length, units]: query, key, value and output
+    projections ([units, units] kernels, biases), scaled dot products, softmax in fp32,
+    ``causal`` masking of later positions."""
+
+    type: ClassVar[str] = "attention"
+    heads: int = attrs.field(validator=_positive)
+    causal: bool = False
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_rank(self, input_shape, 2, "a sequence [length, units]")
+        if input_shape[-1] % self.heads:
+            raise ValueError(f"{input_shape[-1]} units do not split into {self.heads} heads")
+        return input_shape
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        units = input_shape[-1]
+        specs: dict[str, WeightSpec] = {}
+        for projection in ATTENTION_PROJECTIONS:
+            specs[f"{projection}_kernel"] = _glorot((units, units), units, units)
+            specs[f"{projection}_bias"] = WeightSpec((units,), "zeros")
+        return specs
+
+    def multiply_adds(self, input_shape: Shape) -> int:
+        length, units = input_shape
+        return 4 * length * units * units + 2 * length * length * units
+
+
+# --------------------------------------------------------------------------- merges
+
+
+def _expect_inputs(layer: Layer, input_shapes: Sequence[Shape]) -> None:
+    if len(input_shapes) < 2:
+        raise ValueError(f"{layer.type} joins two or more inputs, got {len(input_shapes)}")
+
+
+@attrs.frozen
+class Add(Layer):
+    """Sums two or more inputs of the same shape (a residual connection)."""
+
+    type: ClassVar[str] = "add"
+    arity: ClassVar[int | None] = None
+
+    def merged_shape(self, input_shapes: Sequence[Shape]) -> Shape:
+        _expect_inputs(self, input_shapes)
+        if len(set(input_shapes)) != 1:
+            raise ValueError(f"add needs inputs of one shape, got {[list(s) for s in input_shapes]}")
+        return input_shapes[0]
+
+
+@attrs.frozen
+class Concat(Layer):
+    """Joins two or more inputs on the last axis; the other axes must agree."""
+
+    type: ClassVar[str] = "concat"
+    arity: ClassVar[int | None] = None
+
+    def merged_shape(self, input_shapes: Sequence[Shape]) -> Shape:
+        _expect_inputs(self, input_shapes)
+        if any(not shape for shape in input_shapes) or len({s[:-1] for s in input_shapes}) != 1:
+            raise ValueError(
+                f"concat needs inputs that differ only in the last axis, got {[list(s) for s in input_shapes]}"
+            )
+        return (*input_shapes[0][:-1], sum(shape[-1] for shape in input_shapes))
+
+
+@attrs.frozen
+class Block(Layer):
+    """Runs ``model.blocks.NAME`` ``repeat`` times in sequence, each repeat with its own weights."""
+
+    type: ClassVar[str] = "block"
+    block: str = attrs.field()
+    repeat: int = attrs.field(default=1, validator=_positive)
 
 
 LAYER_TYPES: dict[str, type[Layer]] = {
-    cls.type: cls for cls in (Dense, Conv2D, MaxPool2D, Flatten, ReLU, GELU, Tanh, Dropout, LayerNorm)
+    cls.type: cls
+    for cls in (
+        Dense,
+        Conv2D,
+        MaxPool2D,
+        AvgPool2D,
+        GlobalAvgPool2D,
+        Flatten,
+        ReLU,
+        GELU,
+        Tanh,
+        Dropout,
+        LayerNorm,
+        BatchNorm,
+        Embedding,
+        PositionEmbedding,
+        Attention,
+        Add,
+        Concat,
+        Block,
+    )
 }
 
 
 def layer_name(layer: Layer, index: int) -> str:
-    """The neutral name of a layer: its own ``name``, else ``{type}_{index}``."""
+    """The neutral name of a layer in its list: its own ``name``, else ``{type}_{index}``."""
     return layer.name or f"{layer.type}_{index}"
-
-
-def infer_shapes(input_shape: Shape, layers: Sequence[Layer], source: str | None = None) -> list[Shape]:
-    """Return the shape after each layer; a misfit names the layer and both shapes."""
-    shapes: list[Shape] = []
-    current = tuple(input_shape)
-    for index, layer in enumerate(layers):
-        try:
-            current = layer.output_shape(current)
-        except ValueError as error:
-            raise PlanError(
-                f"layer {layer_name(layer, index)!r}: {error}",
-                field=f"model.layers[{index}]",
-                source=source,
-            ) from None
-        shapes.append(current)
-    return shapes
-
-
-def init_weights(input_shape: Shape, layers: Sequence[Layer], seed: int) -> Weights:
-    """Seeded initial weights keyed ``{layer_name}.{param}``, identical for every backend.
-
-    Each layer draws from its own stream (seed, index), so adding a layer later in
-    the model does not change the weights of the layers before it.
-    """
-    weights: Weights = {}
-    current = tuple(input_shape)
-    for index, layer in enumerate(layers):
-        rng = np.random.default_rng([seed, index])
-        for param, value in layer.init_weights(current, rng).items():
-            weights[f"{layer_name(layer, index)}.{param}"] = value
-        current = layer.output_shape(current)
-    return weights

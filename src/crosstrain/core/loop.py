@@ -26,7 +26,6 @@ from crosstrain.core.data import (
     shard,
     step_batch,
 )
-from crosstrain.core.layers import init_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.schedule import LearningRateSchedule
 from crosstrain.core.strategy import DistributedStrategy, Job
@@ -45,7 +44,7 @@ def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
     """DESIGN rule 2: the same numpy weights for every backend (none for a native model)."""
     if plan.model.native is not None:
         return {}
-    return init_weights(plan.model.input_shape, plan.model.layers, plan.seed)
+    return plan.model.graph().init_weights(plan.seed)
 
 
 def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict[str, Any]:
@@ -130,6 +129,7 @@ def _train_epoch(
             world.process_index,
             world.process_count,
             plan.train.grad_accum_steps,
+            step=progress.step,
         )
         lr = schedule(progress.step)
         metrics = strategy.train_step(state, batch, lr)

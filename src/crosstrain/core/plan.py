@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import tomllib
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -19,9 +20,17 @@ from typing import Any, Literal
 import attrs
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.layers import Layer, Shape, infer_shapes
+from crosstrain.core.graph import Graph, build_graph
+from crosstrain.core.layers import DType, Layer, Shape
 
+# The closed sets a plan names; every backend maps each name to its own builder (its tables).
 Precision = Literal["fp32", "bf16", "fp16"]
+LossName = Literal["cross_entropy", "mse"]
+OptimizerName = Literal["sgd", "adam", "adamw"]
+DataSource = Literal["digits", "npz", "tokens", "python-stdlib"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+LOSSES: tuple[str, ...] = typing.get_args(LossName)
+OPTIMIZERS: tuple[str, ...] = typing.get_args(OptimizerName)
 
 
 def _ge0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -58,9 +67,27 @@ class NativeModel:
 
 
 @attrs.frozen
+class BlockSpec:
+    """``[model.blocks.NAME]``: a sub-graph that a ``block`` layer runs, each repeat with its
+    own weights; ``"input"`` in its layers' ``inputs`` is the block's input."""
+
+    layers: tuple[Layer, ...] = attrs.field()
+
+    @layers.validator
+    def _check_layers(self, attribute: attrs.Attribute[tuple[Layer, ...]], value: tuple[Layer, ...]) -> None:
+        if not value:
+            raise ValueError("a block needs layers")
+
+
+@attrs.frozen
 class ModelSpec:
+    """``input_shape``: one row, channels-last; ``input_dtype``: "float32" or "int32" (token
+    ids); ``layers`` run in order unless a layer names its ``inputs``; ``blocks``: sub-graphs."""
+
     input_shape: tuple[int, ...] = attrs.field()
+    input_dtype: DType = "float32"
     layers: tuple[Layer, ...] = ()
+    blocks: dict[str, BlockSpec] = attrs.field(factory=dict)
     native: NativeModel | None = None
 
     @input_shape.validator
@@ -68,15 +95,24 @@ class ModelSpec:
         if not value or any(size <= 0 for size in value):
             raise ValueError(f"input_shape must be positive sizes, got {list(value)}")
 
+    def graph(self, source: str | None = None) -> Graph:
+        """The layers as a flat graph (names, inputs and blocks resolved, shapes checked)."""
+        blocks = {name: spec.layers for name, spec in self.blocks.items()}
+        return build_graph(self.input_shape, self.layers, blocks, self.input_dtype, source)
+
 
 @attrs.frozen
 class DataSpec:
-    """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download)
-    or "npz" (``path`` with arrays ``x_key``/``y_key``). The eval set is ``eval_path`` if
-    given, else a seeded ``eval_fraction`` of the rows. ``limit`` keeps the first rows."""
+    """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download),
+    "npz" (``path`` with arrays ``x_key``/``y_key``), "tokens" (``path``: a 1-D integer .npy,
+    memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
+    shifted by one) or "python-stdlib" (the bytes of this Python's standard library, as
+    tokens). The eval set is ``eval_path`` if given, else a seeded ``eval_fraction`` of the
+    rows (for tokens: the last windows). ``limit`` keeps the first rows."""
 
-    source: Literal["digits", "npz"] = "digits"
+    source: DataSource = "digits"
     path: str | None = None
+    sequence_length: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     x_key: str = "x"
     y_key: str = "y"
     eval_fraction: float = attrs.field(default=0.2, validator=[_ge0, _lt1])
@@ -85,13 +121,18 @@ class DataSpec:
     shuffle: bool = True
 
     def __attrs_post_init__(self) -> None:
-        if self.source == "npz" and self.path is None:
-            raise ValueError("source 'npz' needs data.path")
+        if self.source in ("npz", "tokens") and self.path is None:
+            raise ValueError(f"source {self.source!r} needs data.path")
+        if self.source in ("tokens", "python-stdlib") and self.sequence_length is None:
+            raise ValueError(f"source {self.source!r} needs data.sequence_length")
 
 
 @attrs.frozen
 class LossSpec:
-    name: Literal["cross_entropy", "mse"] = "cross_entropy"
+    """cross_entropy: logits with classes on the last axis, targets of the logits' shape
+    without it, averaged over every real target position; mse: averaged over outputs."""
+
+    name: LossName = "cross_entropy"
 
 
 @attrs.frozen
@@ -99,7 +140,7 @@ class OptimizerSpec:
     """sgd and adam apply ``weight_decay`` as L2 on the gradient; adamw decouples it.
     SGD momentum keeps the learning rate outside the buffer (torch semantics)."""
 
-    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    name: OptimizerName = "sgd"
     lr: float = attrs.field(default=0.01, validator=_gt0)
     momentum: float = attrs.field(default=0.0, validator=[_ge0, _lt1])
     nesterov: bool = False
@@ -237,16 +278,16 @@ def _parse_value(text: str) -> Any:
 
 
 def validate_plan(plan: Plan) -> None:
-    """Checks that need the whole plan: shapes through the model and batch divisibility."""
+    """Checks that need the whole plan: shapes through the model, the output against the loss."""
     if plan.model.native is None:
         if not plan.model.layers:
             raise PlanError(
                 "a model needs layers (or a native model)", field="model.layers", source=plan.source
             )
-        shapes = infer_shapes(plan.model.input_shape, plan.model.layers, source=plan.source)
-        if len(shapes[-1]) != 1:
+        output = plan.model.graph(plan.source).output_shape
+        if plan.loss.name == "cross_entropy" and not output:
             raise PlanError(
-                f"the model must end in a flat output, got shape {list(shapes[-1])}",
+                "cross_entropy needs logits with classes on the last axis, got a scalar output",
                 field="model.layers",
                 source=plan.source,
             )
@@ -267,8 +308,8 @@ def check_world_fits(plan: Plan, replicas: int) -> None:
         )
 
 
-def output_units(plan: Plan) -> int | None:
-    """Width of the model's last layer (None for a native model)."""
+def output_shape(plan: Plan) -> Shape | None:
+    """One row's model output shape (None for a native model)."""
     if plan.model.native is not None:
         return None
-    return infer_shapes(plan.model.input_shape, plan.model.layers)[-1][0]
+    return plan.model.graph().output_shape

@@ -1,0 +1,204 @@
+"""A plan's model as a flat graph of nodes: names, ``inputs``, blocks and repeats resolved.
+
+Backends build from :class:`Graph` alone: each node is one layer with its inputs (earlier
+nodes, or the model input), shapes, its neutral weight prefix and the plan field it came
+from. Every error names that field (``model.blocks.decoder.layers[1]``), so a misfit is
+reported before any process starts.
+
+Weight names: a top-level layer's are ``{name}.{param}`` (``dense_0.kernel``); a layer
+inside a block gets the block layer's name and the repeat as prefix
+(``decoder_2.0.att.query_kernel``). Each node draws its initial weights from its own
+stream ``(seed, index path)``, so adding a layer later does not change earlier weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from crosstrain.core.errors import PlanError
+from crosstrain.core.layers import Block, DType, Layer, Shape, WeightSpec, Weights, layer_name
+
+#: the node index that stands for the model's input
+MODEL_INPUT = -1
+#: the name by which a layer list refers to its own input
+INPUT_NAME = "input"
+
+
+@attrs.frozen
+class Node:
+    """One layer in the flattened graph."""
+
+    index: int  # position in the graph; also dropout's per-layer counter
+    path: str  # neutral weight prefix
+    layer: Layer
+    inputs: tuple[int, ...]  # node indices, MODEL_INPUT for the model input
+    input_shapes: tuple[Shape, ...]
+    output_shape: Shape
+    field: str  # the plan field this node comes from
+    seed_path: tuple[int, ...]
+
+    @property
+    def input_shape(self) -> Shape:
+        return self.input_shapes[0]
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        return self.layer.weight_specs(self.input_shape) if self.layer.arity == 1 else {}
+
+
+@attrs.frozen
+class Graph:
+    input_shape: Shape
+    input_dtype: DType
+    nodes: tuple[Node, ...]
+    output: int  # the node whose value is the model's output
+
+    @property
+    def output_shape(self) -> Shape:
+        return self.input_shape if self.output == MODEL_INPUT else self.nodes[self.output].output_shape
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        """Every weight of the model, ``{path}.{param}`` -> spec, in node order."""
+        return {f"{node.path}.{param}": spec for node in self.nodes for param, spec in node.weight_specs().items()}
+
+    def init_weights(self, seed: int) -> Weights:
+        """DESIGN rule 2: seeded numpy weights, identical for every backend."""
+        weights: Weights = {}
+        for node in self.nodes:
+            rng = np.random.default_rng([seed, *node.seed_path])
+            for param, spec in node.weight_specs().items():
+                weights[f"{node.path}.{param}"] = spec.initial(rng)
+        return weights
+
+
+@attrs.frozen
+class _ListPlace:
+    """Where a layer list sits: its field prefix, weight prefix and seed prefix."""
+
+    field: str
+    path: str
+    seed_path: tuple[int, ...]
+
+
+class _Builder:
+    def __init__(
+        self,
+        input_shape: Shape,
+        input_dtype: DType,
+        blocks: Mapping[str, Sequence[Layer]],
+        source: str | None,
+    ) -> None:
+        self.blocks = blocks
+        self.source = source
+        self.nodes: list[Node] = []
+        self.shapes: dict[int, Shape] = {MODEL_INPUT: tuple(input_shape)}
+        self.dtypes: dict[int, DType] = {MODEL_INPUT: input_dtype}
+
+    def error(self, message: str, field: str) -> PlanError:
+        return PlanError(message, field=field, source=self.source)
+
+    def run_list(self, layers: Sequence[Layer], list_input: int, place: _ListPlace, stack: tuple[str, ...]) -> int:
+        """Add the list's nodes; return the node holding the list's output."""
+        named: dict[str, int] = {INPUT_NAME: list_input}
+        previous = list_input
+        for index, layer in enumerate(layers):
+            field = f"{place.field}[{index}]"
+            name = layer_name(layer, index)
+            if name in named:
+                raise self.error(f"the name {name!r} is used twice in this list", f"{field}.name")
+            inputs = self._resolve_inputs(layer, named, previous, field)
+            if isinstance(layer, Block):
+                previous = self._run_block(layer, name, inputs[0], place, index, field, stack)
+            else:
+                previous = self._add_node(layer, name, inputs, place, index, field)
+            named[name] = previous
+        return previous
+
+    def _resolve_inputs(self, layer: Layer, named: dict[str, int], previous: int, field: str) -> tuple[int, ...]:
+        if layer.inputs is None:
+            if layer.arity is None:
+                raise self.error(f"{layer.type} needs inputs = [names of two or more layers]", f"{field}.inputs")
+            return (previous,)
+        unknown = [name for name in layer.inputs if name not in named]
+        if unknown:
+            known = ", ".join(named)
+            raise self.error(f"no earlier layer named {unknown[0]!r} in this list (known: {known})", f"{field}.inputs")
+        if layer.arity is not None and len(layer.inputs) != layer.arity:
+            raise self.error(f"{layer.type} takes {layer.arity} input, got {len(layer.inputs)}", f"{field}.inputs")
+        return tuple(named[name] for name in layer.inputs)
+
+    def _add_node(
+        self, layer: Layer, name: str, inputs: tuple[int, ...], place: _ListPlace, index: int, field: str
+    ) -> int:
+        for source in inputs:
+            if self.dtypes[source] not in layer.accepts:
+                raise self.error(_dtype_problem(layer, self.dtypes[source]), field)
+        input_shapes = tuple(self.shapes[source] for source in inputs)
+        try:
+            output_shape = tuple(layer.merged_shape(input_shapes))
+        except ValueError as error:
+            raise self.error(f"layer {name!r}: {error}", field) from None
+        node = Node(
+            index=len(self.nodes),
+            path=f"{place.path}{name}",
+            layer=layer,
+            inputs=inputs,
+            input_shapes=input_shapes,
+            output_shape=output_shape,
+            field=field,
+            seed_path=(*place.seed_path, index),
+        )
+        self.nodes.append(node)
+        self.shapes[node.index] = output_shape
+        self.dtypes[node.index] = "float32"
+        return node.index
+
+    def _run_block(
+        self, layer: Block, name: str, list_input: int, place: _ListPlace, index: int, field: str, stack: tuple[str, ...]
+    ) -> int:
+        if layer.block not in self.blocks:
+            known = ", ".join(sorted(self.blocks)) or "none defined"
+            raise self.error(f"no block {layer.block!r} in model.blocks ({known})", f"{field}.block")
+        if layer.block in stack:
+            raise self.error(f"block {layer.block!r} contains itself", f"{field}.block")
+        output = list_input
+        for repeat in range(layer.repeat):
+            inner = _ListPlace(
+                field=f"model.blocks.{layer.block}.layers",
+                path=f"{place.path}{name}.{repeat}.",
+                seed_path=(*place.seed_path, index, repeat),
+            )
+            output = self.run_list(self.blocks[layer.block], output, inner, (*stack, layer.block))
+        return output
+
+
+def _dtype_problem(layer: Layer, dtype: DType) -> str:
+    if dtype == "int32":
+        return f"{layer.type} cannot read integer token ids (model.input_dtype = 'int32'): start with an embedding"
+    return f"{layer.type} reads integer token ids: set model.input_dtype = 'int32'"
+
+
+def build_graph(
+    input_shape: Shape,
+    layers: Sequence[Layer],
+    blocks: Mapping[str, Sequence[Layer]] | None = None,
+    input_dtype: DType = "float32",
+    source: str | None = None,
+) -> Graph:
+    """Resolve names, inputs and blocks into a flat graph; check every shape on the way."""
+    builder = _Builder(tuple(input_shape), input_dtype, blocks or {}, source)
+    output = builder.run_list(layers, MODEL_INPUT, _ListPlace("model.layers", "", ()), ())
+    if builder.dtypes[output] != "float32":
+        raise builder.error("the model must turn token ids into values (add an embedding)", "model.layers")
+    return Graph(tuple(input_shape), input_dtype, tuple(builder.nodes), output)
+
+
+def iter_layers(layers: Sequence[Layer], blocks: Mapping[str, Sequence[Layer]]) -> Iterator[tuple[str, Layer]]:
+    """Every (field, layer) of a model once, blocks included: what a vocabulary check walks."""
+    for index, layer in enumerate(layers):
+        yield f"model.layers[{index}]", layer
+    for block, block_layers in blocks.items():
+        for index, layer in enumerate(block_layers):
+            yield f"model.blocks.{block}.layers[{index}]", layer
