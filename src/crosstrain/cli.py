@@ -101,6 +101,10 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
         help="largest absolute eval-accuracy difference that agrees",
     )
     compare.set_defaults(handler=_compare)
+    describe = commands.add_parser("describe", help="the model as a table: layers, shapes, parameters, FLOPs")
+    describe.add_argument("plan", help="plan file (.toml or .py)")
+    describe.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    describe.set_defaults(handler=_describe)
     backends = commands.add_parser("backends", help="list registered backends")
     backends.set_defaults(handler=_backends)
     add_plot_command(commands)
@@ -150,6 +154,13 @@ def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console
     comparisons = [compare_pair(runs[0], run) for run in runs[1:]]
     agree = print_comparison(console, runs, comparisons, args.tolerance, args.accuracy_tolerance)
     return 0 if agree else 1
+
+
+def _describe(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.describe import print_description
+
+    print_description(console, prepare_plan(args.plan, args.overrides))
+    return 0
 
 
 def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) -> None:

@@ -9,12 +9,21 @@ from crosstrain.core.layers import (
     Conv2D,
     Dense,
     Flatten,
+    Layer,
     LayerNorm,
     MaxPool2D,
     ReLU,
-    infer_shapes,
-    init_weights,
+    Weights,
 )
+from crosstrain.core.graph import build_graph
+
+
+def infer_shapes(input_shape: tuple[int, ...], layers: tuple[Layer, ...] | list[Layer]) -> list[tuple[int, ...]]:
+    return [node.output_shape for node in build_graph(input_shape, layers).nodes]
+
+
+def init_weights(input_shape: tuple[int, ...], layers: tuple[Layer, ...] | list[Layer], seed: int) -> Weights:
+    return build_graph(input_shape, layers).init_weights(seed)
 
 CNN = (Conv2D(filters=6, kernel_size=3), ReLU(), MaxPool2D(), Flatten(), Dense(units=10))
 
@@ -30,6 +39,12 @@ def test_same_padding_keeps_size() -> None:
 def test_same_padding_with_stride_is_refused() -> None:
     with pytest.raises(ValueError, match="strides = 1"):
         Conv2D(filters=2, kernel_size=3, strides=2, padding="same")
+
+
+def test_kernel_size_and_strides_take_an_int_or_a_pair() -> None:
+    layer = Conv2D(filters=4, kernel_size=[3, 1], strides=[2, 1])  # type: ignore[arg-type]
+    assert (layer.kernel_size, layer.strides) == ((3, 1), (2, 1))
+    assert infer_shapes((9, 5, 2), [layer]) == [(4, 5, 4)]
 
 
 def test_weights_have_neutral_names_and_layouts() -> None:

@@ -175,6 +175,28 @@ def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
         )
 
 
+def _load_arrays(
+    spec: DataSpec, path: str | None, source: str | None, field: str = "data.path"
+) -> tuple[np.ndarray, np.ndarray]:
+    if spec.source == "digits" and field == "data.path":
+        return _load_digits()
+    assert path is not None  # DataSpec refuses source "npz" without a path
+    if not Path(path).is_file():
+        raise PlanError(f"no such file {path}", field=field, source=source)
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            missing = [key for key in (spec.x_key, spec.y_key) if key not in arrays.files]
+            if missing:
+                raise PlanError(
+                    f"{path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})",
+                    field="data.x_key" if missing[0] == spec.x_key else "data.y_key",
+                    source=source,
+                )
+            return np.asarray(arrays[spec.x_key]), np.asarray(arrays[spec.y_key])
+    except (OSError, ValueError) as error:
+        raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
+
+
 def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's 1,797 8x8 handwritten digits: real data shipped inside the package."""
     from sklearn.datasets import load_digits

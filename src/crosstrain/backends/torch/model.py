@@ -1,129 +1,79 @@
-"""Neutral layers as a torch module, and weights between neutral and torch layouts.
+"""The plan's model as a torch module, weights between neutral and torch layouts, and the
+loss table.
 
-Inside the module images are NCHW (torch's layout); at the edges everything is
-neutral: input NHWC, Flatten in NHWC order, kernels [in, out] and [kh, kw, in, out].
+The neutral model is a :class:`GraphModule`: one node module per graph node (the table in
+layers.py), run in graph order. At the edges everything is neutral: NHWC inputs, kernels
+[in, out] and [kh, kw, in, out], names ``{node.path}.{param}``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
+import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 from torch import nn
 
 from crosstrain.backends.common import native_factory
-from crosstrain.core.layers import (
-    GELU,
-    Conv2D,
-    Dense,
-    Dropout,
-    Flatten,
-    Layer,
-    LayerNorm,
-    MaxPool2D,
-    ReLU,
-    Tanh,
-    infer_shapes,
-    layer_name,
-)
+from crosstrain.backends.torch.layers import LAYERS, LAYOUTS, ForwardContext, NodeModule
+from crosstrain.core.graph import Graph
 from crosstrain.core.plan import Plan
 
 
-class ToChannelsFirst(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A fresh NCHW copy with standard strides: a permuted view (even .contiguous() of one,
-        # when C is 1) makes conv produce channels-last weight gradients, which DDP's buckets
-        # then copy and warn about.
-        return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
+def _module_key(path: str) -> str:
+    return path.replace(".", "/")  # ModuleDict keys cannot hold dots
 
 
-class NeutralFlatten(nn.Module):
-    """Flatten in NHWC order, so the next Dense kernel means what it means in every backend."""
+class GraphModule(nn.Module):
+    """Runs the graph's nodes in order; each reads the outputs of its input nodes."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 4:
-            x = x.permute(0, 2, 3, 1)
-        return x.flatten(1)
-
-
-class ChannelsLastNorm(nn.Module):
-    """LayerNorm over channels while the tensor is NCHW."""
-
-    def __init__(self, norm: nn.LayerNorm):
+    def __init__(self, graph: Graph, seed: int) -> None:
         super().__init__()
-        self.norm = norm
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4:
-            return self.norm(x)  # type: ignore[no-any-return]
-        normed: torch.Tensor = self.norm(x.permute(0, 2, 3, 1))
-        return normed.permute(0, 3, 1, 2)
-
-
-def _torch_layer(layer: Layer, input_shape: tuple[int, ...]) -> nn.Module:
-    if isinstance(layer, Dense):
-        return nn.Linear(input_shape[-1], layer.units, bias=layer.use_bias)
-    if isinstance(layer, Conv2D):
-        return nn.Conv2d(
-            input_shape[-1],
-            layer.filters,
-            layer.kernel_size,
-            stride=layer.strides,
-            padding=layer.padding,
-            bias=layer.use_bias,
+        self.seed = seed
+        self.inputs = [node.inputs for node in graph.nodes]
+        self.output = graph.output
+        self.nodes = nn.ModuleDict(
+            {_module_key(node.path): LAYERS[type(node.layer)](node.layer, node) for node in graph.nodes}
         )
-    if isinstance(layer, MaxPool2D):
-        return nn.MaxPool2d(layer.pool_size, stride=layer.effective_strides)
-    if isinstance(layer, Flatten):
-        return NeutralFlatten()
-    if isinstance(layer, LayerNorm):
-        return ChannelsLastNorm(nn.LayerNorm(input_shape[-1], eps=layer.eps))
-    if isinstance(layer, Dropout):
-        return nn.Dropout(layer.rate)
-    simple: dict[type[Layer], type[nn.Module]] = {ReLU: nn.ReLU, GELU: nn.GELU, Tanh: nn.Tanh}
-    return simple[type(layer)]()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        step: int = 0,
+        distributed: bool = False,
+    ) -> torch.Tensor:
+        context = ForwardContext(weight, rows, step, self.seed, distributed)
+        values: dict[int, torch.Tensor] = {-1: x}
+        modules: list[NodeModule] = list(self.nodes.values())  # type: ignore[arg-type]
+        for index, (module, sources) in enumerate(zip(modules, self.inputs, strict=True)):
+            values[index] = module([values[source] for source in sources], context)
+        return values[self.output]
 
 
 def build_module(plan: Plan) -> nn.Module:
-    """The plan's model as an nn.Sequential whose children carry the neutral layer names."""
+    """The plan's neutral model as a GraphModule, or the native factory's module."""
     if plan.model.native is not None:
         module = native_factory(plan, "torch")(plan)
         if not isinstance(module, nn.Module):
             raise TypeError(f"the native torch factory returned {type(module).__name__}, not nn.Module")
         return module
-    children: dict[str, nn.Module] = {}
-    if len(plan.model.input_shape) == 3:
-        children["to_channels_first"] = ToChannelsFirst()
-    shapes = [tuple(plan.model.input_shape), *infer_shapes(plan.model.input_shape, plan.model.layers)]
-    for index, layer in enumerate(plan.model.layers):
-        children[layer_name(layer, index)] = _torch_layer(layer, shapes[index])
-    return nn.Sequential(OrderedDict(children))
+    return GraphModule(plan.model.graph(plan.source), plan.seed)
 
 
 # --------------------------------------------------------------------------- weight layouts
-
-# neutral param -> (torch param, neutral->torch transpose); None keeps the layout
-_Layout = dict[str, tuple[str, tuple[int, ...] | None]]
-_DENSE: _Layout = {"kernel": ("weight", (1, 0)), "bias": ("bias", None)}
-_CONV: _Layout = {"kernel": ("weight", (3, 2, 0, 1)), "bias": ("bias", None)}
-_NORM: _Layout = {"scale": ("norm.weight", None), "offset": ("norm.bias", None)}
-_LAYOUTS_BY_TYPE: dict[type[Layer], _Layout] = {
-    Dense: _DENSE,
-    Conv2D: _CONV,
-    LayerNorm: _NORM,
-}
 
 
 def _layouts(plan: Plan) -> dict[str, tuple[str, tuple[int, ...] | None]]:
     """Neutral weight name -> (torch state_dict name, axes to go neutral -> torch)."""
     table: dict[str, tuple[str, tuple[int, ...] | None]] = {}
-    for index, layer in enumerate(plan.model.layers):
-        name = layer_name(layer, index)
-        mapping = _LAYOUTS_BY_TYPE.get(type(layer), {})
-        for neutral, (native, axes) in mapping.items():
-            table[f"{name}.{neutral}"] = (f"{name}.{native}", axes)
+    for node in plan.model.graph().nodes:
+        layout = LAYOUTS.get(type(node.layer), {})  # a layer without a row has no weights
+        for neutral, (native, axes) in layout.items():
+            if neutral in node.weight_specs():
+                table[f"{node.path}.{neutral}"] = (f"nodes.{_module_key(node.path)}.{native}", axes)
     return table
 
 
@@ -138,6 +88,9 @@ def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray
         return
     params = module.state_dict()
     layouts = _layouts(plan)
+    unknown = sorted(set(weights) - set(layouts))
+    if unknown:
+        raise KeyError(f"no torch weight for neutral weights {unknown}")
     with torch.no_grad():
         for neutral, value in weights.items():
             native, axes = layouts[neutral]
@@ -146,7 +99,7 @@ def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray
 
 
 def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
-    """The module's weights under neutral names and channels-last layouts."""
+    """The module's weights (running statistics included) under neutral names and layouts."""
     # copies: numpy views of live CPU parameters would change under later optimizer steps
     params = {k: v.detach().float().cpu().numpy().copy() for k, v in module.state_dict().items()}
     if plan.model.native is not None:
@@ -158,9 +111,33 @@ def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
     return state
 
 
+# --------------------------------------------------------------------------- losses
+
+
+def _cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions."""
+    classes = outputs.shape[-1]
+    losses = F.cross_entropy(outputs.reshape(-1, classes), targets.reshape(-1), reduction="none")
+    return losses.reshape(outputs.shape[0], -1).sum(dim=1)
+
+
+def _mse_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean squared error over each row's outputs."""
+    return ((outputs - targets.reshape(outputs.shape)) ** 2).reshape(outputs.shape[0], -1).mean(dim=1)
+
+
+#: core loss name -> loss of each row, in float32
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "cross_entropy": _cross_entropy_rows,
+    "mse": _mse_rows,
+}
+
+
 def per_row_loss(name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Loss of each row, in float32: cross-entropy on logits, or MSE averaged over outputs."""
-    outputs = outputs.float()
-    if name == "cross_entropy":
-        return nn.functional.cross_entropy(outputs, targets, reduction="none")
-    return ((outputs - targets) ** 2).mean(dim=1)
+    return LOSSES[name](outputs.float(), targets)
+
+
+def correct_per_row(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """How many of each row's target positions the argmax of the logits gets right."""
+    hits = outputs.argmax(dim=-1) == targets.reshape(outputs.shape[:-1])
+    return hits.reshape(outputs.shape[0], -1).sum(dim=1)

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from crosstrain.core.plan import OptimizerSpec
 
+Params = list[torch.nn.Parameter]
+
+
+def _sgd(params: Params, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
+        params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov, weight_decay=spec.weight_decay
+    )
+
+
+def _adam(params: Params, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    betas = (spec.beta1, spec.beta2)
+    return torch.optim.Adam(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
+
+
+def _adamw(params: Params, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    betas = (spec.beta1, spec.beta2)
+    return torch.optim.AdamW(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
+
+
+#: core optimizer name -> its torch.optim builder
+OPTIMIZERS: dict[str, Callable[[Params, OptimizerSpec], torch.optim.Optimizer]] = {
+    "sgd": _sgd,
+    "adam": _adam,
+    "adamw": _adamw,
+}
+
 
 def make_optimizer(module: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
-    params = list(module.parameters())
-    if spec.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov, weight_decay=spec.weight_decay
-        )
-    betas = (spec.beta1, spec.beta2)
-    if spec.name == "adam":
-        return torch.optim.Adam(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
-    return torch.optim.AdamW(params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay)
+    """The plan's optimizer over the trainable parameters (batch norm's running statistics
+    are buffers, never optimized)."""
+    return OPTIMIZERS[spec.name](list(module.parameters()), spec)

@@ -17,6 +17,7 @@ import numpy as np
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +32,8 @@ class TorchState:
     plan: Plan
 
 
-_AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+#: core precision -> the autocast dtype (None: plain fp32)
+PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
 class TorchStrategy:
@@ -54,6 +56,14 @@ class TorchStrategy:
             return FrameworkStatus(importable=False, problem=f"{type(error).__name__}: {error}")
         gpus = tuple(f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count()))
         return FrameworkStatus(importable=True, version=torch.__version__, devices=("cpu", *gpus))
+
+    @classmethod
+    def vocabulary(cls) -> Vocabulary:
+        from crosstrain.backends.torch.layers import LAYERS
+        from crosstrain.backends.torch.model import LOSSES
+        from crosstrain.backends.torch.optimizer import OPTIMIZERS
+
+        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS)
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.torch.launch import check_layout
@@ -81,7 +91,10 @@ class TorchStrategy:
         if self._distributed():
             # DDP broadcasts rank 0's weights at construction, so native models agree too.
             device_ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
-            model = torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+            # every rank computes the same batch-norm statistics: nothing to broadcast
+            model = torch.nn.parallel.DistributedDataParallel(
+                module, device_ids=device_ids, broadcast_buffers=False
+            )
         scaler = None
         if plan.train.precision == "fp16":
             scaler = torch.amp.GradScaler(torch.device(self.device).type)
@@ -90,30 +103,39 @@ class TorchStrategy:
     # ----------------------------------------------------------------- steps
 
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, float]:
-        import torch
-
         from crosstrain.backends.torch.model import per_row_loss
 
         state.model.train()
         for group in state.optimizer.param_groups:
             group["lr"] = lr
-        # DESIGN rule 4: sum over real rows / global real rows. DDP averages gradients over
-        # processes, so multiply by the process count to turn that average into a sum.
-        scale = self.world.process_count / step.global_real_rows
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        # DESIGN rule 4: sum over real targets / global real targets. DDP averages gradients
+        # over processes, so multiply by the process count to turn that average into a sum.
+        scale = self.world.process_count / step.global_real_targets
+        loss_sum = None
         last = len(step.micro_batches) - 1
         for index, micro in enumerate(step.micro_batches):
-            x, y, weight = self._tensors(micro, state.plan)
+            x, y, weight, rows = self._tensors(micro)
             with self._no_sync(state, skip=index < last):
                 with self._autocast(state.plan):
-                    outputs = state.model(x)
+                    outputs = self._forward(state, state.model, x, weight, rows, step.step)
                 micro_sum = (per_row_loss(state.plan.loss.name, outputs, y) * weight).sum()
                 scaled = micro_sum * scale
                 (state.scaler.scale(scaled) if state.scaler else scaled).backward()  # type: ignore[no-untyped-call]
-            loss_sum += micro_sum.detach().double()
+            micro_sum = micro_sum.detach().double()
+            loss_sum = micro_sum if loss_sum is None else loss_sum + micro_sum
         self._optimizer_step(state)
+        assert loss_sum is not None  # a step has at least one micro-batch
         total = self._sum_across(loss_sum)
-        return {"loss": float(total) / step.global_real_rows}
+        return {"loss": float(total) / step.global_real_targets}
+
+    def _forward(
+        self, state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int
+    ) -> torch.Tensor:
+        """A native model sees the inputs only; the neutral graph also gets what batch norm
+        (the row mask) and dropout (rows, step) need."""
+        if state.plan.model.native is not None:
+            return model(x)  # type: ignore[no-any-return]
+        return model(x, weight, rows, step, self._distributed())  # type: ignore[no-any-return]
 
     def _optimizer_step(self, state: TorchState) -> None:
         import torch
@@ -134,18 +156,21 @@ class TorchStrategy:
     def eval_step(self, state: TorchState, batch: Batch) -> dict[str, float]:
         import torch
 
-        from crosstrain.backends.torch.model import per_row_loss
+        from crosstrain.backends.torch.model import correct_per_row, per_row_loss
 
         state.model.eval()
-        x, y, weight = self._tensors(batch, state.plan)
+        x, y, weight, rows = self._tensors(batch)
         with torch.no_grad(), self._autocast(state.plan):
-            outputs = state.module(x)  # forward without DDP: no gradient sync is needed
+            # the module, not DDP: no gradient sync is needed
+            outputs = self._forward(state, state.module, x, weight, rows, 0)
         with torch.no_grad():
             weight64 = weight.double()
+            classify = state.plan.loss.name == "cross_entropy"
+            positions = y[0].numel() if classify else 1  # target positions per row
             sums = [(per_row_loss(state.plan.loss.name, outputs, y).double() * weight64).sum()]
-            if state.plan.loss.name == "cross_entropy":
-                sums.append(((outputs.argmax(dim=1) == y).double() * weight64).sum())
-            sums.append(weight64.sum())
+            if classify:
+                sums.append((correct_per_row(outputs, y).double() * weight64).sum())
+            sums.append(weight64.sum() * positions)
             totals = self._sum_across(torch.stack(sums)).tolist()
         names = ["loss_sum", "correct", "count"] if len(totals) == 3 else ["loss_sum", "count"]
         return dict(zip(names, totals, strict=True))
@@ -205,13 +230,11 @@ class TorchStrategy:
 
         return self.world.process_count > 1 and dist.is_initialized()
 
-    def _tensors(self, batch: Batch, plan: Plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
         import torch
 
-        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
-        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
-        weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
-        return x, y, weight
+        arrays = (batch.x, batch.y, batch.weight, batch.rows)
+        return tuple(torch.from_numpy(array).to(self.device, non_blocking=True) for array in arrays)
 
     @contextlib.contextmanager
     def _no_sync(self, state: TorchState, skip: bool) -> Iterator[None]:
@@ -225,9 +248,10 @@ class TorchStrategy:
     def _autocast(self, plan: Plan) -> contextlib.AbstractContextManager[Any]:
         import torch
 
-        if plan.train.precision == "fp32":
+        name = PRECISIONS[plan.train.precision]
+        if name is None:
             return contextlib.nullcontext()
-        dtype = getattr(torch, _AUTOCAST[plan.train.precision])
+        dtype = getattr(torch, name)
         return torch.autocast(device_type=torch.device(self.device).type, dtype=dtype)
 
     def _sum_across(self, tensor: torch.Tensor) -> torch.Tensor:

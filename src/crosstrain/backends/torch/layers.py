@@ -1,0 +1,325 @@
+"""One torch module per neutral layer type, in a declared table (``LAYERS``).
+
+Every tensor stays channels-last (NHWC) between nodes, as the neutral layouts are: a
+convolution or pooling permutes to torch's NCHW inside itself and back, so ``flatten``,
+``concat`` and ``dense`` on the last axis mean what they mean in every backend. Each
+node module takes the list of its input tensors and the :class:`ForwardContext` (the
+row mask, row positions and step that batch norm and dropout need). What each layer
+computes is specified in docs/layers.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import attrs
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+from torch import nn
+
+from crosstrain.core import dropout as neutral_dropout
+from crosstrain.core.graph import Node
+from crosstrain.core.layers import (
+    GELU,
+    Add,
+    Attention,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    GlobalAvgPool2D,
+    Layer,
+    LayerNorm,
+    MaxPool2D,
+    PositionEmbedding,
+    ReLU,
+    Tanh,
+)
+
+
+@attrs.frozen
+class ForwardContext:
+    """What a training forward needs beyond the inputs: the row mask (1 real, 0 padding),
+    each row's position in the global batch, the optimizer step, the plan's seed, and
+    whether batch statistics are summed across processes."""
+
+    weight: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+    step: int = 0
+    seed: int = 0
+    distributed: bool = False
+
+
+class NodeModule(nn.Module):
+    """A graph node: ``forward(inputs, context)``."""
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Unary(NodeModule):
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return self.function(inputs[0])
+
+
+def _nchw(x: torch.Tensor) -> torch.Tensor:
+    """NHWC -> NCHW with standard strides: a permuted view (even one torch calls contiguous,
+    when C is 1) makes conv produce channels-last weight gradients, which DDP's buckets then
+    copy and warn about."""
+    permuted = x.permute(0, 3, 1, 2)
+    channels, height, width = permuted.shape[1:]
+    if permuted.stride() != (channels * height * width, height * width, width, 1):
+        permuted = permuted.clone(memory_format=torch.contiguous_format)
+    return permuted
+
+
+def _nhwc(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(0, 2, 3, 1)
+
+
+class DenseNode(NodeModule):
+    def __init__(self, layer: Dense, node: Node) -> None:
+        super().__init__()
+        self.linear = nn.Linear(node.input_shape[-1], layer.units, bias=layer.use_bias)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return self.linear(inputs[0])  # type: ignore[no-any-return]
+
+
+class ConvNode(NodeModule):
+    def __init__(self, layer: Conv2D, node: Node) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(
+            node.input_shape[-1],
+            layer.filters,
+            layer.kernel_size,
+            stride=layer.strides,
+            padding=layer.padding,
+            bias=layer.use_bias,
+        )
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return _nhwc(self.conv(_nchw(inputs[0])))
+
+
+class PoolNode(NodeModule):
+    def __init__(self, layer: MaxPool2D | AvgPool2D, node: Node) -> None:
+        super().__init__()
+        self.pool = F.max_pool2d if isinstance(layer, MaxPool2D) else F.avg_pool2d
+        self.size, self.stride = layer.pool_size, layer.effective_strides
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return _nhwc(self.pool(_nchw(inputs[0]), self.size, self.stride))
+
+
+class LayerNormNode(NodeModule):
+    def __init__(self, layer: LayerNorm, node: Node) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(node.input_shape[-1], eps=layer.eps)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return self.norm(inputs[0])  # type: ignore[no-any-return]
+
+
+class BatchNormNode(NodeModule):
+    """Batch statistics over the real rows of the whole micro-batch on every process
+    (a differentiable all-reduce of the sums: SyncBatchNorm is CUDA-only and counts
+    padding rows), the running statistics as buffers."""
+
+    def __init__(self, layer: BatchNorm, node: Node) -> None:
+        super().__init__()
+        features = node.input_shape[-1]
+        self.momentum, self.epsilon = layer.momentum, layer.epsilon
+        self.scale = nn.Parameter(torch.ones(features))
+        self.offset = nn.Parameter(torch.zeros(features))
+        self.register_buffer("moving_mean", torch.zeros(features))
+        self.register_buffer("moving_variance", torch.ones(features))
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0].float()
+        if not self.training:
+            mean, variance = self.moving_mean, self.moving_variance
+        else:
+            mean, variance = self._batch_statistics(x, context)
+        return (x - mean) * torch.rsqrt(variance + self.epsilon) * self.scale + self.offset
+
+    def _batch_statistics(self, x: torch.Tensor, context: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        assert context.weight is not None, "batch norm trains on a row mask"
+        weight = context.weight.float().reshape(-1, *([1] * (x.dim() - 1)))
+        axes = tuple(range(x.dim() - 1))
+        positions = math.prod(x.shape[1:-1])
+        first = torch.cat([(x * weight).sum(axes), (context.weight.float().sum() * positions).reshape(1)])
+        first = _sum_across(first, context)
+        count = first[-1].detach()
+        mean = first[:-1] / count
+        variance = _sum_across(((x - mean) ** 2 * weight).sum(axes), context) / count
+        with torch.no_grad():
+            unbiased = variance * (count / torch.clamp(count - 1, min=1))
+            self.moving_mean.mul_(self.momentum).add_((1 - self.momentum) * mean)
+            self.moving_variance.mul_(self.momentum).add_((1 - self.momentum) * unbiased)
+        return mean, variance
+
+
+def _sum_across(tensor: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+    """Sum over processes, differentiably (its gradient is the sum of the peers' gradients)."""
+    if not context.distributed:
+        return tensor
+    import torch.distributed.nn.functional as distributed
+
+    return distributed.all_reduce(tensor)  # type: ignore[no-untyped-call,no-any-return]
+
+
+class DropoutNode(NodeModule):
+    """Masks from crosstrain's counter-based hash, in torch's int64 ops (see core.dropout)."""
+
+    def __init__(self, layer: Dropout, node: Node) -> None:
+        super().__init__()
+        self.rate, self.layer_index = layer.rate, node.index
+        self.features = math.prod(node.input_shape)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
+        if not self.training or self.rate == 0.0:
+            return x
+        assert context.rows is not None, "dropout trains on row positions"
+        keep = keep_mask(context.seed, context.step, self.layer_index, context.rows, self.features, self.rate)
+        return (x * keep.reshape(x.shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
+
+
+def _mix(value: torch.Tensor) -> torch.Tensor:
+    first, second = neutral_dropout.MULTIPLIERS
+    value = value ^ (value >> 16)
+    value = (value * first) & neutral_dropout.MASK32
+    value = value ^ (value >> 15)
+    value = (value * second) & neutral_dropout.MASK32
+    return value ^ (value >> 16)
+
+
+def keep_mask(seed: int, step: int, layer: int, rows: torch.Tensor, features: int, rate: float) -> torch.Tensor:
+    """bool [rows, features], equal bit for bit to :func:`crosstrain.core.dropout.keep_mask`."""
+    mask32 = neutral_dropout.MASK32
+    device = rows.device
+    state = _mix(torch.tensor(seed & mask32, dtype=torch.int64, device=device))
+    state = _mix(state ^ (step & mask32))
+    state = _mix(state ^ (layer & mask32))
+    per_row = _mix(state ^ (rows.to(torch.int64)[:, None] & mask32))
+    hashed = _mix(per_row ^ torch.arange(features, dtype=torch.int64, device=device)[None, :])
+    return (hashed >> (32 - neutral_dropout.KEEP_BITS)) >= neutral_dropout.threshold(rate)
+
+
+class EmbeddingNode(NodeModule):
+    def __init__(self, layer: Embedding, node: Node) -> None:
+        super().__init__()
+        self.table = nn.Embedding(layer.vocab_size, layer.units)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return self.table(inputs[0].long())  # type: ignore[no-any-return]
+
+
+class PositionEmbeddingNode(NodeModule):
+    def __init__(self, layer: PositionEmbedding, node: Node) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(*node.input_shape))
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return inputs[0] + self.table
+
+
+class AttentionNode(NodeModule):
+    """Multi-head self-attention with torch's scaled_dot_product_attention (softmax in fp32
+    for fp32 inputs; the fused kernels accumulate low-precision inputs in fp32)."""
+
+    def __init__(self, layer: Attention, node: Node) -> None:
+        super().__init__()
+        units = node.input_shape[-1]
+        self.heads, self.causal = layer.heads, layer.causal
+        self.query, self.key, self.value, self.output = (nn.Linear(units, units) for _ in range(4))
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
+        batch, length, units = x.shape
+
+        def split(projection: nn.Linear) -> torch.Tensor:
+            return projection(x).reshape(batch, length, self.heads, units // self.heads).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(
+            split(self.query), split(self.key), split(self.value), is_causal=self.causal
+        )
+        return self.output(attended.transpose(1, 2).reshape(batch, length, units))  # type: ignore[no-any-return]
+
+
+class AddNode(NodeModule):
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        total = inputs[0]
+        for other in inputs[1:]:  # left to right, as every backend sums
+            total = total + other
+        return total
+
+
+class ConcatNode(NodeModule):
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return torch.cat(inputs, dim=-1)
+
+
+def _flatten(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0], -1)  # tensors are NHWC already: the neutral order
+
+
+def _global_average(x: torch.Tensor) -> torch.Tensor:
+    return x.mean(dim=(1, 2))
+
+
+def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Layer, Node], NodeModule]:
+    return lambda layer, node: _Unary(function)
+
+
+Builder = Callable[[Layer, Node], NodeModule]
+
+#: core layer type -> its torch module; core's graph resolves blocks, so Block has no row
+LAYERS: dict[type[Layer], Builder] = {
+    Dense: DenseNode,  # type: ignore[dict-item]
+    Conv2D: ConvNode,  # type: ignore[dict-item]
+    MaxPool2D: PoolNode,  # type: ignore[dict-item]
+    AvgPool2D: PoolNode,  # type: ignore[dict-item]
+    GlobalAvgPool2D: _unary(_global_average),
+    Flatten: _unary(_flatten),
+    ReLU: _unary(F.relu),
+    GELU: _unary(F.gelu),  # erf, torch's default
+    Tanh: _unary(torch.tanh),
+    Dropout: DropoutNode,  # type: ignore[dict-item]
+    LayerNorm: LayerNormNode,  # type: ignore[dict-item]
+    BatchNorm: BatchNormNode,  # type: ignore[dict-item]
+    Embedding: EmbeddingNode,  # type: ignore[dict-item]
+    PositionEmbedding: PositionEmbeddingNode,  # type: ignore[dict-item]
+    Attention: AttentionNode,  # type: ignore[dict-item]
+    Add: lambda layer, node: AddNode(),
+    Concat: lambda layer, node: ConcatNode(),
+}
+
+# neutral param -> (torch name inside the node module, neutral->torch axes); None keeps the layout
+Layout = dict[str, tuple[str, tuple[int, ...] | None]]
+_DENSE: Layout = {"kernel": ("linear.weight", (1, 0)), "bias": ("linear.bias", None)}
+_ATTENTION: Layout = {
+    f"{projection}_{param}": (f"{projection}.{native}", (1, 0) if param == "kernel" else None)
+    for projection in ("query", "key", "value", "output")
+    for param, native in (("kernel", "weight"), ("bias", "bias"))
+}
+#: core layer type -> how its neutral weights sit in the torch module; no row: no weights
+LAYOUTS: dict[type[Layer], Layout] = {
+    Dense: _DENSE,
+    Conv2D: {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)},
+    LayerNorm: {"scale": ("norm.weight", None), "offset": ("norm.bias", None)},
+    BatchNorm: {name: (name, None) for name in ("scale", "offset", "moving_mean", "moving_variance")},
+    Embedding: {"table": ("table.weight", None)},
+    PositionEmbedding: {"table": ("table", None)},
+    Attention: _ATTENTION,
+}

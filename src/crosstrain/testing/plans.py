@@ -1,0 +1,116 @@
+"""Small plans of every kind, shared by the suites of every backend (and a third party's).
+
+Each is a TOML text (format: DESIGN's "Model graphs") small enough to train a few steps in
+seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
+batch norm, and a GPT-style decoder with dropout on token data.
+"""
+
+DROPOUT_MLP_PLAN = """
+name = "dropout_mlp"
+seed = 3
+[model]
+input_shape = [64]
+layers = [
+  { type = "dense", units = 128 },
+  { type = "relu" },
+  { type = "dropout", rate = 0.5 },
+  { type = "dense", units = 10 },
+]
+[data]
+source = "digits"
+[optimizer]
+name = "adam"
+lr = 0.003
+[train]
+global_batch_size = 32
+epochs = 1
+"""
+
+RESNET_PLAN = """
+name = "tiny_resnet"
+seed = 1
+[model]
+input_shape = [8, 8, 1]
+layers = [
+  { type = "conv2d", filters = 8, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm" },
+  { type = "relu" },
+  { type = "block", block = "res", repeat = 2, name = "res_3" },
+  { type = "conv2d", filters = 8, kernel_size = 2, strides = 2, use_bias = false },
+  { type = "batchnorm", momentum = 0.8 },
+  { type = "avgpool2d", pool_size = 2 },
+  { type = "concat", inputs = ["avgpool2d_6", "avgpool2d_6"] },
+  { type = "global_avg_pool2d" },
+  { type = "dense", units = 10 },
+]
+[model.blocks.res]
+layers = [
+  { type = "conv2d", filters = 8, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm" },
+  { type = "relu" },
+  { type = "conv2d", filters = 8, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm", name = "branch" },
+  { type = "add", inputs = ["input", "branch"] },
+  { type = "relu" },
+]
+[data]
+source = "digits"
+[optimizer]
+name = "sgd"
+lr = 0.05
+momentum = 0.9
+[train]
+global_batch_size = 32
+epochs = 1
+"""
+
+GPT_PLAN = """
+name = "tiny_gpt"
+seed = 2
+[model]
+input_shape = [16]
+input_dtype = "int32"
+layers = [
+  { type = "embedding", vocab_size = 32, units = 16 },
+  { type = "position_embedding" },
+  { type = "block", block = "decoder", repeat = 2 },
+  { type = "layernorm" },
+  { type = "dense", units = 32 },
+]
+[model.blocks.decoder]
+layers = [
+  { type = "layernorm" },
+  { type = "attention", heads = 2, causal = true, name = "att" },
+  { type = "dropout", rate = 0.1, name = "att_drop" },
+  { type = "add", inputs = ["input", "att_drop"], name = "mid" },
+  { type = "layernorm" },
+  { type = "dense", units = 32 },
+  { type = "gelu" },
+  { type = "dense", units = 16, name = "mlp" },
+  { type = "add", inputs = ["mid", "mlp"] },
+]
+[data]
+source = "tokens"
+path = "tokens.npy"
+sequence_length = 16
+eval_fraction = 0.1
+[optimizer]
+name = "adamw"
+lr = 0.003
+weight_decay = 0.01
+[train]
+global_batch_size = 16
+epochs = 1
+clip_grad_norm = 1.0
+"""
+
+
+def write_tokens(path: str, count: int = 4000, vocabulary: int = 32, seed: int = 0) -> None:
+    """A token file for GPT_PLAN: a noisy repeating pattern, so a model can learn something."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pattern = np.arange(count) % 7 * 4 % vocabulary
+    noise = rng.integers(0, vocabulary, size=count)
+    tokens = np.where(rng.random(count) < 0.2, noise, pattern).astype(np.uint16)
+    np.save(path, tokens)

@@ -1,0 +1,45 @@
+"""A plan is checked against the chosen backend's tables before anything starts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from crosstrain.core.errors import PlanError
+from crosstrain.core.plan import load_plan
+from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary, missing_names
+from crosstrain.testing.plans import GPT_PLAN
+
+WITHOUT_ATTENTION = Vocabulary.of(
+    CORE_VOCABULARY.layers - {"attention"}, CORE_VOCABULARY.losses, {"sgd", "adam"}, {"fp32"}
+)
+
+
+def test_the_first_missing_name_is_refused_naming_its_field(write_plan: Callable[..., Path]) -> None:
+    plan = load_plan(write_plan(GPT_PLAN))
+    with pytest.raises(PlanError, match=r"model\.blocks\.decoder\.layers\[1\]: the mine backend has no 'attention'"):
+        check_plan_vocabulary(plan, WITHOUT_ATTENTION, "mine")
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [("optimizer.name='adamw'", "optimizer.name: the mine backend has no optimizer 'adamw'"),
+     ("train.precision='bf16'", "train.precision: the mine backend has no precision 'bf16'")],
+)
+def test_optimizers_and_precisions_are_checked_too(
+    write_plan: Callable[..., Path], override: str, field: str
+) -> None:
+    plan = load_plan(write_plan(), [override])
+    with pytest.raises(PlanError, match=field):
+        check_plan_vocabulary(plan, WITHOUT_ATTENTION, "mine")
+
+
+def test_missing_names_lists_what_a_backend_lacks() -> None:
+    assert missing_names(CORE_VOCABULARY) == {}
+    assert missing_names(WITHOUT_ATTENTION) == {
+        "layers": ["attention"],
+        "optimizers": ["adamw"],
+        "precisions": ["bf16", "fp16"],
+    }
