@@ -84,11 +84,22 @@ def print_description(console: Console, plan: Plan) -> None:
         return
     description = describe_graph(plan.model.graph(plan.source))
     table = Table(title=f"{plan.name}: input {list(description.input_shape)} {description.input_dtype}")
-    for column, justify in (("layer", "left"), ("type", "left"), ("inputs", "left"), ("output", "left"),
-                            ("params", "right")):
+    for column, justify in (
+        ("layer", "left"),
+        ("type", "left"),
+        ("inputs", "left"),
+        ("output", "left"),
+        ("params", "right"),
+    ):
         table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in description.rows:
-        cells: tuple[Any, ...] = (row.name, row.type, row.inputs, str(list(row.output_shape)), f"{row.parameters:,}")
+        cells: tuple[Any, ...] = (
+            row.name,
+            row.type,
+            row.inputs,
+            str(list(row.output_shape)),
+            f"{row.parameters:,}",
+        )
         table.add_row(*(Text(str(cell)) for cell in cells))
     console.print(table)
     console.print(f"parameters: {_count(description.parameters)}, trainable {_count(description.trainable)}")

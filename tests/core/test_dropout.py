@@ -12,8 +12,11 @@ def test_the_mask_depends_on_every_counter_and_nothing_else() -> None:
     rows = np.arange(64)
     base = keep_mask(0, 5, 2, rows, 300, 0.5)
     assert np.array_equal(base, keep_mask(0, 5, 2, rows, 300, 0.5))
-    for changed in (keep_mask(1, 5, 2, rows, 300, 0.5), keep_mask(0, 6, 2, rows, 300, 0.5),
-                    keep_mask(0, 5, 3, rows, 300, 0.5)):
+    for changed in (
+        keep_mask(1, 5, 2, rows, 300, 0.5),
+        keep_mask(0, 6, 2, rows, 300, 0.5),
+        keep_mask(0, 5, 3, rows, 300, 0.5),
+    ):
         assert 0.4 < np.mean(changed != base) < 0.6  # independent-looking, not shifted copies
     # a row's mask depends on its global position only: world N slices see world 1's rows
     assert np.array_equal(keep_mask(0, 5, 2, rows[32:], 300, 0.5), base[32:])

@@ -37,7 +37,12 @@ def test_a_decoder_has_token_shapes_and_per_position_logits(write_plan: Callable
 
 def test_top_level_weights_keep_their_old_names_and_values(write_plan: Callable[..., Path]) -> None:
     graph = load_plan(write_plan()).model.graph()
-    assert sorted(graph.init_weights(3)) == ["dense_0.bias", "dense_0.kernel", "dense_2.bias", "dense_2.kernel"]
+    assert sorted(graph.init_weights(3)) == [
+        "dense_0.bias",
+        "dense_0.kernel",
+        "dense_2.bias",
+        "dense_2.kernel",
+    ]
     # the stream of layer 0 is (seed, 0), as before blocks existed
     limit = np.sqrt(6 / (64 + 32))
     expected = np.random.default_rng([3, 0]).uniform(-limit, limit, size=(64, 32)).astype(np.float32)
@@ -45,9 +50,15 @@ def test_top_level_weights_keep_their_old_names_and_values(write_plan: Callable[
 
 
 BAD_GRAPHS = [
-    ('{ type = "add", inputs = ["input", "nosuch"] }', r"model\.blocks\.res\.layers\[5\]\.inputs: no earlier layer named 'nosuch'"),
+    (
+        '{ type = "add", inputs = ["input", "nosuch"] }',
+        r"model\.blocks\.res\.layers\[5\]\.inputs: no earlier layer named 'nosuch'",
+    ),
     ('{ type = "add" }', r"model\.blocks\.res\.layers\[5\]\.inputs: add needs inputs"),
-    ('{ type = "concat", inputs = ["input", "branch"], name = "branch" }', r"the name 'branch' is used twice"),
+    (
+        '{ type = "concat", inputs = ["input", "branch"], name = "branch" }',
+        r"the name 'branch' is used twice",
+    ),
     ('{ type = "relu", inputs = ["input", "branch"] }', r"relu takes 1 input, got 2"),
     ('{ type = "block", block = "res" }', r"block 'res' contains itself"),
     ('{ type = "block", block = "nosuch" }', r"no block 'nosuch' in model\.blocks"),
@@ -63,12 +74,18 @@ def test_a_bad_graph_names_the_field(write_plan: Callable[..., Path], layer: str
 
 
 def test_shapes_that_do_not_add_up_are_refused(write_plan: Callable[..., Path]) -> None:
-    text = RESNET_PLAN.replace('{ type = "batchnorm", name = "branch" }', '{ type = "dense", units = 3, name = "branch" }')
-    with pytest.raises(PlanError, match=r"model\.blocks\.res\.layers\[5\]: layer 'add_5': add needs inputs of one shape"):
+    text = RESNET_PLAN.replace(
+        '{ type = "batchnorm", name = "branch" }', '{ type = "dense", units = 3, name = "branch" }'
+    )
+    with pytest.raises(
+        PlanError, match=r"model\.blocks\.res\.layers\[5\]: layer 'add_5': add needs inputs of one shape"
+    ):
         load_plan(write_plan(text))
 
 
 def test_token_ids_must_meet_an_embedding(write_plan: Callable[..., Path]) -> None:
     text = GPT_PLAN.replace('{ type = "embedding", vocab_size = 32, units = 16 },', "")
-    with pytest.raises(PlanError, match=r"model\.layers\[0\]: position_embedding cannot read integer token ids"):
+    with pytest.raises(
+        PlanError, match=r"model\.layers\[0\]: position_embedding cannot read integer token ids"
+    ):
         load_plan(write_plan(text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from crosstrain.core.graph import build_graph
 from crosstrain.core.layers import (
     Conv2D,
     Dense,
@@ -15,15 +16,17 @@ from crosstrain.core.layers import (
     ReLU,
     Weights,
 )
-from crosstrain.core.graph import build_graph
 
 
-def infer_shapes(input_shape: tuple[int, ...], layers: tuple[Layer, ...] | list[Layer]) -> list[tuple[int, ...]]:
+def infer_shapes(
+    input_shape: tuple[int, ...], layers: tuple[Layer, ...] | list[Layer]
+) -> list[tuple[int, ...]]:
     return [node.output_shape for node in build_graph(input_shape, layers).nodes]
 
 
 def init_weights(input_shape: tuple[int, ...], layers: tuple[Layer, ...] | list[Layer], seed: int) -> Weights:
     return build_graph(input_shape, layers).init_weights(seed)
+
 
 CNN = (Conv2D(filters=6, kernel_size=3), ReLU(), MaxPool2D(), Flatten(), Dense(units=10))
 

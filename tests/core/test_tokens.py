@@ -15,7 +15,9 @@ from crosstrain.core.tokens import stdlib_files
 from crosstrain.testing.plans import GPT_PLAN, write_tokens
 
 
-def test_windows_are_next_token_pairs_read_from_a_memory_map(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+def test_windows_are_next_token_pairs_read_from_a_memory_map(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
     write_tokens(str(tmp_path / "tokens.npy"), count=1001)
     data = load_datasets(load_plan(write_plan(GPT_PLAN)))
     tokens = np.load(tmp_path / "tokens.npy")
@@ -28,9 +30,13 @@ def test_windows_are_next_token_pairs_read_from_a_memory_map(write_plan: Callabl
     assert data.train.targets_per_row == 16
 
 
-def test_token_ids_beyond_the_vocabulary_name_the_file(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+def test_token_ids_beyond_the_vocabulary_name_the_file(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
     np.save(tmp_path / "tokens.npy", np.arange(500) % 40)
-    with pytest.raises(PlanError, match=r"data\.path: token ids reach 39 but the model's last layer has 32 classes"):
+    with pytest.raises(
+        PlanError, match=r"data\.path: token ids reach 39 but the model's last layer has 32 classes"
+    ):
         load_datasets(load_plan(write_plan(GPT_PLAN)))
 
 
@@ -48,8 +54,11 @@ def test_the_stdlib_corpus_is_sorted_source_without_tests_or_site_packages(
     assert len(files) > 300 and any(name.endswith("/json/decoder.py") for name in names)
     assert not any("/test/" in name or "/site-packages/" in name for name in names)
     monkeypatch.setenv("CROSSTRAIN_CACHE", str(tmp_path / "cache"))
-    text = GPT_PLAN.replace('source = "tokens"\npath = "tokens.npy"', 'source = "python-stdlib"').replace(
-        "vocab_size = 32", "vocab_size = 256").replace('{ type = "dense", units = 32 },\n]', '{ type = "dense", units = 256 },\n]')
+    text = (
+        GPT_PLAN.replace('source = "tokens"\npath = "tokens.npy"', 'source = "python-stdlib"')
+        .replace("vocab_size = 32", "vocab_size = 256")
+        .replace('{ type = "dense", units = 32 },\n]', '{ type = "dense", units = 256 },\n]')
+    )
     data = load_datasets(load_plan(write_plan(text), ["data.limit=100"]))
     assert (len(data.train), len(data.eval)) == (90, 10)
     first = files[0].read_bytes()[:16]

@@ -19,14 +19,18 @@ WITHOUT_ATTENTION = Vocabulary.of(
 
 def test_the_first_missing_name_is_refused_naming_its_field(write_plan: Callable[..., Path]) -> None:
     plan = load_plan(write_plan(GPT_PLAN))
-    with pytest.raises(PlanError, match=r"model\.blocks\.decoder\.layers\[1\]: the mine backend has no 'attention'"):
+    with pytest.raises(
+        PlanError, match=r"model\.blocks\.decoder\.layers\[1\]: the mine backend has no 'attention'"
+    ):
         check_plan_vocabulary(plan, WITHOUT_ATTENTION, "mine")
 
 
 @pytest.mark.parametrize(
     ("override", "field"),
-    [("optimizer.name='adamw'", "optimizer.name: the mine backend has no optimizer 'adamw'"),
-     ("train.precision='bf16'", "train.precision: the mine backend has no precision 'bf16'")],
+    [
+        ("optimizer.name='adamw'", "optimizer.name: the mine backend has no optimizer 'adamw'"),
+        ("train.precision='bf16'", "train.precision: the mine backend has no precision 'bf16'"),
+    ],
 )
 def test_optimizers_and_precisions_are_checked_too(
     write_plan: Callable[..., Path], override: str, field: str

@@ -164,7 +164,9 @@ def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
             source=plan.source,
         )
     if plan.model.input_dtype != "int32":
-        raise PlanError("token data needs model.input_dtype = 'int32'", field="model.input_dtype", source=plan.source)
+        raise PlanError(
+            "token data needs model.input_dtype = 'int32'", field="model.input_dtype", source=plan.source
+        )
     shape = output_shape(plan)
     largest = int(tokens.max(initial=0))
     if shape is not None and largest >= shape[-1]:
@@ -234,7 +236,8 @@ def _targets(y: np.ndarray, plan: Plan) -> np.ndarray:
         target_shape = y.shape[1:] if shape is None else shape[:-1]
         if math.prod(y.shape[1:]) != math.prod(target_shape):
             raise PlanError(
-                f"labels have shape {list(y.shape[1:])} per row but the model's logits need {list(target_shape)}",
+                f"labels have shape {list(y.shape[1:])} per row but the model's logits need "
+                f"{list(target_shape)}",
                 field="data.y_key",
                 source=plan.source,
             )

@@ -36,12 +36,12 @@ def mix(value: np.ndarray) -> np.ndarray:
 
 def threshold(rate: float) -> int:
     """Elements whose 24-bit hash is below this are dropped."""
-    return int(round(rate * (1 << KEEP_BITS)))
+    return round(rate * (1 << KEEP_BITS))
 
 
 def keep_mask(seed: int, step: int, layer: int, rows: np.ndarray, features: int, rate: float) -> np.ndarray:
     """bool [len(rows), features]: which elements dropout keeps."""
-    state = mix(np.int64(seed & MASK32))
+    state = mix(np.asarray(seed & MASK32, np.int64))
     state = mix(state ^ np.int64(step & MASK32))
     state = mix(state ^ np.int64(layer & MASK32))
     per_row = mix(state ^ (np.asarray(rows, np.int64)[:, None] & MASK32))

@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.layers import Block, DType, Layer, Shape, WeightSpec, Weights, layer_name
+from crosstrain.core.layers import Block, DType, Layer, Shape, Weights, WeightSpec, layer_name
 
 #: the node index that stands for the model's input
 MODEL_INPUT = -1
@@ -61,7 +61,9 @@ class Graph:
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         """Every weight of the model, ``{path}.{param}`` -> spec, in node order."""
-        return {f"{node.path}.{param}": spec for node in self.nodes for param, spec in node.weight_specs().items()}
+        return {
+            f"{node.path}.{param}": spec for node in self.nodes for param, spec in node.weight_specs().items()
+        }
 
     def init_weights(self, seed: int) -> Weights:
         """DESIGN rule 2: seeded numpy weights, identical for every backend."""
@@ -99,7 +101,9 @@ class _Builder:
     def error(self, message: str, field: str) -> PlanError:
         return PlanError(message, field=field, source=self.source)
 
-    def run_list(self, layers: Sequence[Layer], list_input: int, place: _ListPlace, stack: tuple[str, ...]) -> int:
+    def run_list(
+        self, layers: Sequence[Layer], list_input: int, place: _ListPlace, stack: tuple[str, ...]
+    ) -> int:
         """Add the list's nodes; return the node holding the list's output."""
         named: dict[str, int] = {INPUT_NAME: list_input}
         previous = list_input
@@ -116,17 +120,25 @@ class _Builder:
             named[name] = previous
         return previous
 
-    def _resolve_inputs(self, layer: Layer, named: dict[str, int], previous: int, field: str) -> tuple[int, ...]:
+    def _resolve_inputs(
+        self, layer: Layer, named: dict[str, int], previous: int, field: str
+    ) -> tuple[int, ...]:
         if layer.inputs is None:
             if layer.arity is None:
-                raise self.error(f"{layer.type} needs inputs = [names of two or more layers]", f"{field}.inputs")
+                raise self.error(
+                    f"{layer.type} needs inputs = [names of two or more layers]", f"{field}.inputs"
+                )
             return (previous,)
         unknown = [name for name in layer.inputs if name not in named]
         if unknown:
             known = ", ".join(named)
-            raise self.error(f"no earlier layer named {unknown[0]!r} in this list (known: {known})", f"{field}.inputs")
+            raise self.error(
+                f"no earlier layer named {unknown[0]!r} in this list (known: {known})", f"{field}.inputs"
+            )
         if layer.arity is not None and len(layer.inputs) != layer.arity:
-            raise self.error(f"{layer.type} takes {layer.arity} input, got {len(layer.inputs)}", f"{field}.inputs")
+            raise self.error(
+                f"{layer.type} takes {layer.arity} input, got {len(layer.inputs)}", f"{field}.inputs"
+            )
         return tuple(named[name] for name in layer.inputs)
 
     def _add_node(
@@ -156,7 +168,14 @@ class _Builder:
         return node.index
 
     def _run_block(
-        self, layer: Block, name: str, list_input: int, place: _ListPlace, index: int, field: str, stack: tuple[str, ...]
+        self,
+        layer: Block,
+        name: str,
+        list_input: int,
+        place: _ListPlace,
+        index: int,
+        field: str,
+        stack: tuple[str, ...],
     ) -> int:
         if layer.block not in self.blocks:
             known = ", ".join(sorted(self.blocks)) or "none defined"
@@ -176,7 +195,10 @@ class _Builder:
 
 def _dtype_problem(layer: Layer, dtype: DType) -> str:
     if dtype == "int32":
-        return f"{layer.type} cannot read integer token ids (model.input_dtype = 'int32'): start with an embedding"
+        return (
+            f"{layer.type} cannot read integer token ids (model.input_dtype = 'int32'): "
+            "start with an embedding"
+        )
     return f"{layer.type} reads integer token ids: set model.input_dtype = 'int32'"
 
 
@@ -195,7 +217,9 @@ def build_graph(
     return Graph(tuple(input_shape), input_dtype, tuple(builder.nodes), output)
 
 
-def iter_layers(layers: Sequence[Layer], blocks: Mapping[str, Sequence[Layer]]) -> Iterator[tuple[str, Layer]]:
+def iter_layers(
+    layers: Sequence[Layer], blocks: Mapping[str, Sequence[Layer]]
+) -> Iterator[tuple[str, Layer]]:
     """Every (field, layer) of a model once, blocks included: what a vocabulary check walks."""
     for index, layer in enumerate(layers):
         yield f"model.layers[{index}]", layer

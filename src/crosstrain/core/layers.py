@@ -409,10 +409,10 @@ class Concat(Layer):
 
     def merged_shape(self, input_shapes: Sequence[Shape]) -> Shape:
         _expect_inputs(self, input_shapes)
-        if any(not shape for shape in input_shapes) or len({s[:-1] for s in input_shapes}) != 1:
-            raise ValueError(
-                f"concat needs inputs that differ only in the last axis, got {[list(s) for s in input_shapes]}"
-            )
+        leading = {shape[:-1] for shape in input_shapes}
+        if any(not shape for shape in input_shapes) or len(leading) != 1:
+            shapes = [list(shape) for shape in input_shapes]
+            raise ValueError(f"concat needs inputs that differ only in the last axis, got {shapes}")
         return (*input_shapes[0][:-1], sum(shape[-1] for shape in input_shapes))
 
 

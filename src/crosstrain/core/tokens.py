@@ -60,7 +60,7 @@ def load_token_file(path: str, source: str | None = None) -> np.ndarray:
     if not Path(path).is_file():
         raise PlanError(f"no such file {path}", field="data.path", source=source)
     try:
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        tokens: np.ndarray = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:
         raise PlanError(f"cannot read {path}: {error}", field="data.path", source=source) from None
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
@@ -101,7 +101,8 @@ def python_stdlib_tokens() -> np.ndarray:
     path = _cache_dir() / f"python-stdlib-{version}.npy"
     if not path.is_file():
         _write_atomically(path, np.frombuffer(b"".join(p.read_bytes() for p in stdlib_files()), np.uint8))
-    return np.load(path, mmap_mode="r")
+    tokens: np.ndarray = np.load(path, mmap_mode="r")
+    return tokens
 
 
 def _write_atomically(path: Path, array: np.ndarray) -> None:

@@ -35,7 +35,11 @@ class Vocabulary:
 
     @classmethod
     def of(
-        cls, layers: Iterable[str], losses: Iterable[str], optimizers: Iterable[str], precisions: Iterable[str]
+        cls,
+        layers: Iterable[str],
+        losses: Iterable[str],
+        optimizers: Iterable[str],
+        precisions: Iterable[str],
     ) -> Vocabulary:
         return cls(frozenset(layers), frozenset(losses), frozenset(optimizers), frozenset(precisions))
 

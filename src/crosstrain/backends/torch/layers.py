@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import attrs
 import torch
-import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+import torch.nn.functional as F
 from torch import nn
 
 from crosstrain.core import dropout as neutral_dropout
@@ -141,6 +141,8 @@ class BatchNormNode(NodeModule):
         self.momentum, self.epsilon = layer.momentum, layer.epsilon
         self.scale = nn.Parameter(torch.ones(features))
         self.offset = nn.Parameter(torch.zeros(features))
+        self.moving_mean: torch.Tensor
+        self.moving_variance: torch.Tensor
         self.register_buffer("moving_mean", torch.zeros(features))
         self.register_buffer("moving_variance", torch.ones(features))
 
@@ -152,7 +154,9 @@ class BatchNormNode(NodeModule):
             mean, variance = self._batch_statistics(x, context)
         return (x - mean) * torch.rsqrt(variance + self.epsilon) * self.scale + self.offset
 
-    def _batch_statistics(self, x: torch.Tensor, context: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch_statistics(
+        self, x: torch.Tensor, context: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert context.weight is not None, "batch norm trains on a row mask"
         weight = context.weight.float().reshape(-1, *([1] * (x.dim() - 1)))
         axes = tuple(range(x.dim() - 1))
@@ -204,7 +208,9 @@ def _mix(value: torch.Tensor) -> torch.Tensor:
     return value ^ (value >> 16)
 
 
-def keep_mask(seed: int, step: int, layer: int, rows: torch.Tensor, features: int, rate: float) -> torch.Tensor:
+def keep_mask(
+    seed: int, step: int, layer: int, rows: torch.Tensor, features: int, rate: float
+) -> torch.Tensor:
     """bool [rows, features], equal bit for bit to :func:`crosstrain.core.dropout.keep_mask`."""
     mask32 = neutral_dropout.MASK32
     device = rows.device
@@ -249,7 +255,8 @@ class AttentionNode(NodeModule):
         batch, length, units = x.shape
 
         def split(projection: nn.Linear) -> torch.Tensor:
-            return projection(x).reshape(batch, length, self.heads, units // self.heads).transpose(1, 2)
+            projected: torch.Tensor = projection(x)
+            return projected.reshape(batch, length, self.heads, units // self.heads).transpose(1, 2)
 
         attended = F.scaled_dot_product_attention(
             split(self.query), split(self.key), split(self.value), is_causal=self.causal

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+import torch.nn.functional as F
 from torch import nn
 
 from crosstrain.backends.common import native_factory

@@ -1,0 +1,182 @@
+"""The conformance suite every backend runs: crosstrain's own and a third party's.
+
+Subclass :class:`BackendConformance` in a test module, name the backend, and pytest runs
+every check on it (Keras 3 runs its one suite once per backend the same way)::
+
+    from crosstrain.testing.conformance import BackendConformance
+
+    class TestMineConformance(BackendConformance):
+        backend = "mine"
+
+Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of every kind
+(:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
+per-token loss), eval counts every row once, the backend agrees step by step with the
+torch reference (when torch is installed), a failing rank ends the run naming it, and a
+plan the backend cannot build is refused before launch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from crosstrain.core.errors import PlanError
+from crosstrain.core.plan import load_plan
+from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
+from crosstrain.plugins.manager import get_backend, make_plugin_manager
+from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN, RESNET_PLAN, write_tokens
+from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
+
+PLANS = {"dropout_mlp": DROPOUT_MLP_PLAN, "resnet": RESNET_PLAN, "gpt": GPT_PLAN}
+#: relative per-step loss differences: same backend at another world size, and across frameworks
+WORLD_TOLERANCE = 1e-5
+PARITY_TOLERANCE = 1e-4
+STEPS = 12
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess: one thread per worker, quiet TensorFlow."""
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0", COLUMNS="200"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "crosstrain.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def write_plan(directory: Path, name: str) -> Path:
+    """One of :data:`PLANS` in ``directory`` (with its token file for the GPT)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if name == "gpt":
+        write_tokens(str(directory / "tokens.npy"))
+    path = directory / f"{name}.toml"
+    path.write_text(PLANS[name])
+    return path
+
+
+def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str) -> Path:
+    result = run_cli(
+        "-p", "no:progress", "run", str(plan), "--backend", backend, "--nproc", str(nproc),
+        "--device", "cpu", "--out", str(out), "--set", f"train.max_steps={STEPS}", *settings,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+class BackendConformance:
+    """What every backend must satisfy; ``backend`` names the one under test."""
+
+    backend: ClassVar[str]
+    #: replicas for the world-N runs
+    nproc: ClassVar[int] = 2
+
+    @pytest.fixture(scope="class")
+    def world_runs(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+        """Every plan the backend speaks, at world 1 and world N, trained once per class."""
+        runs = {}
+        for name in self._spoken_plans(tmp_path_factory.mktemp("plans")):
+            directory = tmp_path_factory.mktemp(name)
+            plan = write_plan(directory, name)
+            runs[name] = (
+                train(self.backend, plan, directory / "one", 1),
+                train(self.backend, plan, directory / f"x{self.nproc}", self.nproc),
+            )
+        return runs
+
+    def _spoken_plans(self, directory: Path) -> list[str]:
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        if not isinstance(strategy, SpeaksVocabulary):
+            return list(PLANS)
+        spoken = []
+        for name in PLANS:
+            try:
+                check_plan_vocabulary(
+                    load_plan(write_plan(directory / name, name)), strategy.vocabulary(), self.backend
+                )
+            except PlanError:
+                continue
+            spoken.append(name)
+        return spoken
+
+    @pytest.mark.parametrize("plan", list(PLANS))
+    def test_world_n_trains_like_world_1(self, world_runs: dict[str, tuple[Path, Path]], plan: str) -> None:
+        if plan not in world_runs:
+            pytest.skip(f"the {self.backend} backend does not speak this plan's layers")
+        one, many = world_runs[plan]
+        assert len(step_losses(one)) == STEPS
+        assert max_relative_difference(step_losses(many), step_losses(one)) <= WORLD_TOLERANCE
+        # eval counts every real row once (the digits' 359 eval rows are not a multiple of
+        # the batch); batch norm's running statistics are the same at both worlds
+        assert_same_eval(summary(many)["eval"], summary(one)["eval"], loss_tolerance=WORLD_TOLERANCE)
+        assert summary(many)["world_size"] == self.nproc
+
+    def test_a_failing_rank_ends_the_run_naming_it(self, tmp_path: Path) -> None:
+        plan = write_plan(tmp_path, "dropout_mlp")
+        result = run_cli(
+            "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", self.backend,
+            "--nproc", str(self.nproc), "--device", "cpu", "--out", str(tmp_path / "run"), timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 1
+        assert result.stderr.count("Traceback (most recent call last)") == 1
+        last = result.stderr.rstrip().splitlines()[-1]
+        assert last.startswith("crosstrain: error: rank ") and last.endswith(
+            "RuntimeError: injected failure at step 3"
+        )
+        assert len(step_losses(tmp_path / "run")) >= 2  # what was written is kept
+
+    def test_declares_a_vocabulary_of_core_names(self) -> None:
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        assert isinstance(strategy, SpeaksVocabulary), (
+            "declare vocabulary() so plans are checked before launch"
+        )
+        vocabulary = strategy.vocabulary()
+        for kind in ("layers", "losses", "optimizers", "precisions"):
+            unknown = getattr(vocabulary, kind) - getattr(CORE_VOCABULARY, kind)
+            assert not unknown, f"{kind} that core does not define: {sorted(unknown)}"
+        assert {"dense", "relu"} <= vocabulary.layers and "fp32" in vocabulary.precisions
+
+    def test_refuses_what_it_cannot_build_before_launch(self, tmp_path: Path) -> None:
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        assert isinstance(strategy, SpeaksVocabulary)
+        missing = missing_names(strategy.vocabulary())
+        unspoken = [name for name in PLANS if name not in self._spoken_plans(tmp_path / "check")]
+        cases: list[tuple[Path, tuple[str, ...]]] = [
+            (write_plan(tmp_path / name, name), ()) for name in unspoken
+        ]
+        mlp = write_plan(tmp_path / "mlp", "dropout_mlp")
+        cases += [(mlp, (f"optimizer.name='{name}'",)) for name in missing.get("optimizers", [])[:1]]
+        cases += [(mlp, (f"train.precision='{name}'",)) for name in missing.get("precisions", [])[:1]]
+        assert bool(cases) == bool(missing)  # a complete backend has nothing to refuse
+        for plan, settings in cases:
+            out = tmp_path / "refused"
+            arguments = [item for setting in settings for item in ("--set", setting)]
+            result = run_cli("run", str(plan), "--backend", self.backend, "--out", str(out), *arguments)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+            assert f"the {self.backend} backend has no" in result.stderr
+            assert not out.exists()  # refused before the output folder or any process
+
+
+class AgreesWithTorch(BackendConformance):
+    """The suite plus step-by-step agreement with the torch reference (needs torch
+    installed beside the backend: crosstrain's cross env, a third party's own tests)."""
+
+    @pytest.mark.parametrize("plan", list(PLANS))
+    def test_agrees_with_the_torch_reference(
+        self, world_runs: dict[str, tuple[Path, Path]], plan: str, tmp_path: Path
+    ) -> None:
+        if plan not in world_runs:
+            pytest.skip(f"the {self.backend} backend does not speak this plan's layers")
+        mine = world_runs[plan][1]
+        reference = train("torch", write_plan(tmp_path, plan), tmp_path / "torch", self.nproc)
+        assert max_relative_difference(step_losses(mine), step_losses(reference)) <= PARITY_TOLERANCE
+        assert_same_eval(summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE)

@@ -1,0 +1,15 @@
+"""The conformance suite every backend runs (crosstrain.testing), on torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from crosstrain.testing.conformance import BackendConformance
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+
+class TestTorchConformance(BackendConformance):
+    backend = "torch"
