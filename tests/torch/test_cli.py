@@ -14,8 +14,8 @@ import pytest
 
 import crosstrain
 from crosstrain.core.checkpoint import load_checkpoint
-from crosstrain.core.layers import init_weights
 from crosstrain.core.plan import load_plan
+from crosstrain.testing.plans import GPT_PLAN, write_tokens
 from tests.conftest import EXAMPLES, run_cli, worker_env
 from tests.support import step_losses, summary
 
@@ -77,7 +77,7 @@ def test_checkpoint_holds_neutral_names_and_layouts(write_plan: Callable[..., Pa
     )
     saved = load_checkpoint(tmp_path / "run" / "model.safetensors")
     plan = load_plan(plan_path)
-    initial = init_weights(plan.model.input_shape, plan.model.layers, plan.seed)
+    initial = plan.model.graph().init_weights(plan.seed)
     assert set(saved) == set(initial)
     for name, value in initial.items():
         np.testing.assert_allclose(saved[name], value, atol=1e-6)  # one step at lr 1e-9
@@ -197,3 +197,27 @@ def test_cnn_python_plan_trains_cleanly_on_two_ranks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr  # e.g. DDP's gradient-layout warning on NHWC input
     assert summary(tmp_path)["eval"]["accuracy"] > 0.9
+
+
+def test_a_native_language_model_returns_per_position_logits(tmp_path: Path) -> None:
+    """A native nn.Module on int token ids, [batch, length, vocabulary] logits: the loss and
+    the token data path are the same as for a neutral model."""
+    write_tokens(str(tmp_path / "tokens.npy"))
+    (tmp_path / "native_lm.py").write_text(
+        "import torch\n"
+        "def build(plan):\n"
+        "    return torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))\n"
+    )
+    (tmp_path / "plan.toml").write_text(
+        GPT_PLAN.replace("layers = [", 'native = { torch = "native_lm:build" }\nlayers = [', 1)
+    )
+    env = worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    out = tmp_path / "run"
+    arguments = ["run", str(tmp_path / "plan.toml"), "--nproc", "2", "--device", "cpu", "--out", str(out)]
+    result = run_cli(*arguments, "--set", "train.max_steps=30", env=env)
+    assert result.returncode == 0, result.stderr
+    losses = step_losses(out)
+    assert losses[-5:].mean() < losses[:5].mean()
+    evaluation = summary(out)["eval"]
+    assert evaluation["count"] == 25 * 16  # every position of the 25 eval windows (10 % of 249)

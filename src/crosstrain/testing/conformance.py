@@ -72,6 +72,24 @@ def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str) -> Pa
     return out
 
 
+def spoken_plans(backend: str, directory: Path) -> list[str]:
+    """The names of :data:`PLANS` whose every layer, loss, optimizer and precision the
+    backend declares."""
+    strategy = get_backend(make_plugin_manager(), backend)()
+    if not isinstance(strategy, SpeaksVocabulary):
+        return list(PLANS)
+    spoken = []
+    for name in PLANS:
+        try:
+            check_plan_vocabulary(
+                load_plan(write_plan(directory / name, name)), strategy.vocabulary(), backend
+            )
+        except PlanError:
+            continue
+        spoken.append(name)
+    return spoken
+
+
 class BackendConformance:
     """What every backend must satisfy; ``backend`` names the one under test."""
 
@@ -83,7 +101,7 @@ class BackendConformance:
     def world_runs(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
         """Every plan the backend speaks, at world 1 and world N, trained once per class."""
         runs = {}
-        for name in self._spoken_plans(tmp_path_factory.mktemp("plans")):
+        for name in spoken_plans(self.backend, tmp_path_factory.mktemp("plans")):
             directory = tmp_path_factory.mktemp(name)
             plan = write_plan(directory, name)
             runs[name] = (
@@ -91,21 +109,6 @@ class BackendConformance:
                 train(self.backend, plan, directory / f"x{self.nproc}", self.nproc),
             )
         return runs
-
-    def _spoken_plans(self, directory: Path) -> list[str]:
-        strategy = get_backend(make_plugin_manager(), self.backend)()
-        if not isinstance(strategy, SpeaksVocabulary):
-            return list(PLANS)
-        spoken = []
-        for name in PLANS:
-            try:
-                check_plan_vocabulary(
-                    load_plan(write_plan(directory / name, name)), strategy.vocabulary(), self.backend
-                )
-            except PlanError:
-                continue
-            spoken.append(name)
-        return spoken
 
     @pytest.mark.parametrize("plan", list(PLANS))
     def test_world_n_trains_like_world_1(self, world_runs: dict[str, tuple[Path, Path]], plan: str) -> None:
@@ -148,7 +151,7 @@ class BackendConformance:
         strategy = get_backend(make_plugin_manager(), self.backend)()
         assert isinstance(strategy, SpeaksVocabulary)
         missing = missing_names(strategy.vocabulary())
-        unspoken = [name for name in PLANS if name not in self._spoken_plans(tmp_path / "check")]
+        unspoken = [name for name in PLANS if name not in spoken_plans(self.backend, tmp_path / "check")]
         cases: list[tuple[Path, tuple[str, ...]]] = [
             (write_plan(tmp_path / name, name), ()) for name in unspoken
         ]
@@ -166,17 +169,20 @@ class BackendConformance:
             assert not out.exists()  # refused before the output folder or any process
 
 
-class AgreesWithTorch(BackendConformance):
-    """The suite plus step-by-step agreement with the torch reference (needs torch
-    installed beside the backend: crosstrain's cross env, a third party's own tests)."""
+class AgreesWithTorch:
+    """Step-by-step agreement with the torch reference on every plan the backend speaks
+    (needs torch installed beside the backend: crosstrain's cross env, a third party's own
+    tests). Subclass it like :class:`BackendConformance`."""
+
+    backend: ClassVar[str]
+    nproc: ClassVar[int] = 2
 
     @pytest.mark.parametrize("plan", list(PLANS))
-    def test_agrees_with_the_torch_reference(
-        self, world_runs: dict[str, tuple[Path, Path]], plan: str, tmp_path: Path
-    ) -> None:
-        if plan not in world_runs:
+    def test_agrees_with_the_torch_reference(self, plan: str, tmp_path: Path) -> None:
+        if plan not in spoken_plans(self.backend, tmp_path / "check"):
             pytest.skip(f"the {self.backend} backend does not speak this plan's layers")
-        mine = world_runs[plan][1]
-        reference = train("torch", write_plan(tmp_path, plan), tmp_path / "torch", self.nproc)
+        path = write_plan(tmp_path, plan)
+        mine = train(self.backend, path, tmp_path / self.backend, self.nproc)
+        reference = train("torch", path, tmp_path / "torch", self.nproc)
         assert max_relative_difference(step_losses(mine), step_losses(reference)) <= PARITY_TOLERANCE
         assert_same_eval(summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE)

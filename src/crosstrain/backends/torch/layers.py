@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -164,22 +165,47 @@ class BatchNormNode(NodeModule):
         first = torch.cat([(x * weight).sum(axes), (context.weight.float().sum() * positions).reshape(1)])
         first = _sum_across(first, context)
         count = first[-1].detach()
-        mean = first[:-1] / count
-        variance = _sum_across(((x - mean) ** 2 * weight).sum(axes), context) / count
+        # a micro-batch of padding only (the end of an epoch under accumulation): divide by
+        # 1, not 0, and leave the running statistics as they are
+        divisor = torch.clamp(count, min=1)
+        mean = first[:-1] / divisor
+        variance = _sum_across(((x - mean) ** 2 * weight).sum(axes), context) / divisor
         with torch.no_grad():
             unbiased = variance * (count / torch.clamp(count - 1, min=1))
-            self.moving_mean.mul_(self.momentum).add_((1 - self.momentum) * mean)
-            self.moving_variance.mul_(self.momentum).add_((1 - self.momentum) * unbiased)
+            moved = count > 0
+            new_mean = self.momentum * self.moving_mean + (1 - self.momentum) * mean
+            new_variance = self.moving_variance * self.momentum + (1 - self.momentum) * unbiased
+            self.moving_mean.copy_(torch.where(moved, new_mean, self.moving_mean))
+            self.moving_variance.copy_(torch.where(moved, new_variance, self.moving_variance))
         return mean, variance
 
 
+class _SumAcrossProcesses(torch.autograd.Function):
+    """All-reduce (sum) whose gradient is the all-reduced gradient: every process's loss
+    depends on every process's sums."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = tensor.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = grad.clone()
+        dist.all_reduce(total)
+        return total
+
+
 def _sum_across(tensor: torch.Tensor, context: ForwardContext) -> torch.Tensor:
-    """Sum over processes, differentiably (its gradient is the sum of the peers' gradients)."""
+    """Sum over processes, differentiably."""
     if not context.distributed:
         return tensor
-    import torch.distributed.nn.functional as distributed
-
-    return distributed.all_reduce(tensor)  # type: ignore[no-untyped-call,no-any-return]
+    return _SumAcrossProcesses.apply(tensor)  # type: ignore[no-untyped-call,no-any-return]
 
 
 class DropoutNode(NodeModule):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,6 +35,17 @@ class TorchState:
 
 #: core precision -> the autocast dtype (None: plain fp32)
 PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _no_buffer_sync(ddp: type) -> dict[str, Any]:
+    """Every rank computes the same batch-norm statistics, so DDP need not broadcast buffers
+    before each forward (``forward_sync_buffers`` from torch 2.13, ``broadcast_buffers`` before)."""
+    parameters = inspect.signature(ddp).parameters
+    return (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in parameters
+        else {"broadcast_buffers": False}
+    )
 
 
 class TorchStrategy:
@@ -91,9 +103,8 @@ class TorchStrategy:
         if self._distributed():
             # DDP broadcasts rank 0's weights at construction, so native models agree too.
             device_ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
-            # every rank computes the same batch-norm statistics: nothing to broadcast
             model = torch.nn.parallel.DistributedDataParallel(
-                module, device_ids=device_ids, broadcast_buffers=False
+                module, device_ids=device_ids, **_no_buffer_sync(torch.nn.parallel.DistributedDataParallel)
             )
         scaler = None
         if plan.train.precision == "fp16":

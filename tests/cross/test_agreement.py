@@ -1,0 +1,39 @@
+"""tf against the torch reference on the conformance plans (dropout MLP, residual CNN with
+batch norm, GPT with dropout), and on the shipped examples through `crosstrain compare`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crosstrain.testing.conformance import AgreesWithTorch
+from tests.conftest import EXAMPLES, run_cli
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+pytestmark = pytest.mark.cross
+
+
+class TestTfAgreesWithTorch(AgreesWithTorch):
+    backend = "tf"
+
+
+@pytest.mark.parametrize(
+    ("example", "settings"),
+    [
+        ("digits_resnet.toml", []),
+        ("stdlib_gpt.toml", ["data.limit=2000"]),  # the corpus' first 2,000 windows are enough
+    ],
+)
+def test_the_examples_agree_for_30_steps_at_two_replicas(
+    tmp_path: Path, example: str, settings: list[str]
+) -> None:
+    overrides = [item for setting in ["train.max_steps=30", *settings] for item in ("--set", setting)]
+    result = run_cli(
+        "-p", "no:progress", "compare", str(EXAMPLES / example), "--backends", "torch,tf", "--nproc", "2",
+        "--device", "cpu", "--tolerance", "1e-4", "--out", str(tmp_path), *overrides, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verdict: AGREE" in result.stdout
