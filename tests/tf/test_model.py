@@ -8,14 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from crosstrain.core.layers import infer_shapes, init_weights
 from crosstrain.core.plan import OptimizerSpec, Plan
 from crosstrain.core.strategy import World
 
 pytest.importorskip("tensorflow")
 
 from crosstrain.backends.tf.model import build_model, load_neutral, neutral_state
-from crosstrain.backends.tf.optimizer import DynamicLossScale, clip_like_torch, step_scalars, update_rule
+from crosstrain.backends.tf.optimizer import (
+    OPTIMIZERS,
+    DynamicLossScale,
+    clip_like_torch,
+    make_slots,
+    slot_count,
+    step_scalars,
+    update_rule,
+)
 from crosstrain.backends.tf.strategy import TfStrategy
 from crosstrain.core.convert import structure_plan
 
@@ -42,14 +49,18 @@ CNN = _plan(
 def _random_weights(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
     """crosstrain's initial weights with every array (scales and offsets too) made random."""
     rng = np.random.default_rng(seed)
-    weights = init_weights(plan.model.input_shape, plan.model.layers, plan.seed)
+    weights = plan.model.graph().init_weights(plan.seed)
     return {name: rng.normal(size=value.shape).astype(np.float32) for name, value in weights.items()}
 
 
 def test_keras_layers_keep_the_neutral_names_and_shapes() -> None:
     model = build_model(CNN)
-    expected = infer_shapes(CNN.model.input_shape, CNN.model.layers)
-    assert [tuple(layer.output.shape[1:]) for layer in model.layers] == expected
+    expected = [node.output_shape for node in CNN.model.graph().nodes]
+    value, shapes = np.zeros((2, *CNN.model.input_shape), np.float32), []
+    for layer in model.layers:  # the CNN is a chain: each layer feeds the next
+        value = layer(value)
+        shapes.append(tuple(value.shape[1:]))
+    assert shapes == expected
     assert [layer.name for layer in model.layers] == [
         "conv2d_0",
         "layernorm_1",
@@ -184,6 +195,19 @@ def test_adam_adds_eps_after_the_bias_correction_like_torch(name: str) -> None:
     np.testing.assert_allclose(_run_rule(spec, GRADS, LRS, START), weights, rtol=1e-6)
 
 
+def test_the_optimizer_table_covers_core_s_names_and_slots_only_what_it_trains() -> None:
+    import tensorflow as tf
+
+    from crosstrain.core.plan import OPTIMIZERS as CORE_OPTIMIZERS
+
+    assert set(OPTIMIZERS) == set(CORE_OPTIMIZERS)
+    counts = [slot_count(OptimizerSpec(name="sgd")), slot_count(OptimizerSpec(name="sgd", momentum=0.5))]
+    assert counts + [slot_count(OptimizerSpec(name=name)) for name in ("adam", "adamw")] == [0, 1, 2, 2]
+    moving = tf.Variable(np.ones(3, np.float32), trainable=False, name="moving_mean")
+    with pytest.raises(ValueError, match="moving_mean"):
+        make_slots(OptimizerSpec(name="adam"), [moving])
+
+
 def test_clipping_follows_torch_clip_grad_norm() -> None:
     import tensorflow as tf
 
@@ -217,7 +241,7 @@ def test_fp16_skips_a_step_whose_gradients_overflow() -> None:
         }
     )
     strategy = TfStrategy(World())
-    state = strategy.build(plan, init_weights(plan.model.input_shape, plan.model.layers, 0))
+    state = strategy.build(plan, plan.model.graph().init_weights(0))
     before = strategy.state_dict(state)
     huge = Batch(np.full((2, 4), 3e38, np.float32), np.zeros((2, 2), np.float32), np.ones(2, np.float32))
     strategy.train_step(state, StepBatch((huge,), 2), lr=0.1)

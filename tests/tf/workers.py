@@ -2,10 +2,12 @@
 devices must be configured before TensorFlow's first op, so never in pytest's process.
 
     python -c "from tests.tf.workers import main; main()" DIGITS_PLAN ODD_NPZ_PLAN
+    python -c "from tests.tf.workers import graph_main; graph_main()" PLAN...
 
 prints one JSON line with what it measured; the tests assert on it. It goes through the
 same pieces as `crosstrain run`: configure_devices, MirroredStrategy, TfStrategy, the
-core sampler and evaluate().
+core sampler and evaluate(). ``graph_main`` trains and evaluates each plan at one and two
+replicas (plans with batch norm, dropout, token ids and attention).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def _strategies() -> tuple[TfStrategy, TfStrategy]:
 
 
 def _replica_mismatches(state: TfState) -> list[str]:
-    """Variables (weights and optimizer slots) whose two replica copies differ at all."""
-    named = [(v.path, v.value) for v in state.model.trainable_variables]
+    """Variables (weights, batch norm's moving statistics and optimizer slots) whose two
+    replica copies differ at all."""
+    named = [(v.path, v.value) for v in state.model.weights]
     named += [(f"slot {i}.{j}", slot) for i, slots in enumerate(state.slots) for j, slot in enumerate(slots)]
     mismatched = []
     for name, variable in named:
@@ -55,12 +58,13 @@ def train_both(plan: Plan, one: TfStrategy, two: TfStrategy) -> dict[str, Any]:
     losses: dict[str, list[float]] = {"one": [], "two": []}
     batches = list(GlobalSampler(len(data), plan.train.global_batch_size, plan.seed).epoch(0))[:STEPS]
     batches[-1][1][-5:] = 0.0  # padding rows must count for nothing
-    for indices, weight in batches:
-        step = step_batch(data, indices, weight, 0, 1, plan.train.grad_accum_steps)
+    for number, (indices, weight) in enumerate(batches):
+        step = step_batch(data, indices, weight, 0, 1, plan.train.grad_accum_steps, step=number)
         for name, strategy in (("one", one), ("two", two)):
             losses[name].append(strategy.train_step(states[name], step, 0.05)["loss"])
     weights_one, weights_two = (s.state_dict(states[n]) for n, s in (("one", one), ("two", two)))
-    half = Batch(data.x[:32], data.y[:32], np.repeat(np.float32([1, 0]), 16))
+    first = np.arange(32)
+    half = Batch(data.x[first], data.y[first], np.repeat(np.float32([1, 0]), 16))
     return {
         "losses_one": losses["one"],
         "losses_two": losses["two"],
@@ -71,6 +75,8 @@ def train_both(plan: Plan, one: TfStrategy, two: TfStrategy) -> dict[str, Any]:
         "traces": int(states["two"].train_function.experimental_get_tracing_count()),
         # only replica 0's rows are real: each replica must count its own rows
         "half_batch_count": two.eval_step(states["two"], half)["count"],
+        "targets_per_row": data.targets_per_row,
+        "weights_two": sorted(weights_two),
     }
 
 
@@ -90,4 +96,14 @@ def main() -> None:
     one, two = _strategies()
     results = train_both(load_plan(digits_plan), one, two)
     results.update(eval_both(load_plan(npz_plan), one, two))
+    print(json.dumps(results))
+
+
+def graph_main() -> None:
+    """Train and evaluate each plan given at one and two replicas: {plan name: results}."""
+    one, two = _strategies()
+    results = {}
+    for path in sys.argv[1:]:
+        plan = load_plan(path)
+        results[plan.name] = {**train_both(plan, one, two), **eval_both(plan, one, two)}
     print(json.dumps(results))

@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtest_support import MLP_PLAN
+from jaxtest_support import MLP_PLAN, TOKEN_PLAN
 
 os.environ["XLA_FLAGS"] = " ".join(
     [*os.environ.get("XLA_FLAGS", "").split(), "--xla_force_host_platform_device_count=2"]
 )
 os.environ["JAX_PLATFORMS"] = "cpu"
+
 
 @pytest.fixture
 def write_plan(tmp_path: Path) -> Callable[..., Path]:
@@ -41,3 +42,16 @@ def odd_npz(tmp_path: Path) -> Path:
     path = tmp_path / "odd.npz"
     np.savez(path, x=rng.normal(size=(203, 64)).astype(np.float32), y=rng.integers(0, 10, size=203))
     return path
+
+
+@pytest.fixture
+def token_plan(write_plan: Callable[..., Path], tmp_path: Path) -> Path:
+    """TOKEN_PLAN on 6,400 tokens (399 windows of 16): a repeating pattern of 12 ids with 10 %
+    of the positions replaced by random ids below 32, so there is something to learn."""
+    rng = np.random.default_rng(0)
+    pattern = np.tile(np.arange(32) % 12, 200)
+    noise = rng.integers(0, 32, size=pattern.size)
+    tokens = np.where(rng.random(pattern.size) < 0.1, noise, pattern).astype(np.int32)
+    np.save(tmp_path / "tokens.npy", tokens)
+    return write_plan(TOKEN_PLAN.replace("TOKEN_FILE", str(tmp_path / "tokens.npy")),
+                      name="tokens.toml")

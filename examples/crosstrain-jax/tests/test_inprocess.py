@@ -12,9 +12,10 @@ import jax
 import numpy as np
 import pytest
 from crosstrain.api import prepare_plan
-from crosstrain.core.data import load_datasets
+from crosstrain.core.data import Batch, StepBatch, load_datasets
+from crosstrain.core.layers import BatchNorm, Dense
 from crosstrain.core.loop import evaluate, initial_weights
-from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.plan import ModelSpec, OptimizerSpec, Plan, TrainSpec
 from crosstrain.core.strategy import World
 from crosstrain.testing import assert_same_eval
 
@@ -28,6 +29,7 @@ from crosstrain_jax.optimizer import (
     host_scalars,
     init_state,
 )
+from jaxtest_support import CNN_PLAN
 
 
 def _strategy(devices: int) -> JaxStrategy:
@@ -35,10 +37,13 @@ def _strategy(devices: int) -> JaxStrategy:
 
 
 def _moved_weights(plan: Plan) -> dict[str, np.ndarray]:
-    """Initial weights moved off their init values, as after some training."""
+    """Initial weights moved off their init values, as after some training (variances stay
+    positive)."""
     rng = np.random.default_rng(11)
-    return {name: (value + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
-            for name, value in initial_weights(plan).items()}
+    moved = {name: (value + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
+             for name, value in initial_weights(plan).items()}
+    return {name: np.abs(value) if name.endswith(".moving_variance") else value
+            for name, value in moved.items()}
 
 
 def _evaluate_at(devices: int, plan: Plan, weights: dict[str, np.ndarray]) -> dict[str, float]:
@@ -73,6 +78,49 @@ def test_eval_at_world_2_equals_world_1(
     # counts and hits exactly; the loss within fp32 rounding of rows in batches of 8 vs 16
     assert_same_eval(two, one)
     assert one["loss"] > 0
+
+
+@pytest.mark.parametrize("model", ["cnn", "tokens"])
+def test_eval_of_every_layer_type_at_world_2_equals_world_1(
+    write_plan: Callable[..., Path], token_plan: Path, model: str
+) -> None:
+    # batch norm evaluates with its moving statistics; token counts are target positions
+    plan = prepare_plan(write_plan(CNN_PLAN) if model == "cnn" else token_plan)
+    weights = _moved_weights(plan)
+    one, two = _evaluate_at(1, plan, weights), _evaluate_at(2, plan, weights)
+    assert one["count"] == (60 if model == "cnn" else 80 * 16)
+    assert_same_eval(two, one)
+
+
+def test_moving_statistics_follow_each_micro_batch_and_no_optimizer_touches_them() -> None:
+    plan = Plan(
+        model=ModelSpec(input_shape=(3,), layers=(BatchNorm(momentum=0.5, name="bn"),
+                                                  Dense(units=4))),
+        optimizer=OptimizerSpec(name="sgd", lr=0.5, momentum=0.9, weight_decay=0.5),
+        train=TrainSpec(global_batch_size=8, grad_accum_steps=2, clip_grad_norm=0.1),
+        metrics=("loss",),
+    )
+    strategy = _strategy(2)
+    state: JaxState = strategy.build(plan, initial_weights(plan))
+    assert state.trainable == ("bn.scale", "bn.offset", "dense_1.kernel", "dense_1.bias")
+    assert all(set(tree) == set(state.trainable) for tree in state.optimizer_state.values())
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(1.0, 2.0, size=(8, 3)).astype(np.float32)
+    weight = np.array([1, 1, 1, 1, 1, 0, 1, 0], np.float32)
+    micro = tuple(Batch(x[half], np.zeros(4, np.int64), weight[half], np.arange(8)[half])
+                  for half in (slice(0, 4), slice(4, 8)))
+    strategy.train_step(state, StepBatch(micro, global_real_rows=6), lr=0.5)
+
+    mean, variance = np.zeros(3), np.ones(3)
+    for batch in micro:  # momentum * moving + (1 - momentum) * batch, one micro-batch at a time
+        real = batch.x[batch.weight == 1].astype(np.float64)
+        mean = 0.5 * mean + 0.5 * real.mean(axis=0)
+        variance = 0.5 * variance + 0.5 * real.var(axis=0, ddof=1)
+    weights = strategy.state_dict(state)
+    np.testing.assert_allclose(weights["bn.moving_mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(weights["bn.moving_variance"], variance, rtol=1e-6)
+    assert list(weights) == list(initial_weights(plan))  # every weight, in model order
 
 
 def test_state_dict_round_trips_neutral_names_and_layouts(write_plan: Callable[..., Path]) -> None:

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtest_support import CNN_PLAN, EXAMPLES, max_relative_difference, run_cli, step_losses
+from jaxtest_support import (
+    CNN_PLAN,
+    EXAMPLES,
+    max_relative_difference,
+    run_cli,
+    step_losses,
+    summary,
+)
 
 pytestmark = pytest.mark.torch
 
@@ -47,8 +54,24 @@ def test_sgd_momentum_on_the_digits_mlp_matches_torch(tmp_path: Path) -> None:
     assert _parity(DIGITS, tmp_path, *sgd) <= 1e-6
 
 
-def test_every_layer_type_matches_torch(write_plan: Callable[..., Path], tmp_path: Path) -> None:
-    # conv layout, NHWC flatten order, layernorm, exact gelu, adamw, clipping, accumulation;
-    # dropout draws framework-specific masks, so it is left out here
-    plan = write_plan(CNN_PLAN.replace('  { type = "dropout", rate = 0.1 },\n', ""))
-    assert _parity(plan, tmp_path, "train.max_steps=30", "train.grad_accum_steps=2") <= 1e-5
+def test_every_image_layer_type_matches_torch(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    # the graph (add, concat), conv pairs, both poolings, NHWC flatten order, layernorm,
+    # batch norm over the global batch, hash dropout (the same masks in every framework),
+    # exact gelu, clipping, accumulation; 7 steps: the 8th is the one below
+    assert _parity(write_plan(CNN_PLAN), tmp_path, "train.max_steps=7") <= 1e-5
+
+
+def test_a_padding_only_micro_batch_matches_torch(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    # step 8 of CNN_PLAN: 16 real rows then 16 of padding, cut into two micro-batches
+    assert _parity(write_plan(CNN_PLAN), tmp_path) <= 1e-5
+
+
+def test_a_token_model_matches_torch(token_plan: Path, tmp_path: Path) -> None:
+    # int32 input, embedding, positions, causal attention in a repeated block, per-token CE
+    assert _parity(token_plan, tmp_path) <= 1e-5
+    torch_eval, jax_eval = summary(tmp_path / "torch")["eval"], summary(tmp_path / "jax")["eval"]
+    assert jax_eval["count"] == torch_eval["count"] == 80 * 16

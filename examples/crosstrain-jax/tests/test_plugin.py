@@ -55,11 +55,3 @@ def test_several_workers_are_refused_before_anything_starts(
     assert "multi-process jax (jax.distributed) is not supported" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
-
-def test_fp16_is_refused_with_the_field_named(
-    write_plan: Callable[..., Path], tmp_path: Path
-) -> None:
-    result = run_cli("run", str(write_plan()), "--backend", "jax",
-                     "--set", "train.precision='fp16'", "--out", str(tmp_path / "run"))
-    assert result.returncode == 2
-    assert "train.precision" in result.stderr and "'fp16' is not supported" in result.stderr

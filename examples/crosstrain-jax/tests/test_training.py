@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import crosstrain
+import numpy as np
 
 from jaxtest_support import (
     CNN_PLAN,
@@ -37,14 +38,28 @@ def test_world_1_and_world_2_give_the_same_losses(
     assert summary(two)["world_size"] == 2 and summary(two)["processes"] == 1
 
 
-def test_every_layer_type_trains_alike_on_1_and_2_devices(
+def test_every_image_layer_type_trains_alike_on_1_and_2_devices(
     write_plan: Callable[..., Path], tmp_path: Path
 ) -> None:
-    # dropout included: its masks come from one key over the global batch, whatever the sharding
+    # batch norm's statistics are over the global micro-batch and dropout's masks hash each
+    # row's global position, so sharding the batch over two devices changes neither
     plan = write_plan(CNN_PLAN)
-    one = _fit(plan, tmp_path / "one", 1, "train.max_steps=20", "train.grad_accum_steps=2")
-    two = _fit(plan, tmp_path / "two", 2, "train.max_steps=20", "train.grad_accum_steps=2")
-    assert max_relative_difference(step_losses(two), step_losses(one)) <= 1e-5
+    one, two = _fit(plan, tmp_path / "one", 1), _fit(plan, tmp_path / "two", 2)
+    losses_one, losses_two = step_losses(one), step_losses(two)
+    assert len(losses_one) == 8  # 240 training rows: the last step is half padding
+    assert np.all(np.isfinite(losses_one))
+    assert max_relative_difference(losses_two, losses_one) <= 1e-5
+
+
+def test_a_token_model_trains_alike_on_1_and_2_devices(token_plan: Path, tmp_path: Path) -> None:
+    one, two = _fit(token_plan, tmp_path / "one", 1), _fit(token_plan, tmp_path / "two", 2)
+    losses_one, losses_two = step_losses(one), step_losses(two)
+    assert len(losses_one) == 12
+    assert max_relative_difference(losses_two, losses_one) <= 1e-5
+    # the loss is per target token: it starts near log(32) and the pattern is learnt
+    assert abs(losses_one[0] - np.log(32)) < 0.5 and losses_one[-1] < losses_one[0] - 1
+    # evaluation counts target positions: 80 eval windows (20 % of 399) x 16 tokens
+    assert summary(one)["eval"]["count"] == summary(two)["eval"]["count"] == 80 * 16
 
 
 def test_grad_accumulation_matches_one_big_batch(

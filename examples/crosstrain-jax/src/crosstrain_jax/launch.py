@@ -29,7 +29,6 @@ from typing import Any
 from crosstrain.core.errors import BackendError, CrosstrainError, PlanError, WorkerError
 from crosstrain.core.strategy import Job, RunResult, World
 
-SUPPORTED_PRECISIONS = ("fp32", "bf16")
 _JOB_FILE, _PATH_FILE, _RESULT_FILE, _HEARTBEAT_FILE = (
     "job.pickle", "sys_path.json", "result.json", "heartbeat")
 _POLL_SECONDS = 0.1
@@ -57,16 +56,14 @@ def launch(job: Job) -> RunResult:
 
 
 def check_job(job: Job) -> None:
-    """What can be refused before a process starts."""
+    """The layout and model kinds this backend cannot run, refused before a process starts.
+    (Layer types, losses, optimizers and precisions are the vocabulary's to refuse.)"""
     if job.workers not in (None, 1):
         raise BackendError(
             f"--workers {job.workers}: multi-process jax (jax.distributed) is not supported by "
             f"this example backend; it runs one process driving all --nproc devices"
         )
     plan = job.plan
-    if plan.train.precision not in SUPPORTED_PRECISIONS:
-        raise PlanError(f"precision {plan.train.precision!r} is not supported by the jax backend "
-                        f"(use 'fp32' or 'bf16')", field="train.precision", source=plan.source)
     if plan.model.native is not None:
         raise PlanError("the jax backend builds models from neutral layers only; model.native "
                         "is not supported", field="model.native", source=plan.source)

@@ -1,32 +1,52 @@
-"""Neutral layers as a pure jax.numpy function, and the per-row losses.
+"""The plan's model graph as a pure jax.numpy function, the losses, and the compiled steps.
+
+Every name this backend speaks is a key of a table here (:data:`LAYERS`, :data:`LOSSES`,
+:data:`PRECISIONS`) or in :mod:`crosstrain_jax.optimizer` (``OPTIMIZERS``); the keys are
+the backend's vocabulary, which crosstrain checks a plan against before launch. There is
+no fallback: a name outside the tables never reaches this module.
 
 jax is channels-last like the neutral layout, so nothing is converted at the edge:
-parameters keep their neutral names (``{layer_name}.{param}``) and shapes (Dense
-kernel [in, out], Conv2D kernel [kh, kw, in, out] = XLA's HWIO), images stay NHWC,
-and Flatten is a plain reshape.
+weights keep their neutral names (``{node.path}.{param}``) and shapes (Dense kernel
+[in, out], Conv2D kernel [kh, kw, in, out] = XLA's HWIO), images stay NHWC, and Flatten
+is a plain reshape. What each layer computes is docs/layers.md's spec.
+
+The batch axis of every array is sharded over the devices, and every expression below
+is written over the *global* batch: a sum over rows (the loss, batch norm's statistics)
+is already a sum over all replicas; XLA inserts the all-reduce.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
-from crosstrain.core.errors import PlanError
+from crosstrain.core.dropout import KEEP_BITS, MASK32, MULTIPLIERS, threshold
+from crosstrain.core.graph import MODEL_INPUT, Node
 from crosstrain.core.layers import (
     GELU,
+    Add,
+    Attention,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
     Conv2D,
     Dense,
     Dropout,
+    Embedding,
     Flatten,
+    GlobalAvgPool2D,
     Layer,
     LayerNorm,
     MaxPool2D,
+    PositionEmbedding,
     ReLU,
     Tanh,
-    layer_name,
 )
 from crosstrain.core.plan import Plan
 from jax import lax
@@ -34,113 +54,447 @@ from jax import lax
 from crosstrain_jax.optimizer import OptimizerState, Tree, apply_update, clip_by_global_norm
 
 Params = Mapping[str, jax.Array]
-#: forward(params, x, dropout_key) -> float32 outputs; a None key means evaluation (no dropout)
-Forward = Callable[[Params, jax.Array, jax.Array | None], jax.Array]
-
-_COMPUTE_DTYPES: dict[str, np.dtype[Any]] = {"fp32": np.dtype(np.float32),
-                                             "bf16": np.dtype(jnp.bfloat16)}
+#: what the accumulation scan carries: (summed gradients, moving statistics so far)
+Carry = tuple[Tree, Tree]
+LayerT = TypeVar("LayerT", bound=Layer)
 
 
-def compute_dtype(plan: Plan) -> np.dtype[Any]:
-    """fp32, or bf16 with float32 master weights; fp16 would need a loss scaler, which this
-    example leaves out."""
-    dtype = _COMPUTE_DTYPES.get(plan.train.precision)
-    if dtype is None:
-        raise PlanError(
-            f"precision {plan.train.precision!r} is not supported by the jax backend "
-            f"(use 'fp32' or 'bf16')",
-            field="train.precision", source=plan.source,
-        )
-    return dtype
+# --------------------------------------------------------------------------- precisions
+
+
+@attrs.frozen
+class Compute:
+    """How the forward pass computes: the activations' dtype and the matmul precision.
+    Weights are float32 masters either way, cast where they are used."""
+
+    dtype: np.dtype[Any]
+    matmul: lax.Precision
+
+
+#: the precisions this backend speaks. fp16 is absent on purpose: it needs a loss scaler,
+#: which this example leaves out, and its absence from the vocabulary refuses it before launch.
+PRECISIONS: dict[str, Compute] = {
+    # HIGHEST: GPUs would otherwise run fp32 matmuls in TF32 and lose parity
+    "fp32": Compute(np.dtype(np.float32), lax.Precision.HIGHEST),
+    "bf16": Compute(np.dtype(jnp.bfloat16), lax.Precision.DEFAULT),
+}
+
+
+# --------------------------------------------------------------------------- the forward pass
+
+
+@attrs.frozen
+class TrainInputs:
+    """What only a training forward needs: dropout's counters and batch norm's row weights."""
+
+    step: jax.Array  # uint32 scalar: StepBatch.step
+    rows: jax.Array  # uint32 [batch]: Batch.rows, each row's place in the global batch
+    weight: jax.Array  # float32 [batch]: 1 for a real row, 0 for padding
+
+
+# a pytree, so that a compiled function can take it as one argument
+jax.tree_util.register_pytree_node(
+    TrainInputs,
+    lambda inputs: ((inputs.step, inputs.rows, inputs.weight), None),
+    lambda _, children: TrainInputs(*children),
+)
+
+
+@attrs.frozen
+class Env:
+    """One call of the forward pass. ``train`` is None in evaluation. Layers that update
+    non-trainable weights (batch norm's moving statistics) write the new values into
+    ``updates``; the training step carries them to the next micro-batch."""
+
+    weights: Params
+    compute: Compute
+    seed: int
+    train: TrainInputs | None
+    updates: dict[str, jax.Array] = attrs.field(factory=dict)
+
+    def param(self, name: str) -> jax.Array:
+        # bf16 runs cast the float32 master weights here; the gradient flows back in float32.
+        return self.weights[name].astype(self.compute.dtype)
+
+
+#: a built layer: (env, input values in ``node.inputs`` order) -> output value
+Apply = Callable[[Env, Sequence[jax.Array]], jax.Array]
+#: a table entry: the node (layer, shapes, weight prefix) -> its Apply
+Builder = Callable[[Node], Apply]
+#: forward(weights, x, train) -> (float32 outputs, updated non-trainable weights)
+Forward = Callable[[Params, jax.Array, TrainInputs | None], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def build_forward(plan: Plan) -> Forward:
-    """The plan's model as forward(params, x, key). Native models are not supported here."""
-    if plan.model.native is not None:
-        raise PlanError("the jax backend builds models from neutral layers only; "
-                        "model.native is not supported", field="model.native", source=plan.source)
-    dtype = compute_dtype(plan)
-    # Full float32 matmuls in fp32 runs: GPUs would otherwise use TF32 and lose parity.
-    precision = lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
-    named = [(layer_name(layer, index), layer) for index, layer in enumerate(plan.model.layers)]
+    """The plan's model graph as one function; every node is built by its type's LAYERS entry."""
+    graph = plan.model.graph(plan.source)
+    compute = PRECISIONS[plan.train.precision]
+    steps = [(node, LAYERS[type(node.layer)](node)) for node in graph.nodes]
+    float_input = graph.input_dtype == "float32"  # token ids stay int32 for the embedding
 
-    def forward(params: Params, x: jax.Array, key: jax.Array | None) -> jax.Array:
-        x = x.astype(dtype)
-        for index, (name, layer) in enumerate(named):
-            layer_key = None if key is None else jax.random.fold_in(key, index)
-            x = _apply(layer, name, params, x, layer_key, dtype, precision)
-        return x.astype(jnp.float32)
+    def forward(
+        weights: Params, x: jax.Array, train: TrainInputs | None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        env = Env(weights, compute, plan.seed, train)
+        values = {MODEL_INPUT: x.astype(compute.dtype) if float_input else x}
+        for node, apply in steps:
+            values[node.index] = apply(env, [values[source] for source in node.inputs])
+        return values[graph.output].astype(jnp.float32), env.updates
 
     return forward
 
 
-def _param(params: Params, name: str, dtype: np.dtype[Any]) -> jax.Array:
-    # bf16 runs cast the float32 master weights here; the gradient flows back in float32.
-    return params[name].astype(dtype)
+def _layer(node: Node, kind: type[LayerT]) -> LayerT:
+    """The node's layer as its concrete type (LAYERS dispatches on it, so this holds)."""
+    layer = node.layer
+    assert isinstance(layer, kind)
+    return layer
 
 
-def _apply(
-    layer: Layer,
-    name: str,
-    params: Params,
-    x: jax.Array,
-    key: jax.Array | None,
-    dtype: np.dtype[Any],
-    precision: lax.Precision,
-) -> jax.Array:
-    if isinstance(layer, Dense):
-        y = jnp.matmul(x, _param(params, f"{name}.kernel", dtype), precision=precision)
-        return y + _param(params, f"{name}.bias", dtype) if layer.use_bias else y
-    if isinstance(layer, Conv2D):
+def _single(inputs: Sequence[jax.Array]) -> jax.Array:
+    (x,) = inputs
+    return x
+
+
+# --------------------------------------------------------------------------- dense and conv
+
+
+def _dense(node: Node) -> Apply:
+    layer = _layer(node, Dense)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        # matmul contracts the last axis of any rank: [batch, ..., in] @ [in, out]
+        y = jnp.matmul(_single(inputs), env.param(f"{node.path}.kernel"),
+                       precision=env.compute.matmul)
+        return y + env.param(f"{node.path}.bias") if layer.use_bias else y
+
+    return apply
+
+
+def _conv2d(node: Node) -> Apply:
+    layer = _layer(node, Conv2D)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         y = lax.conv_general_dilated(
-            x, _param(params, f"{name}.kernel", dtype),
-            window_strides=(layer.strides, layer.strides), padding=layer.padding.upper(),
-            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision,
+            _single(inputs), env.param(f"{node.path}.kernel"),
+            window_strides=layer.strides, padding=layer.padding.upper(),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=env.compute.matmul,
         )
-        return y + _param(params, f"{name}.bias", dtype) if layer.use_bias else y
-    if isinstance(layer, MaxPool2D):
-        size, stride = layer.pool_size, layer.effective_strides
-        pooled: jax.Array = lax.reduce_window(x, -jnp.inf, lax.max, (1, size, size, 1),
-                                              (1, stride, stride, 1), "VALID")
+        return y + env.param(f"{node.path}.bias") if layer.use_bias else y
+
+    return apply
+
+
+# --------------------------------------------------------------------------- pooling, reshaping
+
+
+def _window(layer: MaxPool2D | AvgPool2D) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """NHWC reduce_window's window and strides: the pool slides over height and width only."""
+    size, stride = layer.pool_size, layer.effective_strides
+    return (1, size, size, 1), (1, stride, stride, 1)
+
+
+def _maxpool2d(node: Node) -> Apply:
+    window, strides = _window(_layer(node, MaxPool2D))
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        pooled: jax.Array = lax.reduce_window(_single(inputs), -jnp.inf, lax.max, window,
+                                              strides, "VALID")
         return pooled
-    if isinstance(layer, Flatten):
+
+    return apply
+
+
+def _avgpool2d(node: Node) -> Apply:
+    window, strides = _window(_layer(node, AvgPool2D))
+    count = math.prod(window)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        # a concrete (numpy) zero: only then does jax see a sum it can differentiate
+        summed: jax.Array = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, window,
+                                              strides, "VALID")
+        return summed / count  # the window's sum, then one division (as torch)
+
+    return apply
+
+
+def _global_avg_pool2d(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return _single(inputs).mean(axis=(1, 2))
+
+    return apply
+
+
+def _flatten(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
         return x.reshape(x.shape[0], -1)  # already channels-last: the neutral order
-    if isinstance(layer, LayerNorm):
-        return _layer_norm(x, params[f"{name}.scale"], params[f"{name}.offset"], layer.eps)
-    if isinstance(layer, Dropout):
-        return x if key is None else _dropout(x, layer.rate, key)
-    if isinstance(layer, ReLU):
-        return jnp.where(x > 0, x, 0)  # gradient 0 at 0, as torch's (jnp.maximum splits it)
-    if isinstance(layer, GELU):
-        return jax.nn.gelu(x, approximate=False)
-    if isinstance(layer, Tanh):
-        return jnp.tanh(x)
-    raise PlanError(f"layer type {layer.type!r} is not supported by the jax backend")
+
+    return apply
 
 
-def _layer_norm(x: jax.Array, scale: jax.Array, offset: jax.Array, eps: float) -> jax.Array:
-    """Over the last axis, in float32 even in bf16 runs (as torch's autocast does)."""
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(axis=-1, keepdims=True)
-    variance = jnp.square(x32 - mean).mean(axis=-1, keepdims=True)
-    normed = (x32 - mean) * lax.rsqrt(variance + eps)
-    return (normed * scale + offset).astype(x.dtype)
+# --------------------------------------------------------------------------- activations
 
 
-def _dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
-    if rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+def _elementwise(function: Callable[[jax.Array], jax.Array]) -> Builder:
+    def build(node: Node) -> Apply:
+        def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+            return function(_single(inputs))
+
+        return apply
+
+    return build
 
 
-def per_row_loss(name: str, outputs: jax.Array, targets: jax.Array) -> jax.Array:
-    """Loss of each row, in float32: cross-entropy on logits, or MSE averaged over outputs."""
-    outputs = outputs.astype(jnp.float32)
-    if name == "cross_entropy":
-        log_probs = jax.nn.log_softmax(outputs, axis=1)
-        return -jnp.take_along_axis(log_probs, targets[:, None].astype(jnp.int32), axis=1)[:, 0]
-    return jnp.square(outputs - targets).mean(axis=1)
+def _relu(x: jax.Array) -> jax.Array:
+    return jnp.where(x > 0, x, 0)  # gradient 0 at 0, as torch's (jnp.maximum splits it)
+
+
+def _gelu(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=False)  # the exact (erf) form
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def _mix(value: jax.Array) -> jax.Array:
+    """crosstrain.core.dropout.mix in uint32: a uint32 multiply wraps around, which is the
+    reference's ``(value * c) & 0xFFFFFFFF``; shifts of unsigned values are logical."""
+    value = value ^ (value >> 16)
+    value = value * np.uint32(MULTIPLIERS[0])
+    value = value ^ (value >> 15)
+    value = value * np.uint32(MULTIPLIERS[1])
+    return value ^ (value >> 16)
+
+
+def keep_mask(
+    seed: int, step: jax.Array, layer: int, rows: jax.Array, features: int, rate: float
+) -> jax.Array:
+    """bool [len(rows), features], bit for bit crosstrain.core.dropout.keep_mask; ``step``
+    and ``rows`` are uint32 (the host masks them to 32 bits), so a new step recompiles
+    nothing."""
+    state = _mix(jnp.asarray(np.uint32(seed & MASK32)))
+    state = _mix(state ^ step.astype(jnp.uint32))
+    state = _mix(state ^ np.uint32(layer & MASK32))
+    per_row = _mix(state ^ rows.astype(jnp.uint32)[:, None])
+    hashed = _mix(per_row ^ jnp.arange(features, dtype=jnp.uint32)[None, :])
+    return (hashed >> (32 - KEEP_BITS)) >= np.uint32(threshold(rate))
+
+
+def _dropout(node: Node) -> Apply:
+    rate = _layer(node, Dropout).rate
+    features = math.prod(node.input_shape)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        if env.train is None or rate == 0.0:
+            return x
+        keep = keep_mask(env.seed, env.train.step, node.index, env.train.rows, features, rate)
+        # (x * keep) * (1 / (1 - rate)), in that order, as the spec rounds it
+        return (x * keep.reshape(x.shape).astype(x.dtype)) * (1.0 / (1.0 - rate))
+
+    return apply
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+def _layernorm(node: Node) -> Apply:
+    eps = _layer(node, LayerNorm).eps
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        """Over the last axis, in float32 even in bf16 runs (as torch's autocast does)."""
+        x = _single(inputs)
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(axis=-1, keepdims=True)
+        variance = jnp.square(x32 - mean).mean(axis=-1, keepdims=True)
+        normed = (x32 - mean) * lax.rsqrt(variance + eps)
+        scale, offset = env.weights[f"{node.path}.scale"], env.weights[f"{node.path}.offset"]
+        return (normed * scale + offset).astype(x.dtype)
+
+    return apply
+
+
+def batch_moments(x: jax.Array, weight: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per feature of the last axis, over the real rows (weight 1) and every other axis:
+    (n, mean, biased variance), two passes. ``x`` holds the global batch (sharded), so these
+    sums are already across every replica."""
+    row_weight = weight.reshape(-1, *([1] * (x.ndim - 1)))
+    axes = tuple(range(x.ndim - 1))
+    n = weight.sum() * math.prod(x.shape[1:-1])
+    # An all-padding micro-batch (n = 0) would divide 0 by 0 and poison the gradient with
+    # NaN even at weight 0; dividing by 1 instead leaves its zero sums zero.
+    divisor = jnp.maximum(n, 1.0)
+    mean = (row_weight * x).sum(axis=axes) / divisor
+    variance = (row_weight * jnp.square(x - mean)).sum(axis=axes) / divisor
+    return n, mean, variance
+
+
+def _batchnorm(node: Node) -> Apply:
+    layer = _layer(node, BatchNorm)
+    names = {param: f"{node.path}.{param}"
+             for param in ("scale", "offset", "moving_mean", "moving_variance")}
+
+    def moved(old: jax.Array, batch: jax.Array, n: jax.Array) -> jax.Array:
+        # A micro-batch of padding only (the tail of an epoch's last step) has no statistics
+        # to contribute: it leaves the moving ones as they were.
+        new = layer.momentum * old + (1 - layer.momentum) * lax.stop_gradient(batch)
+        return jnp.where(n > 0, new, old)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        x32 = x.astype(jnp.float32)  # computed in fp32 whatever the precision
+        if env.train is None:
+            mean = env.weights[names["moving_mean"]]
+            variance = env.weights[names["moving_variance"]]
+        else:
+            n, mean, variance = batch_moments(x32, env.train.weight)
+            # n / (n - 1), with n - 1 clamped at 1 as torch does (one value: variance 0)
+            unbiased = variance * n / jnp.maximum(n - 1, 1.0)
+            env.updates[names["moving_mean"]] = moved(env.weights[names["moving_mean"]], mean, n)
+            env.updates[names["moving_variance"]] = moved(
+                env.weights[names["moving_variance"]], unbiased, n)
+        normed = (x32 - mean) / jnp.sqrt(variance + layer.epsilon)
+        y = normed * env.weights[names["scale"]] + env.weights[names["offset"]]
+        return y.astype(x.dtype)
+
+    return apply
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+def _embedding(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        # int32 ids [batch, length] -> [batch, length, units]; the gradient scatter-adds
+        return jnp.take(env.param(f"{node.path}.table"), _single(inputs), axis=0)
+
+    return apply
+
+
+def _position_embedding(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return _single(inputs) + env.param(f"{node.path}.table")  # broadcast over the batch
+
+    return apply
+
+
+def _attention(node: Node) -> Apply:
+    layer = _layer(node, Attention)
+    length, units = node.input_shape
+    heads, head_units = layer.heads, units // layer.heads
+    # True where query position i may see key position j
+    visible = np.tril(np.ones((length, length), bool)) if layer.causal else None
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+
+        def project(name: str, value: jax.Array) -> jax.Array:
+            kernel = env.param(f"{node.path}.{name}_kernel")
+            y = jnp.matmul(value, kernel, precision=env.compute.matmul)
+            return y + env.param(f"{node.path}.{name}_bias")
+
+        def split(value: jax.Array) -> jax.Array:  # head h takes units h*d .. h*d+d
+            return value.reshape(x.shape[0], length, heads, head_units)
+
+        query, key, value = (split(project(name, x)) for name in ("query", "key", "value"))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=env.compute.matmul,
+                            preferred_element_type=jnp.float32) / math.sqrt(head_units)
+        if visible is not None:
+            scores = jnp.where(visible, scores, -jnp.inf)
+        probabilities = jax.nn.softmax(scores, axis=-1).astype(x.dtype)  # softmax in fp32
+        joined = jnp.einsum("bhqk,bkhd->bqhd", probabilities, value,
+                            precision=env.compute.matmul).reshape(x.shape)
+        return project("output", joined)
+
+    return apply
+
+
+# --------------------------------------------------------------------------- merges
+
+
+def _add(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return functools.reduce(jnp.add, inputs)  # left to right, as the spec rounds it
+
+    return apply
+
+
+def _concat(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return jnp.concatenate(list(inputs), axis=-1)
+
+    return apply
+
+
+#: the layer types this backend speaks: their ``type`` names are its vocabulary's layers.
+#: ``block`` is absent because core resolves blocks into these nodes before a backend builds.
+LAYERS: dict[type[Layer], Builder] = {
+    Dense: _dense,
+    Conv2D: _conv2d,
+    MaxPool2D: _maxpool2d,
+    AvgPool2D: _avgpool2d,
+    GlobalAvgPool2D: _global_avg_pool2d,
+    Flatten: _flatten,
+    ReLU: _elementwise(_relu),
+    GELU: _elementwise(_gelu),
+    Tanh: _elementwise(jnp.tanh),
+    Dropout: _dropout,
+    LayerNorm: _layernorm,
+    BatchNorm: _batchnorm,
+    Embedding: _embedding,
+    PositionEmbedding: _position_embedding,
+    Attention: _attention,
+    Add: _add,
+    Concat: _concat,
+}
+
+
+# --------------------------------------------------------------------------- losses
+
+
+@attrs.frozen
+class Loss:
+    """One loss: each row's loss and (for classification) each row's correct positions,
+    in float32, and how many target positions a row's targets hold."""
+
+    row_loss: Callable[[jax.Array, jax.Array], jax.Array]
+    row_hits: Callable[[jax.Array, jax.Array], jax.Array] | None
+    target_dtype: np.dtype[Any]
+    targets_per_row: Callable[[tuple[int, ...]], int]
+
+
+def _rows(values: jax.Array) -> jax.Array:
+    """Sum each row's values over every axis but the batch axis."""
+    return values.reshape(values.shape[0], -1).sum(axis=1)
+
+
+def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Logits [batch, ..., classes], targets [batch, ...]: the SUM over a row's positions."""
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return -_rows(picked)
+
+
+def _cross_entropy_hits(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """How many of a row's positions have the target as their argmax."""
+    return _rows((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def _mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """The mean over a row's output elements."""
+    return jnp.square(outputs - targets).reshape(outputs.shape[0], -1).mean(axis=1)
+
+
+#: the losses this backend speaks: the keys are its vocabulary's losses
+LOSSES: dict[str, Loss] = {
+    # jax runs 32-bit by default: class ids as int32 (vocabularies far below 2**31)
+    "cross_entropy": Loss(_cross_entropy, _cross_entropy_hits, np.dtype(np.int32),
+                          lambda shape: math.prod(shape[1:])),
+    # a regression row counts once, whatever its number of outputs
+    "mse": Loss(_mse, None, np.dtype(np.float32), lambda shape: 1),
+}
 
 
 def parameter_count(params: Params) -> int:
@@ -150,55 +504,62 @@ def parameter_count(params: Params) -> int:
 # --------------------------------------------------------------------------- compiled steps
 
 
-def make_train_step(plan: Plan, forward: Forward, names: Sequence[str]) -> Callable[..., Any]:
-    """train_step(params, optimizer_state, xs, ys, ws, scale, scalars, key) -> (params,
-    optimizer_state, micro_sums), to be jitted.
+def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> Callable[..., Any]:
+    """train_step(params, buffers, optimizer_state, xs, ys, ws, rows, scale, scalars, step)
+    -> (params, buffers, optimizer_state, micro_sums), to be jitted.
 
-    ``xs``/``ys``/``ws`` stack the step's micro-batches on axis 0; their batch axis is
-    sharded over the devices, so XLA sums each gradient across devices (DESIGN rule 4:
-    every micro-batch loss is sum(weight * loss) * ``scale``, scale = 1 / global real rows).
+    ``params`` are the trainable weights (what the gradient, clipping and the optimizer
+    see), ``buffers`` the others (batch norm's moving statistics, updated by each
+    micro-batch's forward pass in order). ``xs``/``ys``/``ws``/``rows`` stack the step's
+    micro-batches on axis 0; their batch axis is sharded over the devices, so XLA sums each
+    gradient across devices (DESIGN rule 4: each micro-batch loss is sum(weight * row loss)
+    * ``scale``, scale = 1 / global real target positions).
     """
-    loss_name, spec, clip = plan.loss.name, plan.optimizer, plan.train.clip_grad_norm
+    loss, spec, clip = LOSSES[plan.loss.name], plan.optimizer, plan.train.clip_grad_norm
 
     def micro_loss(
-        params: Params, x: jax.Array, y: jax.Array, weight: jax.Array, scale: jax.Array,
-        key: jax.Array,
-    ) -> tuple[jax.Array, jax.Array]:
-        micro_sum = (per_row_loss(loss_name, forward(params, x, key), y) * weight).sum()
-        return micro_sum * scale, micro_sum
+        params: Params, buffers: Params, x: jax.Array, y: jax.Array, train: TrainInputs,
+        scale: jax.Array,
+    ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+        outputs, updates = forward({**params, **buffers}, x, train)
+        micro_sum = (loss.row_loss(outputs, y) * train.weight).sum()
+        return micro_sum * scale, (micro_sum, updates)
 
     gradient = jax.grad(micro_loss, has_aux=True)
 
     def train_step(
-        params: Tree, optimizer_state: OptimizerState, xs: jax.Array, ys: jax.Array, ws: jax.Array,
-        scale: jax.Array, scalars: Mapping[str, jax.Array], key: jax.Array,
-    ) -> tuple[Tree, OptimizerState, jax.Array]:
-        def accumulate(total: Tree, micro: tuple[jax.Array, ...]) -> tuple[Tree, jax.Array]:
-            x, y, weight, index = micro
-            grads, micro_sum = gradient(params, x, y, weight, scale, jax.random.fold_in(key, index))
-            return {name: total[name] + grads[name] for name in total}, micro_sum
+        params: Tree, buffers: Tree, optimizer_state: OptimizerState, xs: jax.Array,
+        ys: jax.Array, ws: jax.Array, rows: jax.Array, scale: jax.Array,
+        scalars: Mapping[str, jax.Array], step: jax.Array,
+    ) -> tuple[Tree, Tree, OptimizerState, jax.Array]:
+        def accumulate(carry: Carry, micro: tuple[jax.Array, ...]) -> tuple[Carry, jax.Array]:
+            total, moving = carry
+            x, y, weight, row = micro
+            grads, (micro_sum, updates) = gradient(
+                params, moving, x, y, TrainInputs(step, row, weight), scale)
+            summed = {name: total[name] + grads[name] for name in total}
+            return (summed, {**moving, **updates}), micro_sum
 
         zeros = {name: jnp.zeros_like(value) for name, value in params.items()}
-        micro_steps = jnp.arange(xs.shape[0])
-        grads, micro_sums = lax.scan(accumulate, zeros, (xs, ys, ws, micro_steps))
+        (grads, buffers), micro_sums = lax.scan(accumulate, (zeros, buffers), (xs, ys, ws, rows))
         if clip is not None:
-            grads = clip_by_global_norm(grads, names, clip)
+            grads = clip_by_global_norm(grads, trainable, clip)
         new_params, new_state = apply_update(spec, params, grads, optimizer_state, scalars)
-        return new_params, new_state, micro_sums
+        return new_params, buffers, new_state, micro_sums
 
     return train_step
 
 
 def make_eval_step(plan: Plan, forward: Forward) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """eval_step(params, x, y) -> (per-row loss, per-row correct), to be jitted. The host sums
-    them in float64, in row order, so the totals do not depend on the device count."""
-    loss_name = plan.loss.name
+    """eval_step(weights, x, y) -> (per-row loss, per-row correct positions), to be jitted.
+    The host sums them in float64, in row order, so the totals do not depend on the device
+    count."""
+    loss = LOSSES[plan.loss.name]
 
-    def eval_step(params: Params, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
-        outputs = forward(params, x, None)
-        losses = per_row_loss(loss_name, outputs, y)
-        if loss_name != "cross_entropy":
-            return losses, jnp.zeros_like(losses)
-        return losses, (jnp.argmax(outputs, axis=1) == y).astype(jnp.float32)
+    def eval_step(weights: Params, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        outputs, _ = forward(weights, x, None)
+        losses = loss.row_loss(outputs, y)
+        hits = jnp.zeros_like(losses) if loss.row_hits is None else loss.row_hits(outputs, y)
+        return losses, hits
 
     return eval_step

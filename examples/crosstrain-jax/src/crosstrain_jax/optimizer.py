@@ -5,12 +5,17 @@ rounding. Scalars that torch computes in Python (double precision) - bias correc
 step sizes, AdamW's decay factor - are computed on the host here too and passed into
 the compiled step as float32 arguments, exactly where torch casts them; so the
 learning rate changes every step without recompiling.
+
+:data:`OPTIMIZERS` maps each optimizer name this backend speaks to its rule; its keys
+are part of the backend's vocabulary, so a plan naming another optimizer is refused
+before launch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,34 +24,40 @@ from crosstrain.core.plan import OptimizerSpec
 Tree = dict[str, jax.Array]
 OptimizerState = dict[str, Tree]
 Scalars = dict[str, float]
+Update = Callable[
+    [OptimizerSpec, Tree, Tree, OptimizerState, Mapping[str, jax.Array]],
+    tuple[Tree, OptimizerState],
+]
 
 #: torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing
 _CLIP_EPS = 1e-6
 
 
-def init_state(spec: OptimizerSpec, params: Mapping[str, jax.Array]) -> OptimizerState:
-    """Zeroed buffers: SGD's momentum buffer, Adam's first and second moments."""
-    def zeros() -> Tree:
-        return {name: jnp.zeros_like(value) for name, value in params.items()}
+@attrs.frozen
+class OptimizerRule:
+    """One optimizer: its zeroed buffers, its per-step host scalars and its traced update."""
 
-    if spec.name == "sgd":
-        return {"momentum": zeros()} if spec.momentum else {}
-    return {"exp_avg": zeros(), "exp_avg_sq": zeros()}
+    init: Callable[[OptimizerSpec, Mapping[str, jax.Array]], OptimizerState]
+    scalars: Callable[[OptimizerSpec, float, int], Scalars]
+    update: Update
+
+
+def init_state(spec: OptimizerSpec, params: Mapping[str, jax.Array]) -> OptimizerState:
+    """Zeroed buffers (SGD's momentum buffer, Adam's moments) for the trainable params."""
+    return OPTIMIZERS[spec.name].init(spec, params)
 
 
 def host_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
     """The per-step scalars torch computes in Python, for optimizer step ``step`` (1-based)."""
-    if spec.name == "sgd":
-        return {"neg_lr": -lr}
-    bias_correction1 = 1 - spec.beta1**step
-    bias_correction2 = 1 - spec.beta2**step
-    scalars = {
-        "neg_step_size": -(lr / bias_correction1),
-        "bias_correction2_sqrt": bias_correction2**0.5,
-    }
-    if spec.name == "adamw":
-        scalars["decay_factor"] = 1 - lr * spec.weight_decay
-    return scalars
+    return OPTIMIZERS[spec.name].scalars(spec, lr, step)
+
+
+def apply_update(
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array],
+) -> tuple[Tree, OptimizerState]:
+    """One optimizer step on every trainable parameter (traced inside the compiled step)."""
+    return OPTIMIZERS[spec.name].update(spec, params, grads, state, scalars)
 
 
 def clip_by_global_norm(grads: Tree, names: Sequence[str], max_norm: float) -> Tree:
@@ -58,14 +69,24 @@ def clip_by_global_norm(grads: Tree, names: Sequence[str], max_norm: float) -> T
     return {name: grad * coefficient for name, grad in grads.items()}
 
 
-def apply_update(
-    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
-) -> tuple[Tree, OptimizerState]:
-    """One optimizer step on every parameter (traced inside the compiled train step)."""
-    if spec.name == "sgd":
-        return _sgd(spec, params, grads, state, scalars)
-    return _adam(spec, params, grads, state, scalars)
+def as_float32(scalars: Scalars) -> dict[str, np.float32]:
+    """Host doubles -> float32 arguments (torch casts a Python scalar to the tensor's dtype)."""
+    return {name: np.float32(value) for name, value in scalars.items()}
+
+
+def _zeros(params: Mapping[str, jax.Array]) -> Tree:
+    return {name: jnp.zeros_like(value) for name, value in params.items()}
+
+
+# --------------------------------------------------------------------------- sgd
+
+
+def _sgd_init(spec: OptimizerSpec, params: Mapping[str, jax.Array]) -> OptimizerState:
+    return {"momentum": _zeros(params)} if spec.momentum else {}
+
+
+def _sgd_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
+    return {"neg_lr": -lr}
 
 
 def _sgd(
@@ -86,6 +107,26 @@ def _sgd(
     return new_params, ({"momentum": new_buffers} if spec.momentum else {})
 
 
+# --------------------------------------------------------------------------- adam, adamw
+
+
+def _adam_init(spec: OptimizerSpec, params: Mapping[str, jax.Array]) -> OptimizerState:
+    return {"exp_avg": _zeros(params), "exp_avg_sq": _zeros(params)}
+
+
+def _adam_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
+    bias_correction1 = 1 - spec.beta1**step
+    bias_correction2 = 1 - spec.beta2**step
+    return {
+        "neg_step_size": -(lr / bias_correction1),
+        "bias_correction2_sqrt": bias_correction2**0.5,
+    }
+
+
+def _adamw_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
+    return {**_adam_scalars(spec, lr, step), "decay_factor": 1 - lr * spec.weight_decay}
+
+
 def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
     """torch.lerp's two-sided formula, which keeps the result exact at either end."""
     if weight < 0.5:
@@ -93,11 +134,10 @@ def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
     return end - (end - start) * (1 - weight)
 
 
-def _adam(
-    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+def _adam_step(
+    decoupled: bool, spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
     scalars: Mapping[str, jax.Array],
 ) -> tuple[Tree, OptimizerState]:
-    decoupled = spec.name == "adamw"
     new_params, exp_avgs, exp_avg_sqs = {}, {}, {}
     for name, param in params.items():
         grad = grads[name]
@@ -115,6 +155,25 @@ def _adam(
     return new_params, {"exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}
 
 
-def as_float32(scalars: Scalars) -> dict[str, np.float32]:
-    """Host doubles -> float32 arguments (torch casts a Python scalar to the tensor's dtype)."""
-    return {name: np.float32(value) for name, value in scalars.items()}
+def _adam(
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array],
+) -> tuple[Tree, OptimizerState]:
+    """L2 weight decay added to the gradient (torch.optim.Adam)."""
+    return _adam_step(False, spec, params, grads, state, scalars)
+
+
+def _adamw(
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array],
+) -> tuple[Tree, OptimizerState]:
+    """Decoupled weight decay (torch.optim.AdamW)."""
+    return _adam_step(True, spec, params, grads, state, scalars)
+
+
+#: the optimizers this backend speaks: the keys are its vocabulary's optimizer names
+OPTIMIZERS: dict[str, OptimizerRule] = {
+    "sgd": OptimizerRule(_sgd_init, _sgd_scalars, _sgd),
+    "adam": OptimizerRule(_adam_init, _adam_scalars, _adam),
+    "adamw": OptimizerRule(_adam_init, _adamw_scalars, _adamw),
+}

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.dropout import MASK32
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.vocabulary import Vocabulary, check_plan_vocabulary
 
 if TYPE_CHECKING:
     import jax
@@ -34,15 +36,16 @@ if TYPE_CHECKING:
 @attrs.define
 class JaxState:
     plan: Plan
-    names: tuple[str, ...]  # parameter names in model order (the clip norm's order, as torch's)
-    params: dict[str, jax.Array]
+    names: tuple[str, ...]  # every weight name in model order (state_dict's order)
+    trainable: tuple[str, ...]  # the optimizer's weights in model order (the clip norm's order)
+    params: dict[str, jax.Array]  # trainable weights
+    buffers: dict[str, jax.Array]  # weights the forward pass updates (batch norm's statistics)
     optimizer_state: OptimizerState
     train_fn: Callable[..., Any]
     eval_fn: Callable[..., Any]
     replicated: NamedSharding
     rows: NamedSharding  # [batch, ...] arrays, batch split over the devices
     micro_rows: NamedSharding  # [micro-step, batch, ...] arrays, batch split over the devices
-    dropout_key: jax.Array
     optimizer_steps: int = 0
 
 
@@ -65,6 +68,20 @@ class JaxStrategy:
     def framework_status(cls) -> FrameworkStatus:
         return _probe_framework()
 
+    @classmethod
+    def vocabulary(cls) -> Vocabulary:
+        """The keys of the model's and optimizer's tables. Importing them imports jax but
+        initialises no jax backend (so no GPU memory is claimed in the launching process)."""
+        from crosstrain_jax.model import LAYERS, LOSSES, PRECISIONS
+        from crosstrain_jax.optimizer import OPTIMIZERS
+
+        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS)
+
+    def check_job(self, job: Job) -> None:
+        from crosstrain_jax.launch import check_job
+
+        check_job(job)
+
     def launch(self, job: Job) -> RunResult:
         from crosstrain_jax.launch import launch
 
@@ -79,23 +96,30 @@ class JaxStrategy:
         from crosstrain_jax.model import build_forward, make_eval_step, make_train_step
         from crosstrain_jax.optimizer import init_state
 
+        # crosstrain checked this before launch; checked again for code that builds directly
+        check_plan_vocabulary(plan, self.vocabulary(), self.name)
         forward = build_forward(plan)
         devices = self.devices or jax.local_devices()[: self.world.local_replicas]
         mesh = Mesh(np.asarray(devices), ("data",))
         replicated = _sharding(mesh)
         names = tuple(weights)
-        params = {name: jax.device_put(np.asarray(weights[name], np.float32), replicated)
-                  for name in names}
-        train_fn = jax.jit(make_train_step(plan, forward, names), out_shardings=replicated,
-                           donate_argnums=(0, 1))
+        trainable = _trainable_names(plan, names)
+
+        def place(subset: Sequence[str]) -> dict[str, jax.Array]:
+            return {name: jax.device_put(np.asarray(weights[name], np.float32), replicated)
+                    for name in subset}
+
+        params = place(trainable)
+        train_fn = jax.jit(make_train_step(plan, forward, trainable), out_shardings=replicated,
+                           donate_argnums=(0, 1, 2))
         return JaxState(
-            plan=plan, names=names, params=params,
+            plan=plan, names=names, trainable=trainable, params=params,
+            buffers=place([name for name in names if name not in params]),
             optimizer_state=jax.device_put(init_state(plan.optimizer, params), replicated),
             train_fn=train_fn, eval_fn=jax.jit(make_eval_step(plan, forward)),
             replicated=replicated,
             rows=_sharding(mesh, "data"),
             micro_rows=_sharding(mesh, None, "data"),
-            dropout_key=jax.random.key(plan.seed),
         )
 
     # ----------------------------------------------------------------- steps
@@ -107,36 +131,41 @@ class JaxStrategy:
 
         self._beat()
         micro = step.micro_batches
-        xs, ys, ws = (
+        xs, ys, ws, rows = (
             jax.device_put(np.stack(arrays), state.micro_rows)
             for arrays in ([batch.x for batch in micro],
                            [_targets(batch, state.plan) for batch in micro],
-                           [batch.weight for batch in micro])
+                           [batch.weight for batch in micro],
+                           [_uint32(batch.rows) for batch in micro])
         )
         state.optimizer_steps += 1
         scalars = as_float32(host_scalars(state.plan.optimizer, lr, state.optimizer_steps))
-        # DESIGN rule 4: one global computation over the whole batch, normalised once.
-        scale = np.float32(1.0 / step.global_real_rows)
-        key = jax.random.fold_in(state.dropout_key, state.optimizer_steps)
-        state.params, state.optimizer_state, micro_sums = state.train_fn(
-            state.params, state.optimizer_state, xs, ys, ws, scale, scalars, key
+        # DESIGN rule 4: one global computation over the whole batch, normalised once, by
+        # the real target positions (rows for a label or a regression, rows x length for tokens)
+        scale = np.float32(1.0 / step.global_real_targets)
+        state.params, state.buffers, state.optimizer_state, micro_sums = state.train_fn(
+            state.params, state.buffers, state.optimizer_state, xs, ys, ws, rows, scale, scalars,
+            _uint32(step.step),
         )
         loss_sum = float(np.asarray(micro_sums, np.float64).sum())
-        return {"loss": loss_sum / step.global_real_rows}
+        return {"loss": loss_sum / step.global_real_targets}
 
     def eval_step(self, state: JaxState, batch: Batch) -> dict[str, float]:
         import jax
 
+        from crosstrain_jax.model import LOSSES
+
         self._beat()
+        loss = LOSSES[state.plan.loss.name]
         x = jax.device_put(batch.x, state.rows)
         y = jax.device_put(_targets(batch, state.plan), state.rows)
-        losses, correct = state.eval_fn(state.params, x, y)
+        losses, hits = state.eval_fn({**state.params, **state.buffers}, x, y)
         # float64 sums on the host, in row order: identical for any number of devices
         weight = batch.weight.astype(np.float64)
         metrics = {"loss_sum": float((np.asarray(losses, np.float64) * weight).sum())}
-        if state.plan.loss.name == "cross_entropy":
-            metrics["correct"] = float((np.asarray(correct, np.float64) * weight).sum())
-        metrics["count"] = float(weight.sum())
+        if loss.row_hits is not None:
+            metrics["correct"] = float((np.asarray(hits, np.float64) * weight).sum())
+        metrics["count"] = float(weight.sum()) * loss.targets_per_row(batch.y.shape)
         return metrics
 
     # ----------------------------------------------------------------- collectives
@@ -157,25 +186,28 @@ class JaxStrategy:
     def state_dict(self, state: JaxState) -> dict[str, np.ndarray]:
         import jax
 
-        host = jax.device_get(state.params)
+        host = jax.device_get({**state.params, **state.buffers})
         return {name: np.array(host[name], dtype=np.float32) for name in state.names}
 
     def load_state_dict(self, state: JaxState, tensors: Mapping[str, np.ndarray]) -> None:
         import jax
 
+        current = {**state.params, **state.buffers}
         missing, unexpected = set(state.names) - set(tensors), set(tensors) - set(state.names)
         if missing or unexpected:
             raise PlanError(f"weights do not match the model: missing {sorted(missing)}, "
                             f"unexpected {sorted(unexpected)}")
         for name in state.names:
-            expected = state.params[name].shape
+            expected = current[name].shape
             if tuple(tensors[name].shape) != expected:
                 raise PlanError(f"weight {name!r} has shape {list(tensors[name].shape)}, "
                                 f"the model expects {list(expected)}")
-        state.params = {
-            name: jax.device_put(np.asarray(tensors[name], np.float32), state.replicated)
-            for name in state.names
-        }
+
+        def place(subset: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+            return {name: jax.device_put(np.asarray(tensors[name], np.float32), state.replicated)
+                    for name in subset}
+
+        state.params, state.buffers = place(state.params), place(state.buffers)
 
     # ----------------------------------------------------------------- helpers
 
@@ -196,8 +228,21 @@ def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
 
 
 def _targets(batch: Batch, plan: Plan) -> np.ndarray:
-    # jax runs 32-bit by default: class labels as int32 (they index 10s of classes, not 2**31)
-    return batch.y.astype(np.int32) if plan.loss.name == "cross_entropy" else batch.y
+    from crosstrain_jax.model import LOSSES
+
+    # jax runs 32-bit by default: int64 class ids go in as int32
+    return batch.y.astype(LOSSES[plan.loss.name].target_dtype)
+
+
+def _uint32(values: np.ndarray | int) -> np.ndarray:
+    """Dropout's counters as the 32-bit values its hash reads (jax holds no int64)."""
+    return (np.asarray(values, np.int64) & MASK32).astype(np.uint32)
+
+
+def _trainable_names(plan: Plan, names: Sequence[str]) -> tuple[str, ...]:
+    """The weights the optimizer sees, in model order: core's specs say which are trainable."""
+    specs = plan.model.graph(plan.source).weight_specs()
+    return tuple(name for name in names if specs[name].trainable)
 
 
 # Run in a child process: initialising a jax backend here would claim the GPUs (jax

@@ -1,14 +1,17 @@
-"""Neutral layers as a Keras 3 model, and weights between neutral and Keras layouts.
+"""The plan's model as a Keras 3 model, weights between neutral and Keras names, and the
+loss and precision tables.
 
-Keras is channels-last like the neutral layouts, so kernels travel as they are:
-Dense [in, out], Conv2D [kh, kw, in, out], and Flatten already flattens in NHWC
-order. Only names change (LayerNorm's ``scale``/``offset`` are Keras's ``gamma``/``beta``).
+The neutral model is a :class:`GraphModel`: one Keras layer per graph node (the table in
+layers.py), named by the node's neutral path and run in graph order. At the edges
+everything is neutral: NHWC inputs, kernels [in, out] and [kh, kw, in, out], weights
+``{node.path}.{param}`` (batch norm's moving statistics included).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import keras
@@ -16,77 +19,54 @@ import numpy as np
 import tensorflow as tf
 
 from crosstrain.backends.common import native_factory
-from crosstrain.core.layers import (
-    GELU,
-    Conv2D,
-    Dense,
-    Dropout,
-    Flatten,
-    Layer,
-    LayerNorm,
-    MaxPool2D,
-    ReLU,
-    Tanh,
-    layer_name,
-)
+from crosstrain.backends.tf.layers import LAYERS, WEIGHTS, ContextLayer, NodeOptions
+from crosstrain.core.graph import MODEL_INPUT, Graph
 from crosstrain.core.plan import Plan
 
-#: Keras dtype policy per plan precision: float32 variables, low-precision compute.
-DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+#: core precision -> Keras dtype policy: float32 variables, low-precision compute
+DTYPE_POLICIES: dict[str, str] = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
-def exact_gelu(x: Any) -> Any:
-    """GELU with erf, as torch's default; Keras's op defaults to the tanh approximation."""
-    return keras.activations.gelu(x, approximate=False)
+class GraphModel(keras.Model):  # type: ignore[misc]
+    """Runs the graph's nodes in order; each reads the outputs of its input nodes.
 
+    ``call(inputs, training, weight, rows, step)``: ``weight`` is the float row mask
+    (1 real, 0 padding), ``rows`` the int64 positions of the rows in the step's global
+    batch and ``step`` the int64 optimizer step; batch norm and dropout read them in
+    training (without them every row is real, rows count from 0, the step is 0)."""
 
-class NeutralDropout(keras.layers.Layer):  # type: ignore[misc]
-    """Dropout drawing from TensorFlow's stateful generator.
+    def __init__(self, graph: Graph, seed: int, policy: str, name: str) -> None:
+        super().__init__(name=name, dtype=policy)
+        self.neutral_graph = graph
+        options = NodeOptions(policy=policy, seed=seed)
+        self.node_layers = [LAYERS[type(node.layer)](node.layer, node, options) for node in graph.nodes]
 
-    Keras's own Dropout keeps its seed in a variable that it assigns on every call,
-    which a MirroredVariable refuses inside a replica; a stateful op draws a fresh
-    mask per replica without any variable."""
+    def build(self, input_shape: Any = None) -> None:
+        """Build every node's layer from the graph's shapes (rows of any count)."""
+        for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
+            shapes = [(None, *shape) for shape in node.input_shapes]
+            layer.build(shapes[0] if node.layer.arity == 1 else shapes)
 
-    def __init__(self, rate: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.rate = rate
+    def call(
+        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
+    ) -> Any:
+        values: dict[int, Any] = {MODEL_INPUT: inputs}
+        for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
+            sources = [values[source] for source in node.inputs]
+            x = sources[0] if node.layer.arity == 1 else sources
+            if isinstance(layer, ContextLayer):
+                values[node.index] = layer(x, training=training, weight=weight, rows=rows, step=step)
+            else:
+                values[node.index] = layer(x)  # Keras passes `training` on through its call context
+        return values[self.neutral_graph.output]
 
-    def call(self, inputs: Any, training: bool | None = None) -> Any:
-        if not training or self.rate == 0.0:
-            return inputs
-        return tf.nn.dropout(inputs, rate=self.rate)
-
-
-def _keras_layer(layer: Layer, name: str, dtype: str) -> keras.layers.Layer:
-    common: dict[str, Any] = {"name": name, "dtype": dtype}
-    if isinstance(layer, Dense):
-        return keras.layers.Dense(layer.units, use_bias=layer.use_bias, **common)
-    if isinstance(layer, Conv2D):
-        return keras.layers.Conv2D(
-            layer.filters,
-            layer.kernel_size,
-            strides=layer.strides,
-            padding=layer.padding,
-            use_bias=layer.use_bias,
-            **common,
-        )
-    if isinstance(layer, MaxPool2D):
-        return keras.layers.MaxPooling2D(
-            layer.pool_size, strides=layer.effective_strides, padding="valid", **common
-        )
-    if isinstance(layer, Flatten):
-        return keras.layers.Flatten(**common)  # channels_last: NHWC order, as the neutral Flatten
-    if isinstance(layer, LayerNorm):
-        return keras.layers.LayerNormalization(axis=-1, epsilon=layer.eps, **common)
-    if isinstance(layer, Dropout):
-        return NeutralDropout(layer.rate, **common)
-    if isinstance(layer, ReLU):
-        return keras.layers.ReLU(**common)
-    if isinstance(layer, GELU):
-        return keras.layers.Activation(exact_gelu, **common)
-    if isinstance(layer, Tanh):
-        return keras.layers.Activation("tanh", **common)
-    raise TypeError(f"the tf backend has no Keras layer for {type(layer).__name__}")
+    def neutral_variables(self) -> dict[str, Any]:
+        """Neutral weight name -> the Keras variable holding it, in the graph's order."""
+        variables: dict[str, Any] = {}
+        for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
+            for param in node.weight_specs():
+                variables[f"{node.path}.{param}"] = getattr(layer, WEIGHTS[type(node.layer)][param])
+        return variables
 
 
 @contextlib.contextmanager
@@ -101,9 +81,10 @@ def _global_dtype_policy(policy: str) -> Iterator[None]:
 
 
 def build_model(plan: Plan) -> keras.Model:
-    """The plan's model as a built keras.Sequential whose layers carry the neutral names.
+    """The plan's model, built: a :class:`GraphModel`, or the native factory's model.
 
-    Call it under the distribution's scope so that its variables are mirrored."""
+    Call it under the distribution's scope so that its variables are mirrored. Its
+    weights start at zero or Keras's defaults: load crosstrain's with :func:`load_neutral`."""
     policy = DTYPE_POLICIES[plan.train.precision]
     if plan.model.native is not None:
         with _global_dtype_policy(policy):
@@ -113,42 +94,35 @@ def build_model(plan: Plan) -> keras.Model:
         if not model.built:
             model.build((None, *plan.model.input_shape))
         return model
-    layers = [
-        _keras_layer(layer, layer_name(layer, index), policy) for index, layer in enumerate(plan.model.layers)
-    ]
-    return keras.Sequential([keras.Input(shape=plan.model.input_shape), *layers], name=plan.name)
+    graph_model = GraphModel(plan.model.graph(plan.source), plan.seed, policy, plan.name)
+    graph_model.build((None, *plan.model.input_shape))
+    return graph_model
 
 
-# --------------------------------------------------------------------------- weight layouts
+def forward(
+    model: keras.Model, x: Any, *, training: bool, weight: Any = None, rows: Any = None, step: Any = None
+) -> Any:
+    """The model's outputs; a native model gets its input alone, as it always has."""
+    if isinstance(model, GraphModel):
+        return model(x, training=training, weight=weight, rows=rows, step=step)
+    return model(x, training=training)
 
-# neutral param -> Keras attribute of the layer; the array layout is the same on both sides
-_KERAS_NAMES: dict[type[Layer], dict[str, str]] = {
-    Dense: {"kernel": "kernel", "bias": "bias"},
-    Conv2D: {"kernel": "kernel", "bias": "bias"},
-    LayerNorm: {"scale": "gamma", "offset": "beta"},
-}
+
+# --------------------------------------------------------------------------- weights
 
 
-def _neutral_variables(model: keras.Model, plan: Plan) -> dict[str, Any]:
-    """Neutral weight name -> the Keras variable holding it."""
-    if plan.model.native is not None:
-        return {variable.path: variable for variable in model.weights}
-    table: dict[str, Any] = {}
-    for index, layer in enumerate(plan.model.layers):
-        name = layer_name(layer, index)
-        keras_layer = model.get_layer(name)
-        for neutral, attribute in _KERAS_NAMES.get(type(layer), {}).items():
-            variable = getattr(keras_layer, attribute, None)
-            if variable is not None:
-                table[f"{name}.{neutral}"] = variable
-    return table
+def _neutral_variables(model: keras.Model) -> dict[str, Any]:
+    """Neutral weight name -> Keras variable; a native model's are its variable paths."""
+    if isinstance(model, GraphModel):
+        return model.neutral_variables()
+    return {variable.path: variable for variable in model.weights}
 
 
 def load_neutral(model: keras.Model, plan: Plan, weights: Mapping[str, np.ndarray]) -> None:
-    """Assign neutral weights to the model (native models take their Keras variable paths).
+    """Assign neutral weights (moving statistics included) to the model.
 
     Outside a replica this writes every mirrored copy, on every device."""
-    variables = _neutral_variables(model, plan)
+    variables = _neutral_variables(model)
     unknown = sorted(set(weights) - set(variables))
     if unknown:
         raise KeyError(f"no variable for weights {unknown} in the tf model")
@@ -164,13 +138,47 @@ def neutral_state(model: keras.Model, plan: Plan) -> dict[str, np.ndarray]:
     """The model's weights under neutral names and channels-last layouts, as float32 numpy."""
     return {
         name: np.asarray(variable.numpy(), dtype=np.float32)
-        for name, variable in _neutral_variables(model, plan).items()
+        for name, variable in _neutral_variables(model).items()
     }
 
 
+# --------------------------------------------------------------------------- losses
+
+
+def _rows_of(tensor: Any) -> Any:
+    """[batch, ...] -> [batch, everything else]."""
+    return tf.reshape(tensor, [tf.shape(tensor)[0], -1])
+
+
+def _cross_entropy_rows(outputs: Any, targets: Any) -> Any:
+    """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions."""
+    per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
+    return tf.reduce_sum(_rows_of(per_position), axis=1)
+
+
+def _mse_rows(outputs: Any, targets: Any) -> Any:
+    """The mean squared error over each row's outputs."""
+    return tf.reduce_mean(_rows_of(tf.square(outputs - tf.reshape(targets, tf.shape(outputs)))), axis=1)
+
+
+#: core loss name -> loss of each row, in float32
+LOSSES: dict[str, Callable[[Any, Any], Any]] = {
+    "cross_entropy": _cross_entropy_rows,
+    "mse": _mse_rows,
+}
+
+
 def per_row_loss(name: str, outputs: Any, targets: Any) -> Any:
-    """Loss of each row, in float32: cross-entropy on logits, or MSE averaged over outputs."""
-    outputs = tf.cast(outputs, tf.float32)
-    if name == "cross_entropy":
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
-    return tf.reduce_mean(tf.square(outputs - targets), axis=1)
+    return LOSSES[name](tf.cast(outputs, tf.float32), targets)
+
+
+def correct_per_row(outputs: Any, targets: Any) -> Any:
+    """How many of each row's target positions the argmax of the logits gets right (float)."""
+    hits = tf.equal(tf.argmax(outputs, axis=-1, output_type=targets.dtype), targets)
+    return tf.reduce_sum(_rows_of(tf.cast(hits, tf.float32)), axis=1)
+
+
+def targets_per_row(targets: Any) -> int:
+    """Target positions in one row, as :attr:`crosstrain.core.data.ArrayDataset.targets_per_row`:
+    every position of integer labels, one for regression targets (averaged within the row)."""
+    return math.prod(targets.shape[1:]) if targets.dtype.is_integer else 1

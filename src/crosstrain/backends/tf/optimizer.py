@@ -18,7 +18,7 @@ import numpy as np
 from crosstrain.core.plan import OptimizerSpec
 
 # Positions in the float32 vector of per-step scalars handed to the compiled step.
-LR, STEP_SIZE, BIAS2_SQRT, DECAY, LOSS_SCALE, REAL_ROWS = range(6)
+LR, STEP_SIZE, BIAS2_SQRT, DECAY, LOSS_SCALE, REAL_TARGETS = range(6)
 
 UpdateRule = Callable[[Any, Any, Sequence[Any], Any], tuple[Any, tuple[Any, ...]]]
 
@@ -53,28 +53,56 @@ def clip_like_torch(grads: list[Any], max_norm: float) -> list[Any]:
     return [g * coefficient for g in grads]
 
 
-def slot_count(spec: OptimizerSpec) -> int:
-    if spec.name == "sgd":
-        return 1 if spec.momentum else 0
-    return 2
-
-
-def step_scalars(spec: OptimizerSpec, lr: float, step: int, loss_scale: float, real_rows: int) -> np.ndarray:
+def step_scalars(
+    spec: OptimizerSpec, lr: float, step: int, loss_scale: float, real_targets: int
+) -> np.ndarray:
     """The per-step scalars in float64, as torch computes them, handed over as float32.
 
-    ``step`` counts from 1 (torch increments Adam's step before using it)."""
-    step_size = bias2_sqrt = decay = 1.0
-    if spec.name != "sgd":
-        step_size = lr / (1 - spec.beta1**step)
-        bias2_sqrt = (1 - spec.beta2**step) ** 0.5
-        if spec.name == "adamw":
-            decay = 1 - lr * spec.weight_decay
-    return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_rows], np.float32)
+    ``step`` counts from 1 (torch increments Adam's step before using it);
+    ``real_targets`` is the step's loss normaliser (``StepBatch.global_real_targets``)."""
+    step_size, bias2_sqrt, decay = OPTIMIZERS[spec.name].corrections(spec, lr, step)
+    return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_targets], np.float32)
 
 
 def update_rule(spec: OptimizerSpec) -> UpdateRule:
     """(variable, grad, slots, scalars) -> (new value, new slots), torch's update order."""
-    return _sgd_rule(spec) if spec.name == "sgd" else _adam_rule(spec)
+    return OPTIMIZERS[spec.name].rule(spec)
+
+
+def slot_count(spec: OptimizerSpec) -> int:
+    """Slots per trainable variable (momentum buffer; Adam's two moments)."""
+    return OPTIMIZERS[spec.name].slots(spec)
+
+
+def make_slots(spec: OptimizerSpec, variables: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Zeroed slots for each of ``variables``, which must be the trainable ones: batch
+    norm's moving statistics are updated by the forward pass, never by an optimizer.
+    Call it under the distribution's scope so the slots are mirrored like the variables."""
+    import tensorflow as tf
+
+    untrainable = [v.name for v in variables if not v.trainable]
+    if untrainable:
+        raise ValueError(f"no optimizer slots for non-trainable variables {untrainable}")
+    count = slot_count(spec)
+    return [
+        tuple(tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for _ in range(count))
+        for v in variables
+    ]
+
+
+def _no_corrections(spec: OptimizerSpec, lr: float, step: int) -> tuple[float, float, float]:
+    return 1.0, 1.0, 1.0
+
+
+def _adam_corrections(spec: OptimizerSpec, lr: float, step: int) -> tuple[float, float, float]:
+    """(step size with the first bias correction, sqrt of the second, no decay factor)."""
+    return lr / (1 - spec.beta1**step), (1 - spec.beta2**step) ** 0.5, 1.0
+
+
+def _adamw_corrections(spec: OptimizerSpec, lr: float, step: int) -> tuple[float, float, float]:
+    """Adam's corrections and AdamW's decoupled decay factor ``1 - lr * weight_decay``."""
+    step_size, bias2_sqrt, _ = _adam_corrections(spec, lr, step)
+    return step_size, bias2_sqrt, 1 - lr * spec.weight_decay
 
 
 def _sgd_rule(spec: OptimizerSpec) -> UpdateRule:
@@ -90,10 +118,9 @@ def _sgd_rule(spec: OptimizerSpec) -> UpdateRule:
     return rule
 
 
-def _adam_rule(spec: OptimizerSpec) -> UpdateRule:
+def _adam_rule(spec: OptimizerSpec, decoupled: bool = False) -> UpdateRule:
+    """Adam; ``decoupled``: AdamW, whose decay scales the weights instead of the gradient."""
     import tensorflow as tf
-
-    decoupled = spec.name == "adamw"
 
     def rule(variable: Any, grad: Any, slots: Sequence[Any], scalars: Any) -> tuple[Any, tuple[Any, ...]]:
         mean, square = slots
@@ -107,3 +134,26 @@ def _adam_rule(spec: OptimizerSpec) -> UpdateRule:
         return variable - scalars[STEP_SIZE] * (mean / denominator), (mean, square)
 
     return rule
+
+
+@attrs.frozen
+class OptimizerKind:
+    """How one core optimizer runs here: its slots, its host-side scalars, its update."""
+
+    slots: Callable[[OptimizerSpec], int]
+    corrections: Callable[[OptimizerSpec, float, int], tuple[float, float, float]]
+    rule: Callable[[OptimizerSpec], UpdateRule]
+
+
+#: core optimizer name -> how it runs; a name missing here is refused before launch
+OPTIMIZERS: dict[str, OptimizerKind] = {
+    "sgd": OptimizerKind(
+        slots=lambda spec: 1 if spec.momentum else 0, corrections=_no_corrections, rule=_sgd_rule
+    ),
+    "adam": OptimizerKind(slots=lambda spec: 2, corrections=_adam_corrections, rule=_adam_rule),
+    "adamw": OptimizerKind(
+        slots=lambda spec: 2,
+        corrections=_adamw_corrections,
+        rule=lambda spec: _adam_rule(spec, decoupled=True),
+    ),
+}

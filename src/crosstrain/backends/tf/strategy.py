@@ -19,16 +19,17 @@ import numpy as np
 
 from crosstrain.backends.tf.optimizer import (
     LOSS_SCALE,
-    REAL_ROWS,
+    REAL_TARGETS,
     DynamicLossScale,
     clip_like_torch,
-    slot_count,
+    make_slots,
     step_scalars,
     update_rule,
 )
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import keras
@@ -42,8 +43,8 @@ class TfState:
     model: keras.Model
     plan: Plan
     slots: list[tuple[Any, ...]]  # optimizer state per trainable variable, mirrored like it
-    train_function: Any  # tf.function: (xs, ys, weights, scalars) -> (loss sum, finite)
-    eval_function: Any  # tf.function: (x, y, weight) -> float64 [loss_sum, (correct,) count]
+    train_function: Any  # tf.function: (xs, ys, weights, rows, step, scalars) -> (loss sum, finite)
+    eval_function: Any  # tf.function: (x, y, weight, rows) -> float64 [loss_sum, (correct,) count]
     optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
     loss_scale: DynamicLossScale | None = None
 
@@ -84,6 +85,15 @@ class TfStrategy:
         devices = ("cpu", *(f"gpu:{index}" for index in range(len(gpus))))
         return FrameworkStatus(importable=True, version=str(tf.__version__), devices=devices)
 
+    @classmethod
+    def vocabulary(cls) -> Vocabulary:
+        """The keys of the tables the model and optimizer are built from."""
+        from crosstrain.backends.tf.layers import LAYERS
+        from crosstrain.backends.tf.model import DTYPE_POLICIES, LOSSES
+        from crosstrain.backends.tf.optimizer import OPTIMIZERS
+
+        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, DTYPE_POLICIES)
+
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
 
@@ -97,20 +107,15 @@ class TfStrategy:
     # ----------------------------------------------------------------- model
 
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TfState:
-        import tensorflow as tf
-
         from crosstrain.backends.tf.model import build_model, load_neutral
 
         with self.distribution.scope():
             model = build_model(plan)
             if weights:
                 load_neutral(model, plan, weights)
+            # the optimizer's variables: batch norm's moving statistics are not among them
             variables = [variable.value for variable in model.trainable_variables]
-            per_variable = slot_count(plan.optimizer)
-            slots = [
-                tuple(tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for _ in range(per_variable))
-                for v in variables
-            ]
+            slots = make_slots(plan.optimizer, variables)
         loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
         return TfState(
             model,
@@ -128,20 +133,23 @@ class TfStrategy:
         xs = np.stack([batch.x for batch in micro])
         ys = np.stack([batch.y for batch in micro])
         weights = np.stack([batch.weight for batch in micro])
+        rows = np.stack([batch.rows for batch in micro]).astype(np.int64)
         scale = state.loss_scale.scale if state.loss_scale else 1.0
-        scalars = step_scalars(
-            state.plan.optimizer, lr, state.optimizer_steps + 1, scale, step.global_real_rows
-        )
-        loss_sum, finite_tensor = state.train_function(xs, ys, weights, scalars)
+        normaliser = step.global_real_targets
+        scalars = step_scalars(state.plan.optimizer, lr, state.optimizer_steps + 1, scale, normaliser)
+        # the step is a tensor, not a Python int, so a new step does not retrace the function
+        step_tensor = np.asarray(step.step, np.int64)
+        loss_sum, finite_tensor = state.train_function(xs, ys, weights, rows, step_tensor, scalars)
         finite = bool(finite_tensor)  # always true below fp16, whose overflowing steps are skipped
         if finite:
             state.optimizer_steps += 1
         if state.loss_scale is not None:
             state.loss_scale.update(finite)
-        return {"loss": float(loss_sum) / step.global_real_rows}
+        return {"loss": float(loss_sum) / normaliser}
 
     def eval_step(self, state: TfState, batch: Batch) -> dict[str, float]:
-        sums = state.eval_function(batch.x, batch.y, batch.weight).numpy()
+        rows = np.asarray(batch.rows, np.int64)
+        sums = state.eval_function(batch.x, batch.y, batch.weight, rows).numpy()
         names = ["loss_sum", "correct", "count"] if len(sums) == 3 else ["loss_sum", "count"]
         return {name: float(value) for name, value in zip(names, sums, strict=True)}
 
@@ -191,11 +199,13 @@ class TfStrategy:
         self, model: Any, variables: list[Any], slots: list[tuple[Any, ...]], plan: Plan
     ) -> Any:
         """One optimizer step as a tf.function: each replica runs forward and backward on
-        its rows of every micro-batch, gradients are summed across replicas (rule 4),
+        its rows of every micro-batch (with their row mask, global row positions and the
+        step, for batch norm and dropout), each micro-batch's weighted loss sum divided by
+        the step's real target positions; gradients are summed across replicas (rule 4),
         then every copy of every variable gets the same update."""
         import tensorflow as tf
 
-        from crosstrain.backends.tf.model import per_row_loss
+        from crosstrain.backends.tf.model import forward, per_row_loss
 
         distribution, local = self.distribution, self.world.local_replicas
         train, loss_name = plan.train, plan.loss.name
@@ -203,22 +213,23 @@ class TfStrategy:
         rule = update_rule(plan.optimizer)
         keras_variables = list(model.trainable_variables)
 
-        def replica_step(xs: Any, ys: Any, weights: Any, scalars: Any) -> tuple[Any, Any, Any]:
+        def replica_step(
+            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any
+        ) -> tuple[Any, Any, Any]:
             context = tf.distribute.get_replica_context()
             part = context.replica_id_in_sync_group % local
             grads: list[Any] = []
             loss_sum = tf.zeros((), tf.float64)
             for index in range(train.grad_accum_steps):
-                x, y, weight = (replica_rows(t[index], part, local) for t in (xs, ys, weights))
+                x, y, weight, row = (replica_rows(t[index], part, local) for t in (xs, ys, weights, rows))
                 with tf.GradientTape() as tape:
-                    micro_sum = tf.reduce_sum(per_row_loss(loss_name, model(x, training=True), y) * weight)
-                    loss = micro_sum / scalars[REAL_ROWS]
+                    outputs = forward(model, x, training=True, weight=weight, rows=row, step=step)
+                    micro_sum = tf.reduce_sum(per_row_loss(loss_name, outputs, y) * weight)
+                    loss = micro_sum / scalars[REAL_TARGETS]
                     if scaled:
                         loss = loss * scalars[LOSS_SCALE]
                 micro_grads = tape.gradient(loss, keras_variables)
-                micro_grads = [
-                    tf.zeros_like(v) if g is None else g for g, v in zip(micro_grads, variables, strict=True)
-                ]
+                micro_grads = [_dense_gradient(g, v) for g, v in zip(micro_grads, variables, strict=True)]
                 grads = (
                     micro_grads if index == 0 else [a + b for a, b in zip(grads, micro_grads, strict=True)]
                 )
@@ -243,8 +254,12 @@ class TfStrategy:
                 slot.assign(new)
             return variable.assign(value)
 
-        def train_function(xs: Any, ys: Any, weights: Any, scalars: Any) -> tuple[Any, Any]:
-            grads, loss_sum, finite = distribution.run(replica_step, args=(xs, ys, weights, scalars))
+        def train_function(
+            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any
+        ) -> tuple[Any, Any]:
+            grads, loss_sum, finite = distribution.run(
+                replica_step, args=(xs, ys, weights, rows, step, scalars)
+            )
             for variable, grad, state in zip(variables, grads, slots, strict=True):
                 distribution.extended.update(
                     variable, apply, args=(grad, finite, scalars, *state), group=False
@@ -258,25 +273,24 @@ class TfStrategy:
         """Float64 sums over the real rows of the whole global batch, across every replica."""
         import tensorflow as tf
 
-        from crosstrain.backends.tf.model import per_row_loss
+        from crosstrain.backends.tf.model import correct_per_row, forward, per_row_loss, targets_per_row
 
         distribution, local = self.distribution, self.world.local_replicas
         classify = plan.loss.name == "cross_entropy"
 
-        def replica_eval(x: Any, y: Any, weight: Any) -> Any:
+        def replica_eval(x: Any, y: Any, weight: Any, rows: Any) -> Any:
             part = tf.distribute.get_replica_context().replica_id_in_sync_group % local
-            x, y, weight = (replica_rows(t, part, local) for t in (x, y, weight))
-            outputs = model(x, training=False)
+            x, y, weight, rows = (replica_rows(t, part, local) for t in (x, y, weight, rows))
+            outputs = forward(model, x, training=False, weight=weight, rows=rows)
             weight = tf.cast(weight, tf.float64)
             sums = [tf.reduce_sum(tf.cast(per_row_loss(plan.loss.name, outputs, y), tf.float64) * weight)]
             if classify:
-                hits = tf.cast(tf.equal(tf.argmax(outputs, axis=1), y), tf.float64)
-                sums.append(tf.reduce_sum(hits * weight))
-            sums.append(tf.reduce_sum(weight))
+                sums.append(tf.reduce_sum(tf.cast(correct_per_row(outputs, y), tf.float64) * weight))
+            sums.append(tf.reduce_sum(weight) * targets_per_row(y))
             return tf.stack(sums)
 
-        def eval_function(x: Any, y: Any, weight: Any) -> Any:
-            per_replica = distribution.run(replica_eval, args=(x, y, weight))
+        def eval_function(x: Any, y: Any, weight: Any, rows: Any) -> Any:
+            per_replica = distribution.run(replica_eval, args=(x, y, weight, rows))
             return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return tf.function(eval_function)
@@ -302,6 +316,14 @@ class TfStrategy:
 
 
 # --------------------------------------------------------------------------- tensor helpers
+
+
+def _dense_gradient(grad: Any, variable: Any) -> Any:
+    """A dense gradient for every variable: zeros where the loss does not reach it, and
+    an embedding's IndexedSlices made dense, which the all-reduce and the update need."""
+    import tensorflow as tf
+
+    return tf.zeros_like(variable) if grad is None else tf.convert_to_tensor(grad)
 
 
 def replica_rows(tensor: Any, part: Any, parts: int) -> Any:

@@ -1,0 +1,14 @@
+"""crosstrain's conformance suite (crosstrain.testing), run on this third-party backend as on
+the built-in ones, and its agreement with the torch reference."""
+
+from __future__ import annotations
+
+from crosstrain.testing.conformance import AgreesWithTorch, BackendConformance
+
+
+class TestJaxConformance(BackendConformance):
+    backend = "jax"
+
+
+class TestJaxAgreesWithTorch(AgreesWithTorch):
+    backend = "jax"

@@ -1,0 +1,66 @@
+"""The backend's vocabulary is its tables' keys, and crosstrain refuses a plan that uses a
+name outside it before anything starts, naming the plan field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import crosstrain
+import pytest
+from crosstrain.core.errors import PlanError
+from crosstrain.core.layers import Attention
+from crosstrain.core.vocabulary import Vocabulary, missing_names
+
+from crosstrain_jax import JaxStrategy, model
+from crosstrain_jax.model import LAYERS, LOSSES, PRECISIONS
+from crosstrain_jax.optimizer import OPTIMIZERS
+from jaxtest_support import run_cli
+
+
+def test_the_vocabulary_is_what_the_tables_hold() -> None:
+    vocabulary = JaxStrategy.vocabulary()
+    assert vocabulary == Vocabulary.of(
+        (layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS)
+    # every core layer type (block is core's structure, not a layer to build), every loss
+    # and optimizer; fp16 would need a loss scaler, which this example leaves out
+    assert missing_names(vocabulary) == {"precisions": ["fp16"]}
+
+
+def test_asking_for_the_vocabulary_starts_no_jax_backend() -> None:
+    # the launching process asks; a started backend would claim the GPUs' memory there
+    code = ("from crosstrain_jax import JaxStrategy\n"
+            "JaxStrategy.vocabulary()\n"
+            "from jax._src import xla_bridge\n"
+            "print(xla_bridge.backends_are_initialized())\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_fp16_is_refused_before_launch_with_the_field_named(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    result = run_cli("-p", "no:tf", "run", str(write_plan()), "--backend", "jax",
+                     "--set", "train.precision='fp16'", "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"crosstrain: error: {tmp_path / 'plan.toml'}: train.precision: "
+        "the jax backend has no precision 'fp16'"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_layer_missing_from_the_table_is_refused_naming_its_field(
+    token_plan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tables are the only source of the vocabulary: take attention out of LAYERS and the
+    # plan that uses it in a block is refused before the output folder or a worker exists.
+    monkeypatch.delitem(model.LAYERS, Attention)
+    with pytest.raises(PlanError) as refused:
+        crosstrain.fit(token_plan, backend="jax", device="cpu", out=tmp_path / "run")
+    assert refused.value.field == "model.blocks.decoder.layers[1]"
+    assert str(refused.value).endswith("the jax backend has no 'attention'")
+    assert not (tmp_path / "run").exists()

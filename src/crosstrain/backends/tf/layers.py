@@ -1,0 +1,358 @@
+"""One Keras layer per neutral layer type, in declared tables (``LAYERS``, ``WEIGHTS``).
+
+Keras is channels-last like the neutral layouts, so kernels travel as they are (Dense
+[in, out], Conv2D [kh, kw, in, out]) and Flatten already flattens in NHWC order. Keras's
+own layers serve where they compute what docs/layers.md specifies; batch norm, dropout,
+embeddings and attention are written here, because the spec fixes what Keras leaves open
+(statistics over real rows of every replica, hash-based masks, fp32 softmax).
+
+A :class:`ContextLayer` also receives the row mask, the rows' global positions and the
+optimizer step (what batch norm and dropout need); the others take their input alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import keras
+import tensorflow as tf
+
+from crosstrain.core import dropout as neutral_dropout
+from crosstrain.core.graph import Node
+from crosstrain.core.layers import (
+    ATTENTION_PROJECTIONS,
+    GELU,
+    Add,
+    Attention,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    GlobalAvgPool2D,
+    Layer,
+    LayerNorm,
+    MaxPool2D,
+    PositionEmbedding,
+    ReLU,
+    Tanh,
+)
+
+
+@attrs.frozen
+class NodeOptions:
+    """What every builder gets besides the layer and its node: the Keras dtype policy's
+    name and the plan's seed (dropout hashes it)."""
+
+    policy: str
+    seed: int
+
+
+def exact_gelu(x: Any) -> Any:
+    """GELU with erf, as torch's default; Keras's op defaults to the tanh approximation."""
+    return keras.activations.gelu(x, approximate=False)
+
+
+class ContextLayer(keras.layers.Layer):  # type: ignore[misc]
+    """A layer whose training forward needs more than its input: ``weight`` (float row
+    mask, 1 real / 0 padding), ``rows`` (int64 positions in the step's global batch) and
+    ``step`` (int64 optimizer step). Without them every row is real, rows count from 0
+    and the step is 0."""
+
+    def call(
+        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
+    ) -> Any:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- batch norm
+
+
+def sum_across_replicas(tensor: Any) -> Any:
+    """The sum over every replica of every process, differentiable (the gradient of an
+    all-reduced sum is the all-reduced sum of the gradients); the identity at world 1."""
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, tensor)
+
+
+class NeutralBatchNorm(ContextLayer):
+    """docs/layers.md's batch norm, in fp32 (built with the float32 policy).
+
+    The moving statistics are non-trainable variables updated in the forward pass. Every
+    replica computes the same global statistics; ``ONLY_FIRST_REPLICA`` makes each update
+    write replica 0's value to every copy, so the copies stay identical bit for bit."""
+
+    def __init__(self, momentum: float, epsilon: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.momentum, self.epsilon = momentum, epsilon
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        features = (int(input_shape[-1]),)  # type: ignore[arg-type]
+        self.scale = self.add_weight(shape=features, initializer="ones", name="scale")
+        self.offset = self.add_weight(shape=features, initializer="zeros", name="offset")
+        self.moving_mean = self._statistic(features, "zeros", "moving_mean")
+        self.moving_variance = self._statistic(features, "ones", "moving_variance")
+
+    def _statistic(self, shape: tuple[int], initializer: str, name: str) -> Any:
+        return self.add_weight(
+            shape=shape,
+            initializer=initializer,
+            trainable=False,
+            autocast=False,
+            aggregation="only_first_replica",
+            name=name,
+        )
+
+    def call(
+        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
+    ) -> Any:
+        x = tf.cast(inputs, tf.float32)
+        if training:
+            mean, variance = self._batch_statistics(x, weight)
+        else:
+            mean, variance = self.moving_mean, self.moving_variance
+        return (x - mean) / tf.sqrt(variance + self.epsilon) * self.scale + self.offset
+
+    def _batch_statistics(self, x: Any, weight: Any) -> tuple[Any, Any]:
+        """Two all-reduced passes over the real rows: the mean, then the biased variance."""
+        rank = len(x.shape)
+        axes = list(range(rank - 1))
+        row_weight = tf.ones(tf.shape(x)[:1]) if weight is None else tf.cast(weight, tf.float32)
+        broadcast = tf.reshape(row_weight, [-1] + [1] * (rank - 1))
+        positions = math.prod(x.shape[1:-1])
+        count = tf.reduce_sum(row_weight) * positions
+        first = sum_across_replicas(tf.concat([tf.reduce_sum(x * broadcast, axes), count[None]], 0))
+        count = tf.stop_gradient(first[-1])
+        # a micro-batch of padding alone (the end of an epoch) has no statistics: divide by
+        # 1 instead of 0 so nothing turns NaN, and leave the moving statistics alone
+        divisor = tf.maximum(count, 1.0)
+        mean = first[:-1] / divisor
+        variance = sum_across_replicas(tf.reduce_sum(tf.square(x - mean) * broadcast, axes)) / divisor
+        self._update_moving(tf.stop_gradient(mean), tf.stop_gradient(variance), count)
+        return mean, variance
+
+    def _update_moving(self, mean: Any, variance: Any, count: Any) -> None:
+        unbiased = variance * (count / tf.maximum(count - 1.0, 1.0))
+        real = count > 0.0
+        for variable, batch in ((self.moving_mean, mean), (self.moving_variance, unbiased)):
+            moved = self.momentum * variable + (1.0 - self.momentum) * batch
+            variable.assign(tf.where(real, moved, variable))
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def _mix(value: Any) -> Any:
+    """crosstrain.core.dropout.mix in TensorFlow's int64 ops (products stay below 2**63)."""
+    first, second = neutral_dropout.MULTIPLIERS
+    mask = tf.constant(neutral_dropout.MASK32, tf.int64)
+    value = tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(16, tf.int64)))
+    value = tf.bitwise.bitwise_and(value * first, mask)
+    value = tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(15, tf.int64)))
+    value = tf.bitwise.bitwise_and(value * second, mask)
+    return tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(16, tf.int64)))
+
+
+def keep_mask(seed: int, step: Any, layer: int, rows: Any, features: int, rate: float) -> Any:
+    """bool [rows, features], bit for bit :func:`crosstrain.core.dropout.keep_mask`."""
+    mask = tf.constant(neutral_dropout.MASK32, tf.int64)
+    step = tf.bitwise.bitwise_and(tf.cast(step, tf.int64), mask)
+    state = _mix(tf.constant(seed & neutral_dropout.MASK32, tf.int64))
+    state = _mix(tf.bitwise.bitwise_xor(state, step))
+    state = _mix(tf.bitwise.bitwise_xor(state, tf.constant(layer & neutral_dropout.MASK32, tf.int64)))
+    per_row = _mix(
+        tf.bitwise.bitwise_xor(state, tf.bitwise.bitwise_and(tf.cast(rows, tf.int64), mask)[:, None])
+    )
+    hashed = _mix(tf.bitwise.bitwise_xor(per_row, tf.range(features, dtype=tf.int64)[None, :]))
+    top = tf.bitwise.right_shift(hashed, tf.constant(32 - neutral_dropout.KEEP_BITS, tf.int64))
+    return top >= neutral_dropout.threshold(rate)
+
+
+class HashDropout(ContextLayer):
+    """Dropout whose mask hashes (seed, step, node index, global row, feature): the same
+    units drop in every framework and at every world size, with no generator state."""
+
+    def __init__(self, rate: float, seed: int, layer_index: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rate, self.seed, self.layer_index = rate, seed, layer_index
+
+    def call(
+        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
+    ) -> Any:
+        if not training or self.rate == 0.0:
+            return inputs
+        rows = tf.range(tf.shape(inputs)[0], dtype=tf.int64) if rows is None else rows
+        step = tf.zeros((), tf.int64) if step is None else step
+        features = math.prod(inputs.shape[1:])
+        keep = keep_mask(self.seed, step, self.layer_index, rows, features, self.rate)
+        keep = tf.cast(tf.reshape(keep, tf.shape(inputs)), inputs.dtype)
+        return (inputs * keep) * (1.0 / (1.0 - self.rate))
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+class TokenEmbedding(keras.layers.Layer):  # type: ignore[misc]
+    """``table[ids]``; the table's gradient comes back as IndexedSlices."""
+
+    def __init__(self, vocab_size: int, units: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.vocab_size, self.units = vocab_size, units
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.table = self.add_weight(shape=(self.vocab_size, self.units), initializer="zeros", name="table")
+
+    def call(self, inputs: Any) -> Any:
+        return tf.cast(tf.gather(self.table, tf.cast(inputs, tf.int32)), self.compute_dtype)
+
+
+class PositionTable(keras.layers.Layer):  # type: ignore[misc]
+    """``x + table``, the table [length, units] broadcast over the batch."""
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.table = self.add_weight(shape=tuple(input_shape[1:]), initializer="zeros", name="table")
+
+    def call(self, inputs: Any) -> Any:
+        return inputs + tf.cast(self.table, inputs.dtype)
+
+
+class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
+    """Multi-head self-attention as docs/layers.md writes it: projections in the compute
+    dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32, later positions
+    masked when causal."""
+
+    def __init__(self, heads: int, causal: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.heads, self.causal = heads, causal
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        units = int(input_shape[-1])  # type: ignore[arg-type]
+        for projection in ATTENTION_PROJECTIONS:
+            kernel = self.add_weight(shape=(units, units), initializer="zeros", name=f"{projection}_kernel")
+            bias = self.add_weight(shape=(units,), initializer="zeros", name=f"{projection}_bias")
+            setattr(self, f"{projection}_kernel", kernel)
+            setattr(self, f"{projection}_bias", bias)
+
+    def _project(self, x: Any, projection: str) -> Any:
+        kernel = tf.cast(getattr(self, f"{projection}_kernel"), self.compute_dtype)
+        bias = tf.cast(getattr(self, f"{projection}_bias"), self.compute_dtype)
+        return tf.matmul(x, kernel) + bias
+
+    def call(self, inputs: Any) -> Any:
+        length, units = int(inputs.shape[1]), int(inputs.shape[2])
+        depth = units // self.heads
+
+        def split(projection: str) -> Any:  # [batch, length, units] -> [batch, heads, length, depth]
+            heads = tf.reshape(self._project(inputs, projection), [-1, length, self.heads, depth])
+            return tf.transpose(heads, [0, 2, 1, 3])
+
+        query, key, value = split("query"), split("key"), split("value")
+        scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32) / math.sqrt(depth)
+        if self.causal:
+            allowed = tf.linalg.band_part(tf.ones((length, length), tf.bool), -1, 0)
+            scores = tf.where(allowed, scores, tf.constant(-math.inf, tf.float32))
+        weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
+        attended = tf.transpose(tf.matmul(weights, value), [0, 2, 1, 3])
+        return self._project(tf.reshape(attended, [-1, length, units]), "output")
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+Builder = Callable[[Any, Node, NodeOptions], keras.layers.Layer]
+
+
+def _named(node: Node, options: NodeOptions) -> dict[str, Any]:
+    """Keras accepts the neutral path (dots included) as a layer name: weights are
+    ``{layer.name}.{variable.name}`` on both sides."""
+    return {"name": node.path, "dtype": options.policy}
+
+
+def _dense(layer: Dense, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return keras.layers.Dense(layer.units, use_bias=layer.use_bias, **_named(node, options))
+
+
+def _conv2d(layer: Conv2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return keras.layers.Conv2D(
+        layer.filters,
+        layer.kernel_size,
+        strides=layer.strides,
+        padding=layer.padding,
+        use_bias=layer.use_bias,
+        **_named(node, options),
+    )
+
+
+def _max_pool(layer: MaxPool2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return keras.layers.MaxPooling2D(
+        layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
+    )
+
+
+def _avg_pool(layer: AvgPool2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return keras.layers.AveragePooling2D(
+        layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
+    )
+
+
+def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    # the spec computes batch norm in fp32 whatever the precision
+    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype="float32")
+
+
+def _keras(factory: Callable[..., keras.layers.Layer], *args: Any, **kwargs: Any) -> Builder:
+    """A builder for a layer whose Keras form needs nothing from the neutral layer."""
+    return lambda layer, node, options: factory(*args, **kwargs, **_named(node, options))
+
+
+#: core layer type -> its Keras layer; core's graph resolves blocks, so Block has no row
+LAYERS: dict[type[Layer], Builder] = {
+    Dense: _dense,
+    Conv2D: _conv2d,
+    MaxPool2D: _max_pool,
+    AvgPool2D: _avg_pool,
+    GlobalAvgPool2D: _keras(keras.layers.GlobalAveragePooling2D),
+    Flatten: _keras(keras.layers.Flatten),  # channels_last: NHWC order, as the neutral Flatten
+    ReLU: _keras(keras.layers.ReLU),  # gradient 0 at 0, as torch's
+    GELU: _keras(keras.layers.Activation, exact_gelu),
+    Tanh: _keras(keras.layers.Activation, "tanh"),
+    Dropout: lambda layer, node, options: HashDropout(
+        layer.rate, options.seed, node.index, **_named(node, options)
+    ),
+    LayerNorm: lambda layer, node, options: keras.layers.LayerNormalization(
+        axis=-1, epsilon=layer.eps, **_named(node, options)
+    ),
+    BatchNorm: _batch_norm,
+    Embedding: lambda layer, node, options: TokenEmbedding(
+        layer.vocab_size, layer.units, **_named(node, options)
+    ),
+    PositionEmbedding: _keras(PositionTable),
+    Attention: lambda layer, node, options: SelfAttention(layer.heads, layer.causal, **_named(node, options)),
+    Add: _keras(keras.layers.Add),  # sums left to right
+    Concat: _keras(keras.layers.Concatenate, axis=-1),
+}
+
+_SAME = {"kernel": "kernel", "bias": "bias"}
+_OWN_NAMES = ("scale", "offset", "moving_mean", "moving_variance")
+
+#: core layer type -> neutral param -> the Keras layer's attribute holding it (same array
+#: layout on both sides); a type without a row has no weights
+WEIGHTS: dict[type[Layer], dict[str, str]] = {
+    Dense: _SAME,
+    Conv2D: _SAME,
+    LayerNorm: {"scale": "gamma", "offset": "beta"},
+    BatchNorm: {name: name for name in _OWN_NAMES},
+    Embedding: {"table": "table"},
+    PositionEmbedding: {"table": "table"},
+    Attention: {
+        f"{projection}_{param}": f"{projection}_{param}"
+        for projection in ATTENTION_PROJECTIONS
+        for param in ("kernel", "bias")
+    },
+}
