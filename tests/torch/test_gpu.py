@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES, run_cli
-from tests.support import summary
+from tests.support import step_losses, summary
 
 torch = pytest.importorskip("torch")
 
@@ -58,3 +58,35 @@ def test_gpu_request_without_enough_gpus_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert f"needs {too_many} GPUs" in result.stderr
+
+
+def test_dropout_masks_on_the_gpu_equal_the_numpy_reference() -> None:
+    import numpy as np
+
+    from crosstrain.backends.torch.layers import keep_mask
+    from crosstrain.core.dropout import keep_mask as reference
+
+    rows = np.array([0, 3, 2**31 + 5, 2**32 - 1], np.int64)
+    on_gpu = keep_mask(2**40 + 1, 77, 4, torch.from_numpy(rows).cuda(), 999, 0.25).cpu().numpy()
+    assert np.array_equal(on_gpu, reference(2**40 + 1, 77, 4, rows, 999, 0.25))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_residual_network_trains_on_gpu(tmp_path: Path, precision: str) -> None:
+    result = run_cli(
+        "run", str(EXAMPLES / "digits_resnet.toml"), "--device", "gpu", "--nproc", "1",
+        "--out", str(tmp_path), "--set", f"train.precision='{precision}'",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert summary(tmp_path)["eval"]["accuracy"] >= 0.95
+
+
+def test_the_decoder_trains_on_gpu_in_bf16(tmp_path: Path) -> None:
+    result = run_cli(
+        "run", str(EXAMPLES / "stdlib_gpt.toml"), "--device", "gpu", "--nproc", "1", "--out", str(tmp_path),
+        "--set", "train.precision='bf16'", "--set", "train.max_steps=200",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    losses = step_losses(tmp_path)
+    assert losses[-20:].mean() < 0.7 * losses[:20].mean()
+    assert summary(tmp_path)["eval"]["count"] == 2000 * 128  # every byte of the held-out windows
