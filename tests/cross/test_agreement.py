@@ -1,5 +1,6 @@
 """tf against the torch reference on the conformance plans (dropout MLP, residual CNN with
-batch norm, GPT with dropout), and on the shipped examples through `crosstrain compare`."""
+batch norm, GPT with dropout), and on the shipped examples (the Keras MNIST-style MLP with
+Dropout(0.5), the residual network, the decoder) through `crosstrain compare`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class TestTfAgreesWithTorch(AgreesWithTorch):
 @pytest.mark.parametrize(
     ("example", "settings"),
     [
+        ("digits_keras_mlp.toml", []),
         ("digits_resnet.toml", []),
         ("stdlib_gpt.toml", ["data.limit=2000"]),  # the corpus' first 2,000 windows are enough
     ],
