@@ -1,0 +1,184 @@
+"""One small case per core layer type, and the torch reference's forward and gradients on
+it: every backend's per-op parity test (crosstrain's tf, a third party's) compares against
+the same numbers.
+
+A backend's test builds its model from :func:`case_plan`, loads :func:`case_weights`,
+runs a training forward on ``inputs["x"]`` with the row mask, row positions and
+:data:`STEP`, differentiates ``sum(outputs * inputs["upstream"])`` and hands the result to
+:func:`assert_same_results` with the torch reference's (:func:`torch_results`). A core
+layer type without a case here fails ``missing_cases()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from crosstrain.core.layers import (
+    GELU,
+    LAYER_TYPES,
+    Add,
+    Attention,
+    AvgPool2D,
+    BatchNorm,
+    Block,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    DType,
+    Embedding,
+    Flatten,
+    GlobalAvgPool2D,
+    Layer,
+    LayerNorm,
+    MaxPool2D,
+    PositionEmbedding,
+    ReLU,
+    Tanh,
+)
+from crosstrain.core.plan import BlockSpec, ModelSpec, Plan
+
+#: relative to the largest value of each compared array
+TOLERANCE = 1e-5
+#: the optimizer step the training forward runs at (dropout hashes it)
+STEP = 7
+ROWS = 5
+
+# layer type -> (input shape, layers): the type under test, with what it needs around it
+CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
+    Dense: ((5, 6), (Dense(units=4),)),  # on the last axis of a sequence
+    Conv2D: ((7, 6, 3), (Conv2D(filters=4, kernel_size=(3, 2), strides=(2, 1)),)),
+    MaxPool2D: ((6, 6, 3), (MaxPool2D(pool_size=3, strides=1),)),
+    AvgPool2D: ((6, 5, 3), (AvgPool2D(pool_size=2),)),
+    GlobalAvgPool2D: ((4, 3, 5), (GlobalAvgPool2D(),)),
+    Flatten: ((3, 4, 2), (Flatten(), Dense(units=3))),
+    ReLU: ((10,), (ReLU(),)),
+    GELU: ((10,), (GELU(),)),
+    Tanh: ((10,), (Tanh(),)),
+    Dropout: ((4, 10), (Dropout(rate=0.3),)),
+    LayerNorm: ((6, 8), (LayerNorm(eps=1e-3),)),
+    BatchNorm: ((4, 4, 3), (BatchNorm(momentum=0.7),)),
+    Embedding: ((6,), (Embedding(vocab_size=11, units=4),)),
+    PositionEmbedding: ((6, 4), (PositionEmbedding(),)),
+    Attention: ((6, 8), (Attention(heads=2, causal=True),)),
+    Add: (
+        (5,),
+        (Dense(units=4, name="a"), Dense(units=4, inputs=("input",), name="b"), Add(inputs=("a", "b", "a"))),
+    ),
+    Concat: (
+        (5,),
+        (Dense(units=3, name="a"), Dense(units=2, inputs=("input",), name="b"), Concat(inputs=("b", "a"))),
+    ),
+    Block: ((5,), (Block(block="twice", repeat=2),)),
+}
+_BLOCKS = {"twice": BlockSpec(layers=(Dense(units=5), Tanh()))}
+
+
+def missing_cases() -> list[str]:
+    """Core layer types with no case: a new type must bring one."""
+    return sorted(kind.type for kind in set(LAYER_TYPES.values()) - set(CASES))
+
+
+def case_plan(kind: type[Layer]) -> Plan:
+    input_shape, layers = CASES[kind]
+    dtype: DType = "int32" if kind is Embedding else "float32"
+    blocks = dict(_BLOCKS) if kind is Block else {}
+    return Plan(
+        model=ModelSpec(input_shape=input_shape, input_dtype=dtype, layers=layers, blocks=blocks), seed=4
+    )
+
+
+def case_inputs(plan: Plan) -> dict[str, np.ndarray]:
+    """``x``, the row mask (one padding row: batch norm must skip it), row positions and the
+    upstream gradient."""
+    rng = np.random.default_rng(1)
+    shape = (ROWS, *plan.model.input_shape)
+    if plan.model.input_dtype == "int32":
+        x = rng.integers(0, 11, size=shape).astype(np.int32)
+    else:
+        x = rng.normal(size=shape).astype(np.float32)
+    return {
+        "x": x,
+        "weight": np.array([1, 1, 0, 1, 1], np.float32),
+        "rows": np.arange(8, 8 + ROWS, dtype=np.int64),
+        "upstream": rng.normal(size=(ROWS, *plan.model.graph().output_shape)).astype(np.float32),
+    }
+
+
+def case_weights(plan: Plan) -> dict[str, np.ndarray]:
+    """Initial weights moved off their start (biases and offsets are not all zero)."""
+    rng = np.random.default_rng(2)
+    initial = plan.model.graph().init_weights(plan.seed)
+    return {
+        name: value + rng.normal(size=value.shape).astype(np.float32) * 0.1 for name, value in initial.items()
+    }
+
+
+def trainable_names(plan: Plan) -> list[str]:
+    return [name for name, spec in plan.model.graph().weight_specs().items() if spec.trainable]
+
+
+@attrs.frozen(eq=False)
+class CaseResults:
+    """What a backend computed on a case: outputs, d/d input (None for token ids), d/d each
+    trainable neutral weight, and every neutral weight after the forward (running statistics)."""
+
+    outputs: np.ndarray
+    input_gradient: np.ndarray | None
+    weight_gradients: Mapping[str, np.ndarray]
+    weights_after: Mapping[str, np.ndarray]
+
+
+def assert_same_results(actual: CaseResults, expected: CaseResults) -> None:
+    """Equal within :data:`TOLERANCE` of each array's largest value; a gradient that is zero
+    in exact arithmetic (attention's key bias: softmax ignores a shift shared by all keys) is
+    rounding noise on both sides, so gradients are measured against the largest one."""
+    _close(actual.outputs, expected.outputs, "outputs")
+    assert (actual.input_gradient is None) == (expected.input_gradient is None)
+    gradients = dict(expected.weight_gradients)
+    if expected.input_gradient is not None:
+        gradients["input"] = expected.input_gradient
+    scale = max((float(np.abs(value).max()) for value in gradients.values()), default=0.0)
+    assert sorted(actual.weight_gradients) == sorted(expected.weight_gradients)
+    for name, value in expected.weight_gradients.items():
+        _close(actual.weight_gradients[name], value, f"d/d {name}", scale)
+    if expected.input_gradient is not None:
+        assert actual.input_gradient is not None
+        _close(actual.input_gradient, expected.input_gradient, "d/d input", scale)
+    assert sorted(actual.weights_after) == sorted(expected.weights_after)
+    for name, value in expected.weights_after.items():
+        _close(actual.weights_after[name], value, f"{name} after the forward")
+
+
+def _close(actual: np.ndarray, expected: np.ndarray, name: str, floor: float = 0.0) -> None:
+    scale = max(float(np.abs(expected).max()), floor, 1e-6)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=TOLERANCE * scale, err_msg=name)
+
+
+def torch_results(plan: Plan) -> CaseResults:
+    """The torch backend's results on a case: the reference."""
+    import torch
+
+    from crosstrain.backends.torch.model import build_module, load_neutral, neutral_state
+
+    inputs = case_inputs(plan)
+    module = build_module(plan)
+    load_neutral(module, plan, case_weights(plan))
+    module.train()
+    x = torch.from_numpy(inputs["x"])
+    if x.is_floating_point():
+        x.requires_grad_()
+    outputs = module(x, torch.from_numpy(inputs["weight"]), torch.from_numpy(inputs["rows"]), STEP)
+    (outputs * torch.from_numpy(inputs["upstream"])).sum().backward()
+    after = neutral_state(module, plan)
+    with torch.no_grad():  # the gradients in the weights' place: neutral_state lays them out
+        for parameter in module.parameters():
+            assert parameter.grad is not None
+            parameter.copy_(parameter.grad)
+    trainable = set(trainable_names(plan))
+    gradients = {name: value for name, value in neutral_state(module, plan).items() if name in trainable}
+    input_gradient = None if x.grad is None else x.grad.numpy()
+    return CaseResults(outputs.detach().numpy(), input_gradient, gradients, after)
