@@ -160,4 +160,7 @@ def test_batchnorm_statistics_span_worker_processes(tmp_path: Path) -> None:
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "workers")
     assert len(one) == 6
     assert max_relative_difference(two, one) <= 1e-5
-    assert_same_eval(summary(tmp_path / "workers")["eval"], summary(tmp_path / "one")["eval"])
+    # trained weights, apart by float rounding: eval within the step tolerance, a tie may flip
+    assert_same_eval(
+        summary(tmp_path / "workers")["eval"], summary(tmp_path / "one")["eval"], loss_tolerance=1e-5, flips=1
+    )
