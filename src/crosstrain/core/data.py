@@ -62,18 +62,57 @@ class Datasets:
 
 
 @attrs.frozen(eq=False)
+class RowSource:
+    """Where a batch's rows live: the data set and the row indices to read from it."""
+
+    dataset: ArrayDataset
+    indices: np.ndarray
+
+
+@attrs.define(eq=False)
 class Batch:
     """One replica-group's rows. ``weight`` is 1 for a real row and 0 for padding; ``rows``
-    is each row's position in the step's global batch (what dropout masks hash)."""
+    is each row's position in the step's global batch (what dropout masks hash).
 
-    x: np.ndarray
-    y: np.ndarray
+    The loop hands backends *index* batches (``source``: the data set and row indices), so
+    a backend that keeps the data on its device gathers the rows there; ``x``/``y`` read
+    them on the host, once, the first time they are asked for. A batch may also be built
+    from arrays directly."""
+
+    _x: np.ndarray | None = attrs.field(alias="x")
+    _y: np.ndarray | None = attrs.field(alias="y")
     weight: np.ndarray
     rows: np.ndarray = attrs.field()
+    source: RowSource | None = attrs.field(default=None, kw_only=True)
 
     @rows.default
     def _rows_from_zero(self) -> np.ndarray:
         return np.arange(len(self.weight), dtype=np.int64)
+
+    @classmethod
+    def of_rows(
+        cls, dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, rows: np.ndarray
+    ) -> Batch:
+        return cls(None, None, weight, rows, source=RowSource(dataset, indices))
+
+    @property
+    def x(self) -> np.ndarray:
+        if self._x is None:
+            self._gather()
+        assert self._x is not None
+        return self._x
+
+    @property
+    def y(self) -> np.ndarray:
+        if self._y is None:
+            self._gather()
+        assert self._y is not None
+        return self._y
+
+    def _gather(self) -> None:
+        assert self.source is not None, "a batch holds either arrays or a row source"
+        self._x = np.asarray(self.source.dataset.x[self.source.indices])
+        self._y = np.asarray(self.source.dataset.y[self.source.indices])
 
     @property
     def real_rows(self) -> int:
@@ -314,7 +353,7 @@ def shard(dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, part: 
     size = len(indices) // parts
     rows = slice(part * size, (part + 1) * size)
     positions = np.arange(part * size, (part + 1) * size, dtype=np.int64)
-    return Batch(dataset.x[indices[rows]], dataset.y[indices[rows]], weight[rows], positions)
+    return Batch.of_rows(dataset, indices[rows], weight[rows], positions)
 
 
 def step_batch(
@@ -343,7 +382,8 @@ def step_batch(
             process_index,
             process_count,
         )
-        batches.append(attrs.evolve(part, rows=part.rows + m * micro))
+        part.rows = part.rows + m * micro
+        batches.append(part)
     return StepBatch(
         tuple(batches), global_real_rows=int(weight.sum()), step=step, targets_per_row=dataset.targets_per_row
     )

@@ -28,7 +28,7 @@ from crosstrain.core.data import (
 )
 from crosstrain.core.plan import Plan
 from crosstrain.core.schedule import LearningRateSchedule
-from crosstrain.core.strategy import DistributedStrategy, Job
+from crosstrain.core.strategy import DistributedStrategy, Job, PlacesData
 
 CHECKPOINT_FILE = "model.safetensors"
 
@@ -81,6 +81,8 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     )
     try:
         state = strategy.build(plan, initial_weights(plan))
+        if isinstance(strategy, PlacesData):
+            strategy.place_data(state, datasets)
         hook.crosstrain_train_start(context=context)
         progress = _Progress()
         schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, context.total_steps)

@@ -28,6 +28,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 LossName = Literal["cross_entropy", "mse"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 DataSource = Literal["digits", "npz", "tokens", "python-stdlib"]
+Placement = Literal["auto", "device", "host"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
 OPTIMIZERS: tuple[str, ...] = typing.get_args(OptimizerName)
@@ -119,6 +120,10 @@ class DataSpec:
     eval_path: str | None = None
     limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     shuffle: bool = True
+    #: where the backend keeps the arrays: "device" (once, gathering each step's rows there),
+    #: "host" (gathering on the host and copying each step), or "auto" (the device when the
+    #: data fits in a share of its free memory, and the device is an accelerator)
+    placement: Placement = "auto"
 
     def __attrs_post_init__(self) -> None:
         if self.source in ("npz", "tokens") and self.path is None:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 import attrs
 import numpy as np
 
-from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.plan import Plan
 
 DeviceChoice = Literal["auto", "cpu", "gpu"]
@@ -96,6 +96,18 @@ class ChecksJob(Protocol):
 
     def check_job(self, job: Job) -> None:
         """Raise :class:`~crosstrain.core.errors.BackendError` naming what does not fit."""
+        ...
+
+
+@runtime_checkable
+class PlacesData(Protocol):
+    """Optional capability: keep the data sets where the backend computes. The loop calls
+    it once after ``build``; the batches it then hands over carry row indices
+    (``Batch.source``), which the backend gathers where it placed the data. Without it, a
+    backend reads ``batch.x``/``batch.y``: rows gathered on the host."""
+
+    def place_data(self, state: Any, datasets: Datasets) -> None:
+        """Place (or decide not to place) the data per ``plan.data.placement``."""
         ...
 
 

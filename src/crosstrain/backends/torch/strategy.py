@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 
-from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import torch
+
+    from crosstrain.backends.torch.feed import Feed
 
 
 @attrs.define
@@ -31,6 +33,7 @@ class TorchState:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
     plan: Plan
+    feed: Feed  # where the data sits and how a batch's rows reach the device
 
 
 #: core precision -> the autocast dtype (None: plain fp32)
@@ -109,7 +112,14 @@ class TorchStrategy:
         scaler = None
         if plan.train.precision == "fp16":
             scaler = torch.amp.GradScaler(torch.device(self.device).type)
-        return TorchState(module, model, make_optimizer(module, plan.optimizer), scaler, plan)
+        from crosstrain.backends.torch.feed import Feed
+
+        return TorchState(
+            module, model, make_optimizer(module, plan.optimizer), scaler, plan, Feed(self.device)
+        )
+
+    def place_data(self, state: TorchState, datasets: Datasets) -> None:
+        state.feed.place(state.plan, datasets)
 
     # ----------------------------------------------------------------- steps
 
@@ -125,7 +135,7 @@ class TorchStrategy:
         loss_sum = None
         last = len(step.micro_batches) - 1
         for index, micro in enumerate(step.micro_batches):
-            x, y, weight, rows = self._tensors(micro)
+            x, y, weight, rows = state.feed.tensors(micro)
             with self._no_sync(state, skip=index < last):
                 with self._autocast(state.plan):
                     outputs = self._forward(state, state.model, x, weight, rows, step.step)
@@ -170,7 +180,7 @@ class TorchStrategy:
         from crosstrain.backends.torch.model import correct_per_row, per_row_loss
 
         state.model.eval()
-        x, y, weight, rows = self._tensors(batch)
+        x, y, weight, rows = state.feed.tensors(batch)
         with torch.no_grad(), self._autocast(state.plan):
             # the module, not DDP: no gradient sync is needed
             outputs = self._forward(state, state.module, x, weight, rows, 0)
@@ -240,12 +250,6 @@ class TorchStrategy:
         import torch.distributed as dist
 
         return self.world.process_count > 1 and dist.is_initialized()
-
-    def _tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
-        import torch
-
-        arrays = (batch.x, batch.y, batch.weight, batch.rows)
-        return tuple(torch.from_numpy(array).to(self.device, non_blocking=True) for array in arrays)
 
     @contextlib.contextmanager
     def _no_sync(self, state: TorchState, skip: bool) -> Iterator[None]:

@@ -1,0 +1,115 @@
+"""Where the torch backend keeps the data, and how a batch's rows reach the model.
+
+Core decides which rows form each step (the sampler); this module decides where they are
+read. Placed on the device (``data.placement = "device"``, or ``"auto"`` on a GPU when the
+arrays fit in :data:`AUTO_SHARE` of its free memory), each array is copied there once and
+a step's rows are gathered there by an index tensor: no host gather, no per-step copy of
+the rows. Otherwise the rows are gathered on the host and copied each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+
+from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows
+from crosstrain.core.errors import PlanError
+from crosstrain.core.plan import Plan
+from crosstrain.core.tokens import TokenWindows
+
+#: "auto" places the data when it takes at most this share of the device's free memory
+AUTO_SHARE = 0.25
+#: dtypes torch indexes natively; other integer token arrays are widened to int32 once
+_TORCH_DTYPES = (np.uint8, np.int16, np.int32, np.int64, np.float32, np.float64)
+
+Gather = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Feed:
+    """Turns a batch into tensors on the device, from placed arrays when it has them."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
+
+    @property
+    def placed(self) -> bool:
+        return bool(self._placed)
+
+    def place(self, plan: Plan, datasets: Datasets) -> None:
+        """Copy the data sets to the device when the plan's placement says so."""
+        parts = [part for part in (datasets.train, datasets.eval) if part is not None]
+        if not self._should_place(plan, parts):
+            return
+        on_device: dict[int, torch.Tensor] = {}  # one copy of an array shared by parts
+        for part in parts:
+            self._placed[id(part)] = (
+                self._gatherer(part.x, on_device),
+                self._gatherer(part.y, on_device),
+            )
+
+    def tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """x, y, weight and rows of the batch, on the device."""
+        weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
+        rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
+        source = batch.source
+        if source is not None and id(source.dataset) in self._placed:
+            gather_x, gather_y = self._placed[id(source.dataset)]
+            indices = torch.from_numpy(source.indices).to(self.device, non_blocking=True)
+            return gather_x(indices), gather_y(indices), weight, rows
+        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
+        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
+        return x, y, weight, rows
+
+    # ----------------------------------------------------------------- placement
+
+    def _should_place(self, plan: Plan, parts: Iterable[ArrayDataset]) -> bool:
+        placement = plan.data.placement
+        if placement == "host":
+            return False
+        if placement == "device":
+            return True
+        if self.device.type != "cuda":  # on a CPU the host already is the device
+            return False
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return _bytes(parts) <= AUTO_SHARE * free
+
+    def _gatherer(self, rows: Rows, on_device: dict[int, torch.Tensor]) -> Gather:
+        if isinstance(rows, TokenWindows):
+            return _window_gather(rows, self._to_device(rows.tokens, on_device))
+        if not isinstance(rows, np.ndarray):
+            raise PlanError(f"cannot place {type(rows).__name__} rows on the device", field="data.placement")
+        return self._to_device(rows, on_device).__getitem__
+
+    def _to_device(self, array: np.ndarray, on_device: dict[int, torch.Tensor]) -> torch.Tensor:
+        key = id(array)
+        if key not in on_device:
+            host = np.ascontiguousarray(
+                array if array.dtype.type in _TORCH_DTYPES else array.astype(np.int32)
+            )
+            on_device[key] = torch.from_numpy(host).to(self.device)
+        return on_device[key]
+
+
+def _window_gather(windows: TokenWindows, tokens: torch.Tensor) -> Gather:
+    """Row i of the windows, read from the placed token array: tokens[(first+i)*L + offset + k]."""
+    offsets = torch.arange(windows.length, device=tokens.device) + windows.offset
+    dtype = getattr(torch, windows.dtype.name)
+
+    def gather(indices: torch.Tensor) -> torch.Tensor:
+        starts = (indices + windows.first) * windows.length
+        return tokens[starts[:, None] + offsets[None, :]].to(dtype)
+
+    return gather
+
+
+def _bytes(parts: Iterable[ArrayDataset]) -> int:
+    """Device bytes the parts would take, an array shared by several parts counted once."""
+    arrays: dict[int, int] = {}
+    for part in parts:
+        for rows in (part.x, part.y):
+            array = rows.tokens if isinstance(rows, TokenWindows) else rows
+            arrays[id(array)] = int(getattr(array, "nbytes", 0))
+    return sum(arrays.values())
