@@ -7,6 +7,7 @@ backend runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +29,7 @@ from crosstrain.core.data import (
 )
 from crosstrain.core.plan import Plan
 from crosstrain.core.schedule import LearningRateSchedule
-from crosstrain.core.strategy import DistributedStrategy, Job, PlacesData
+from crosstrain.core.strategy import DistributedStrategy, Job, PlacesData, ResolvesMetrics
 
 CHECKPOINT_FILE = "model.safetensors"
 
@@ -120,25 +121,29 @@ def _train_epoch(
 ) -> None:
     plan, world = context.plan, context.world
     epoch_started = time.perf_counter()
-    loss_sum, real_rows = 0.0, 0
-    for indices, weight in sampler.epoch(epoch):
-        if progress.step >= context.total_steps:
-            break
-        batch = step_batch(
-            datasets.train,
-            indices,
-            weight,
-            world.process_index,
-            world.process_count,
-            plan.train.grad_accum_steps,
-            step=progress.step,
-        )
-        lr = schedule(progress.step)
-        metrics = strategy.train_step(state, batch, lr)
-        progress.step += 1
-        loss_sum += metrics["loss"] * batch.global_real_rows
-        real_rows += batch.global_real_rows
-        hook.crosstrain_step_end(context=context, step=progress.step, epoch=epoch, lr=lr, metrics=metrics)
+    log = _StepLog(strategy, context, hook)
+    try:
+        for indices, weight in sampler.epoch(epoch):
+            if progress.step >= context.total_steps:
+                break
+            batch = step_batch(
+                datasets.train,
+                indices,
+                weight,
+                world.process_index,
+                world.process_count,
+                plan.train.grad_accum_steps,
+                step=progress.step,
+            )
+            lr = schedule(progress.step)
+            metrics = strategy.train_step(state, batch, lr)
+            progress.step += 1
+            log.add(_PendingStep(progress.step, epoch, lr, batch.global_real_rows, metrics))
+        log.flush()  # reads the device: the epoch's time includes all of its work
+    except BaseException:
+        log.flush_what_ran()
+        raise
+    loss_sum, real_rows = log.loss_sum, log.real_rows
     epoch_seconds = time.perf_counter() - epoch_started
     progress.epochs_run = epoch + 1
     progress.train_seconds += epoch_seconds
@@ -156,6 +161,58 @@ def _train_epoch(
         )
         epoch_metrics.update({f"eval_{name}": value for name, value in progress.eval_metrics.items()})
     hook.crosstrain_epoch_end(context=context, epoch=epoch, metrics=epoch_metrics)
+
+
+@attrs.frozen
+class _PendingStep:
+    step: int
+    epoch: int
+    lr: float
+    real_rows: int
+    metrics: Mapping[str, Any]  # floats, or device scalars not read yet
+
+
+class _StepLog:
+    """Steps whose metrics are still on the device: read together every
+    ``output.log_every_steps`` steps (one device sync for the chunk), then handed to the
+    ``crosstrain_step_end`` hooks in order."""
+
+    def __init__(self, strategy: DistributedStrategy, context: RunContext, hook: pluggy.HookRelay) -> None:
+        self.strategy, self.context, self.hook = strategy, context, hook
+        self.pending: list[_PendingStep] = []
+        self.loss_sum, self.real_rows = 0.0, 0
+
+    def add(self, step: _PendingStep) -> None:
+        self.pending.append(step)
+        if len(self.pending) >= self.context.plan.output.log_every_steps:
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        values = resolve_metrics(self.strategy, [step.metrics for step in pending])
+        for step, metrics in zip(pending, values, strict=True):
+            self.loss_sum += metrics["loss"] * step.real_rows
+            self.real_rows += step.real_rows
+            self.hook.crosstrain_step_end(
+                context=self.context, step=step.step, epoch=step.epoch, lr=step.lr, metrics=metrics
+            )
+
+    def flush_what_ran(self) -> None:
+        """After a failure: log the steps that completed, if their values can still be read
+        (nothing already written is lost); never mask the original error."""
+        with contextlib.suppress(Exception):  # the device or a peer may be gone: the failure is reported
+            self.flush()
+
+
+def resolve_metrics(
+    strategy: DistributedStrategy, pending: list[Mapping[str, Any]]
+) -> list[dict[str, float]]:
+    """Metric values as floats, through the backend's chunked read when it has one."""
+    if isinstance(strategy, ResolvesMetrics):
+        return strategy.resolve_metrics(pending)
+    return [{name: float(value) for name, value in metrics.items()} for metrics in pending]
 
 
 def _summary(context: RunContext, progress: _Progress, wall_seconds: float) -> dict[str, Any]:

@@ -185,10 +185,14 @@ class TrainSpec:
 @attrs.frozen
 class OutputSpec:
     """``dir``: where summary.json and metrics.jsonl go (default: a new folder under runs/).
-    ``checkpoint``: save final weights as ``model.safetensors`` (neutral names)."""
+    ``checkpoint``: save final weights as ``model.safetensors`` (neutral names).
+    ``log_every_steps``: how many steps' losses stay on the device before they are read
+    together (every step is still logged; reading each step would make the device wait
+    for the host at every step); the end of an epoch always reads."""
 
     dir: str | None = None
     checkpoint: bool = True
+    log_every_steps: int = attrs.field(default=50, validator=_gt0)
 
 
 @attrs.frozen

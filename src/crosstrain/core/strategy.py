@@ -7,7 +7,7 @@ class registered through the ``crosstrain`` entry-point group (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -112,6 +112,17 @@ class PlacesData(Protocol):
 
 
 @runtime_checkable
+class ResolvesMetrics(Protocol):
+    """Optional capability: ``train_step`` returns metric values that stay on the device
+    (no host sync per step); the loop reads a chunk of steps' values at once through this.
+    Without it, the loop reads each value with ``float()``."""
+
+    def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+        """The steps' metrics as floats, in order, read with as few device syncs as it can."""
+        ...
+
+
+@runtime_checkable
 class DistributedStrategy(Protocol):
     """One backend. Core builds the weights and batches and computes the learning rate;
     the backend turns them into native models, steps and collectives."""
@@ -137,10 +148,11 @@ class DistributedStrategy(Protocol):
         """Native model and optimizer from crosstrain's initial weights (neutral names)."""
         ...
 
-    def train_step(self, state: Any, step: StepBatch, lr: float) -> dict[str, float]:
-        """Forward, loss / ``step.global_real_rows``, backward over every micro-batch,
+    def train_step(self, state: Any, step: StepBatch, lr: float) -> Mapping[str, Any]:
+        """Forward, loss / ``step.global_real_targets``, backward over every micro-batch,
         gradient sum across replicas, clipping, one optimizer step at ``lr``.
-        Returns global metrics (``loss``: the mean loss over real rows of the step)."""
+        Returns global metrics (``loss``: the mean loss over real targets of the step), as
+        floats or as device scalars that ``float()`` (or :class:`ResolvesMetrics`) reads later."""
         ...
 
     def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -123,7 +123,7 @@ class TorchStrategy:
 
     # ----------------------------------------------------------------- steps
 
-    def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, float]:
+    def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
         from crosstrain.backends.torch.model import per_row_loss
 
         state.model.train()
@@ -146,8 +146,20 @@ class TorchStrategy:
             loss_sum = micro_sum if loss_sum is None else loss_sum + micro_sum
         self._optimizer_step(state)
         assert loss_sum is not None  # a step has at least one micro-batch
-        total = self._sum_across(loss_sum)
-        return {"loss": float(total) / step.global_real_targets}
+        # stays on the device: NCCL's all-reduce does not block the host, and the loop reads
+        # a chunk of steps at once (resolve_metrics)
+        return {"loss": self._sum_across(loss_sum) / step.global_real_targets}
+
+    def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+        """One device-to-host copy for a chunk of steps' metrics."""
+        import torch
+
+        names = list(pending[0])
+        stacked = torch.stack(
+            [torch.as_tensor(metrics[name]).double() for metrics in pending for name in names]
+        )
+        values = stacked.reshape(len(pending), len(names)).tolist()
+        return [dict(zip(names, row, strict=True)) for row in values]
 
     def _forward(
         self, state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int

@@ -1,0 +1,101 @@
+"""The loop against a minimal numpy backend: losses read in chunks, every step logged in
+order, and the steps that ran before a failure logged too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.loop import train
+from crosstrain.core.plan import load_plan
+from crosstrain.core.strategy import Job, World
+
+
+class LazyLoss:
+    """A device scalar stand-in: float() reads it."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __float__(self) -> float:
+        return self.value
+
+
+class CountingStrategy:
+    """Returns the step number as the loss; fails at ``fail_at`` if set."""
+
+    name = "counting"
+    install_hint = ""
+    world = World()
+
+    def __init__(self, fail_at: int | None = None, resolves: bool = False) -> None:
+        self.fail_at, self.chunks = fail_at, []
+        if resolves:
+            self.resolve_metrics = self._resolve  # the optional capability, per instance
+
+    def build(self, plan: Any, weights: Any) -> dict[str, int]:
+        return {"steps": 0}
+
+    def train_step(self, state: dict[str, int], step: StepBatch, lr: float) -> dict[str, Any]:
+        assert step.micro_batches[0].source is not None  # index batches: rows not gathered
+        if step.step + 1 == self.fail_at:
+            raise RuntimeError(f"failed at step {self.fail_at}")
+        return {"loss": LazyLoss(float(step.step + 1))}
+
+    def _resolve(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+        self.chunks.append(len(pending))
+        return [{name: float(value) for name, value in metrics.items()} for metrics in pending]
+
+    def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:
+        return {"loss_sum": 0.0, "correct": 0.0, "count": float(batch.weight.sum())}
+
+    def barrier(self) -> None: ...
+
+    def state_dict(self, state: Any) -> dict[str, np.ndarray]:
+        return {}
+
+
+class StepRecorder:
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, float]] = []
+
+    def crosstrain_step_end(
+        self, context: Any, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
+    ) -> None:
+        self.steps.append((step, metrics["loss"]))
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda **kwargs: None
+
+
+def _job(write_plan: Callable[..., Path], tmp_path: Path, every: int) -> Job:
+    plan = load_plan(
+        write_plan(), [f"output.log_every_steps={every}", "train.max_steps=12", "output.checkpoint=false"]
+    )
+    return Job(plan=plan, backend="counting", out_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("resolves", [False, True])
+def test_every_step_is_logged_in_order_from_chunked_reads(
+    write_plan: Callable[..., Path], tmp_path: Path, resolves: bool
+) -> None:
+    recorder, strategy = StepRecorder(), CountingStrategy(resolves=resolves)
+    summary, _ = train(strategy, _job(write_plan, tmp_path, every=5), recorder)  # type: ignore[arg-type]
+    assert recorder.steps == [(step, float(step)) for step in range(1, 13)]
+    assert summary["steps"] == 12
+    if resolves:
+        assert strategy.chunks == [5, 5, 2]  # every 5 steps, and what is left at the end
+
+
+def test_the_steps_that_ran_before_a_failure_are_logged(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    recorder = StepRecorder()
+    with pytest.raises(RuntimeError, match="failed at step 8"):
+        train(CountingStrategy(fail_at=8), _job(write_plan, tmp_path, every=5), recorder)  # type: ignore[arg-type]
+    assert [step for step, _ in recorder.steps] == [1, 2, 3, 4, 5, 6, 7]
