@@ -134,7 +134,9 @@ def _resolve_paths(data: DataSpec, base_dir: Path) -> DataSpec:
     def resolve(path: str | None) -> str | None:
         return None if path is None else str((base_dir / path).resolve())
 
-    return attrs.evolve(data, path=resolve(data.path), eval_path=resolve(data.eval_path))
+    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path")
+    resolved: dict[str, Any] = {name: resolve(getattr(data, name)) for name in paths}
+    return attrs.evolve(data, **resolved)
 
 
 _ATTRS_VALIDATOR_MESSAGE = re.compile(r"^'(\w+)' must be (.*)$", re.DOTALL)

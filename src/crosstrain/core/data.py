@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 from crosstrain.core.errors import PlanError
+from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import DataSpec, Plan, output_shape
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
 
@@ -52,7 +53,12 @@ class ArrayDataset:
         return math.prod(self.y.shape[1:]) if self.y.dtype.kind in "iu" else 1
 
     def take(self, indices: np.ndarray) -> ArrayDataset:
-        return ArrayDataset(self.x[indices], self.y[indices])
+        """Some rows; memory-mapped rows stay a view, unread."""
+        return ArrayDataset(_take(self.x, indices), _take(self.y, indices))
+
+
+def _take(rows: Rows, indices: np.ndarray) -> Rows:
+    return rows.take(indices) if isinstance(rows, MappedRows) else rows[indices]
 
 
 @attrs.frozen(eq=False)
@@ -147,6 +153,8 @@ def load_datasets(plan: Plan) -> Datasets:
     spec = plan.data
     if spec.source in ("tokens", "python-stdlib"):
         return _token_datasets(plan)
+    if spec.source == "npy":
+        return _npy_datasets(plan)
     x, y = _load_arrays(spec, spec.path, plan.source)
     if spec.limit is not None:
         x, y = x[: spec.limit], y[: spec.limit]
@@ -158,6 +166,41 @@ def load_datasets(plan: Plan) -> Datasets:
         evaluation = ArrayDataset(_fit_to_input(eval_x, plan, "data.eval_path"), _targets(eval_y, plan))
         return Datasets(train=full, eval=evaluation)
     return _split(full, spec.eval_fraction, plan.seed)
+
+
+def _npy_datasets(plan: Plan) -> Datasets:
+    """x and y memory-mapped, checked against the model without reading x."""
+    spec = plan.data
+    full = _mapped_dataset(plan, spec.x_path, spec.y_path, "data.x_path", "data.y_path")
+    if spec.limit is not None:
+        full = full.take(np.arange(min(spec.limit, len(full))))
+    if spec.eval_x_path is not None:
+        evaluation = _mapped_dataset(
+            plan, spec.eval_x_path, spec.eval_y_path, "data.eval_x_path", "data.eval_y_path"
+        )
+        return Datasets(train=full, eval=evaluation)
+    return _split(full, spec.eval_fraction, plan.seed)
+
+
+def _mapped_dataset(
+    plan: Plan, x_path: str | None, y_path: str | None, x_field: str, y_field: str
+) -> ArrayDataset:
+    x = map_npy(x_path, x_field, plan.source)
+    y = map_npy(y_path, y_field, plan.source)
+    if len(x) != len(y):
+        raise PlanError(
+            f"{x_path} has {len(x)} rows but {y_path} has {len(y)}", field=y_field, source=plan.source
+        )
+    shape = plan.model.input_shape
+    if math.prod(x.shape[1:]) != math.prod(shape):
+        raise PlanError(
+            f"rows have shape {list(x.shape[1:])}, which does not fit model.input_shape {list(shape)}",
+            field=x_field,
+            source=plan.source,
+        )
+    dtype = np.int32 if plan.model.input_dtype == "int32" else np.float32
+    # the targets are small (labels) or as large as the outputs: checked and kept in memory
+    return ArrayDataset(MappedRows(x, tuple(shape), dtype), _targets(np.asarray(y), plan))
 
 
 def _token_datasets(plan: Plan) -> Datasets:

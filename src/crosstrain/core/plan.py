@@ -27,7 +27,7 @@ from crosstrain.core.layers import DType, Layer, Shape
 Precision = Literal["fp32", "bf16", "fp16"]
 LossName = Literal["cross_entropy", "mse"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
-DataSource = Literal["digits", "npz", "tokens", "python-stdlib"]
+DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
 Placement = Literal["auto", "device", "host"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
@@ -105,7 +105,9 @@ class ModelSpec:
 @attrs.frozen
 class DataSpec:
     """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download),
-    "npz" (``path`` with arrays ``x_key``/``y_key``), "tokens" (``path``: a 1-D integer .npy,
+    "npz" (``path`` with arrays ``x_key``/``y_key``), "npy" (``x_path``/``y_path``, and
+    optionally ``eval_x_path``/``eval_y_path``: arrays memory-mapped and read by row index,
+    never loaded whole), "tokens" (``path``: a 1-D integer .npy,
     memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
     shifted by one) or "python-stdlib" (the bytes of this Python's standard library, as
     tokens). The eval set is ``eval_path`` if given, else a seeded ``eval_fraction`` of the
@@ -118,6 +120,10 @@ class DataSpec:
     y_key: str = "y"
     eval_fraction: float = attrs.field(default=0.2, validator=[_ge0, _lt1])
     eval_path: str | None = None
+    x_path: str | None = None
+    y_path: str | None = None
+    eval_x_path: str | None = None
+    eval_y_path: str | None = None
     limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     shuffle: bool = True
     #: where the backend keeps the arrays: "device" (once, gathering each step's rows there),
@@ -130,6 +136,10 @@ class DataSpec:
             raise ValueError(f"source {self.source!r} needs data.path")
         if self.source in ("tokens", "python-stdlib") and self.sequence_length is None:
             raise ValueError(f"source {self.source!r} needs data.sequence_length")
+        if self.source == "npy" and (self.x_path is None or self.y_path is None):
+            raise ValueError("source 'npy' needs data.x_path and data.y_path")
+        if (self.eval_x_path is None) != (self.eval_y_path is None):
+            raise ValueError("data.eval_x_path and data.eval_y_path come together")
 
 
 @attrs.frozen

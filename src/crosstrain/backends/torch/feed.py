@@ -16,6 +16,7 @@ import torch
 
 from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows
 from crosstrain.core.errors import PlanError
+from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.tokens import TokenWindows
 
@@ -79,6 +80,8 @@ class Feed:
     def _gatherer(self, rows: Rows, on_device: dict[int, torch.Tensor]) -> Gather:
         if isinstance(rows, TokenWindows):
             return _window_gather(rows, self._to_device(rows.tokens, on_device))
+        if isinstance(rows, MappedRows):
+            return self._mapped_gather(rows, on_device)
         if not isinstance(rows, np.ndarray):
             raise PlanError(f"cannot place {type(rows).__name__} rows on the device", field="data.placement")
         return self._to_device(rows, on_device).__getitem__
@@ -91,6 +94,19 @@ class Feed:
             )
             on_device[key] = torch.from_numpy(host).to(self.device)
         return on_device[key]
+
+    def _mapped_gather(self, rows: MappedRows, on_device: dict[int, torch.Tensor]) -> Gather:
+        """Rows of a memory-mapped file, copied to the device in the file's dtype (uint8 images
+        stay uint8 until here), reshaped and cast there."""
+        array = self._to_device(rows.array, on_device)
+        index = None if rows.index is None else torch.from_numpy(rows.index).to(self.device)
+        dtype = getattr(torch, rows.dtype.name)
+
+        def gather(indices: torch.Tensor) -> torch.Tensor:
+            file_rows = indices if index is None else index[indices]
+            return array[file_rows].reshape(len(indices), *rows.row_shape).to(dtype)
+
+        return gather
 
 
 def _window_gather(windows: TokenWindows, tokens: torch.Tensor) -> Gather:
@@ -110,6 +126,12 @@ def _bytes(parts: Iterable[ArrayDataset]) -> int:
     arrays: dict[int, int] = {}
     for part in parts:
         for rows in (part.x, part.y):
-            array = rows.tokens if isinstance(rows, TokenWindows) else rows
+            array = (
+                rows.tokens
+                if isinstance(rows, TokenWindows)
+                else rows.array
+                if isinstance(rows, MappedRows)
+                else rows
+            )
             arrays[id(array)] = int(getattr(array, "nbytes", 0))
     return sum(arrays.values())
