@@ -53,13 +53,15 @@ class Feed:
 
     def tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
         """x, y, weight and rows of the batch, on the device."""
-        weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
-        rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
         source = batch.source
         if source is not None and id(source.dataset) in self._placed:
+            # one small host-to-device copy a step: row indices, positions and the row mask
+            packed = np.stack([source.indices, batch.rows, batch.weight.astype(np.int64)])
+            indices, rows, mask = torch.from_numpy(packed).to(self.device, non_blocking=True)
             gather_x, gather_y = self._placed[id(source.dataset)]
-            indices = torch.from_numpy(source.indices).to(self.device, non_blocking=True)
-            return gather_x(indices), gather_y(indices), weight, rows
+            return gather_x(indices), gather_y(indices), mask.to(torch.float32), rows
+        weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
+        rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
         x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         return x, y, weight, rows
