@@ -145,7 +145,9 @@ def run_native(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs:
         backward = fabric.backward
     elif kind == "accelerate":
         from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
 
+        AcceleratorState._reset_state(True)  # one process runs several configs: start afresh
         accelerator = Accelerator(mixed_precision="bf16" if config["precision"] == "bf16" else "no")
         model, optimizer = accelerator.prepare(model, optimizer)
         backward = accelerator.backward
