@@ -99,16 +99,16 @@ class Feed:
 
     def _mapped_gather(self, rows: MappedRows, on_device: dict[int, torch.Tensor]) -> Gather:
         """Rows of a memory-mapped file, copied to the device in the file's dtype (uint8 images
-        stay uint8 until here), reshaped and cast there."""
+        stay uint8 until here) and in this view's row order and shape; a step's rows are then
+        one index away, cast there when the model takes another dtype."""
         array = self._to_device(rows.array, on_device)
-        index = None if rows.index is None else torch.from_numpy(rows.index).to(self.device)
+        if rows.index is not None:
+            array = array[torch.from_numpy(rows.index).to(self.device)]
+        array = array.reshape(len(array), *rows.row_shape)
         dtype = getattr(torch, rows.dtype.name)
-
-        def gather(indices: torch.Tensor) -> torch.Tensor:
-            file_rows = indices if index is None else index[indices]
-            return array[file_rows].reshape(len(indices), *rows.row_shape).to(dtype)
-
-        return gather
+        if array.dtype == dtype:
+            return array.__getitem__
+        return lambda indices: array[indices].to(dtype)
 
 
 def _window_gather(windows: TokenWindows, tokens: torch.Tensor) -> Gather:

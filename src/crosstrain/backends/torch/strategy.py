@@ -35,6 +35,11 @@ class TorchState:
     plan: Plan
     feed: Feed  # where the data sits and how a batch's rows reach the device
 
+    def set_training(self, training: bool) -> None:
+        """train()/eval() walk every submodule: only when the mode changes, not every step."""
+        if self.module.training != training:
+            self.model.train(training)
+
 
 #: core precision -> the autocast dtype (None: plain fp32)
 PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -126,7 +131,7 @@ class TorchStrategy:
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
         from crosstrain.backends.torch.model import per_row_loss
 
-        state.model.train()
+        state.set_training(True)
         for group in state.optimizer.param_groups:
             group["lr"] = lr
         # DESIGN rule 4: sum over real targets / global real targets. DDP averages gradients
@@ -191,7 +196,7 @@ class TorchStrategy:
 
         from crosstrain.backends.torch.model import correct_per_row, per_row_loss
 
-        state.model.eval()
+        state.set_training(False)
         x, y, weight, rows = state.feed.tensors(batch)
         with torch.no_grad(), self._autocast(state.plan):
             # the module, not DDP: no gradient sync is needed
