@@ -9,6 +9,7 @@ the rows. Otherwise the rows are gathered on the host and copied each step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -94,7 +95,9 @@ class Feed:
             host = np.ascontiguousarray(
                 array if array.dtype.type in _TORCH_DTYPES else array.astype(np.int32)
             )
-            on_device[key] = torch.from_numpy(host).to(self.device)
+            with warnings.catch_warnings():  # a read-only memory map: rows are only ever read
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                on_device[key] = torch.from_numpy(host).to(self.device)
         return on_device[key]
 
     def _mapped_gather(self, rows: MappedRows, on_device: dict[int, torch.Tensor]) -> Gather:
