@@ -87,25 +87,85 @@ def cnn(batch: int, precision: str, rows: int) -> dict[str, Any]:
     }
 
 
+def gpt(batch: int, rows: int, width: int = 768, depth: int = 12, length: int = 1024) -> dict[str, Any]:
+    """The decoder of examples/stdlib_gpt.toml at GPT-2-small size, on random bytes."""
+    layers = f"""[
+  {{ type = "embedding", vocab_size = 256, units = {width} }}, {{ type = "position_embedding" }},
+  {{ type = "block", block = "decoder", repeat = {depth} }},
+  {{ type = "layernorm" }}, {{ type = "dense", units = 256 }},
+]
+[model.blocks.decoder]
+layers = [
+  {{ type = "layernorm" }}, {{ type = "attention", heads = {width // 64}, causal = true, name = "att" }},
+  {{ type = "add", inputs = ["input", "att"], name = "mid" }},
+  {{ type = "layernorm" }}, {{ type = "dense", units = {4 * width} }}, {{ type = "gelu" }},
+  {{ type = "dense", units = {width}, name = "mlp" }}, {{ type = "add", inputs = ["mid", "mlp"] }},
+]"""
+
+    class NativeGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(256, width)
+            self.position = nn.Parameter(torch.zeros(length, width))
+            self.blocks = nn.ModuleList(
+                nn.TransformerEncoderLayer(
+                    width,
+                    width // 64,
+                    4 * width,
+                    dropout=0.0,
+                    activation="gelu",
+                    batch_first=True,
+                    norm_first=True,
+                )
+                for _ in range(depth)
+            )
+            self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, 256)
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(length))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            hidden = self.embed(ids) + self.position
+            for block in self.blocks:
+                hidden = block(hidden, src_mask=self.mask, is_causal=True)
+            return self.head(self.norm(hidden))  # type: ignore[no-any-return]
+
+    return {
+        "input_shape": [length],
+        "input_dtype": "int32",
+        "layers": layers,
+        "batch": batch,
+        "precision": "bf16",
+        "rows": rows,
+        "tokens": True,
+        "native": NativeGPT,
+    }
+
+
 CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "mlp1024-fp32": lambda: mlp(1024, 256, "fp32", 65536),
     "mlp1024-bf16": lambda: mlp(1024, 256, "bf16", 65536),
     "mlp4096-bf16": lambda: mlp(4096, 4096, "bf16", 65536),
     "cnn-bf16": lambda: cnn(512, "bf16", 50000),
+    "gpt-bf16": lambda: gpt(16, 1024),
 }
+#: bf16 dense peak of one H200 (NVIDIA's figure), for MFU = 6 N T / time / peak
+PEAK_FLOPS = 989e12
 
 
 def plan_text(name: str, config: dict[str, Any], epochs: int, directory: Path) -> str:
+    if config.get("tokens"):
+        length = config["input_shape"][0]
+        data = f'source = "tokens"\npath = "{directory / "tokens.npy"}"\nsequence_length = {length}'
+    else:
+        data = f'source = "npy"\nx_path = "{directory / "x.npy"}"\ny_path = "{directory / "y.npy"}"'
     return f"""
 name = "{name}"
 metrics = ["loss"]
 [model]
 input_shape = {config["input_shape"]}
+input_dtype = "{config.get("input_dtype", "float32")}"
 layers = {config["layers"]}
 [data]
-source = "npy"
-x_path = "{directory / "x.npy"}"
-y_path = "{directory / "y.npy"}"
+{data}
 eval_fraction = 0.0
 [optimizer]
 name = "adam"
@@ -163,7 +223,9 @@ def run_native(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs:
             index = order[start : start + batch]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 logits = model(x[index])
-            loss = nn.functional.cross_entropy(logits.float(), y[index])
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), y[index].reshape(-1)
+            )
             backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -177,6 +239,13 @@ def run_native(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs:
 
 def _fabric_precision(precision: str) -> str:
     return {"fp32": "32-true", "bf16": "bf16-mixed"}[precision]
+
+
+def mfu(config: dict[str, Any], samples_per_second: float) -> float:
+    """Model FLOPs utilisation: 6 x parameters x tokens per second over the peak."""
+    parameters = sum(p.numel() for p in config["native"]().parameters())
+    tokens = samples_per_second * config["input_shape"][0]
+    return 6 * parameters * tokens / PEAK_FLOPS
 
 
 def _fabric_class() -> Any:
@@ -203,10 +272,17 @@ def benchmark(name: str, device: str, epochs: int, root: Path, rows: int | None)
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(config["rows"], *config["input_shape"])).astype(np.float32)
-    y = rng.integers(0, 10, size=config["rows"])
-    np.save(directory / "x.npy", x)
-    np.save(directory / "y.npy", y)
+    if config.get("tokens"):  # windows of random bytes; y is x shifted by one
+        length = config["input_shape"][0]
+        tokens = rng.integers(0, 256, size=config["rows"] * length + 1, dtype=np.uint8)
+        np.save(directory / "tokens.npy", tokens)
+        starts = np.arange(config["rows"])[:, None] * length + np.arange(length)[None, :]
+        x, y = tokens[starts].astype(np.int32), tokens[starts + 1].astype(np.int64)
+    else:
+        x = rng.normal(size=(config["rows"], *config["input_shape"])).astype(np.float32)
+        y = rng.integers(0, 10, size=config["rows"])
+        np.save(directory / "x.npy", x)
+        np.save(directory / "y.npy", y)
     plan = directory / "plan.toml"
     plan.write_text(plan_text(name, config, epochs, directory))
     results = {"crosstrain": run_crosstrain(plan, directory / "run", device)}
@@ -245,6 +321,14 @@ def main() -> None:
                 if kind != "crosstrain"
             )
             print(f"{config:14s} crosstrain {crosstrain:,.0f}  |  {ratios}", flush=True)
+            if config.startswith("gpt") and args.device == "cuda":
+                print(
+                    f"{'':14s} MFU (6 N T / {PEAK_FLOPS / 1e12:.0f} TFLOP/s): "
+                    + "  ".join(
+                        f"{kind} {mfu(CONFIGS[config](), value):.1%}" for kind, value in results.items()
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
