@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,3 +78,19 @@ def run_cli(
         env=env or worker_env(),
         cwd=cwd,
     )
+
+
+def json_from_fresh_process(entry: str, *args: str, timeout: float = 300) -> dict[str, Any]:
+    """Run ``module:function`` in a fresh Python process (TensorFlow's devices must be set up
+    before its first op, so never in pytest's process) and return the JSON its last line prints."""
+    module, function = entry.split(":")
+    result = subprocess.run(
+        [sys.executable, "-c", f"from {module} import {function}; {function}()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=worker_env(),
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))

@@ -21,7 +21,7 @@ import pytest
 import crosstrain
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
-from tests.conftest import EXAMPLES, MLP_PLAN, REPO, run_cli, worker_env
+from tests.conftest import EXAMPLES, MLP_PLAN, REPO, json_from_fresh_process, run_cli, worker_env
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
 pytest.importorskip("tensorflow")
@@ -52,22 +52,8 @@ def replica_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     directory = tmp_path_factory.mktemp("replicas")
     digits = directory / "digits.toml"
     digits.write_text(MLP_PLAN)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from tests.tf.workers import main; main()",
-            str(digits),
-            str(_odd_npz_plan(directory)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=worker_env(),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    npz_plan = str(_odd_npz_plan(directory))
+    return json_from_fresh_process("tests.tf.workers:main", str(digits), npz_plan, timeout=180)
 
 
 def test_two_replicas_compute_their_own_rows(replica_checks: dict[str, Any]) -> None:

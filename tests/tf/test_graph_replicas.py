@@ -9,9 +9,6 @@ global row positions, so two replicas must train like one; so must a token model
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ import numpy as np
 import pytest
 
 import crosstrain
-from tests.conftest import REPO, worker_env
+from tests.conftest import json_from_fresh_process
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
 pytest.importorskip("tensorflow")
@@ -98,21 +95,8 @@ def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     plans = {"batchnorm.toml": BATCHNORM_PLAN, "tokens.toml": TOKEN_PLAN.replace("{tokens}", str(tokens))}
     for name, text in plans.items():
         (directory / name).write_text(textwrap.dedent(text))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from tests.tf.workers import graph_main; graph_main()",
-            *(str(directory / name) for name in plans),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=worker_env(),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    paths = (str(directory / name) for name in plans)
+    return json_from_fresh_process("tests.tf.workers:graph_main", *paths, timeout=300)
 
 
 def _assert_world_2_trains_like_world_1(run: dict[str, Any]) -> None:
