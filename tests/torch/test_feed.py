@@ -11,7 +11,7 @@ import pytest
 
 from crosstrain.core.data import Batch, load_datasets
 from crosstrain.core.plan import load_plan
-from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, write_tokens
+from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
 from tests.conftest import run_cli
 from tests.support import step_losses, summary
 
@@ -22,9 +22,12 @@ from crosstrain.backends.torch.feed import Feed  # noqa: E402
 pytestmark = pytest.mark.torch
 
 
-@pytest.mark.parametrize("text", [RESNET_PLAN, GPT_PLAN], ids=["arrays", "token-windows"])
+@pytest.mark.parametrize(
+    "text", [RESNET_PLAN, GPT_PLAN, SCALED_IMAGES_PLAN], ids=["arrays", "token-windows", "scaled-uint8"]
+)
 def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: Path, text: str) -> None:
     write_tokens(str(tmp_path / "tokens.npy"))
+    write_images(str(tmp_path))
     plan = load_plan(write_plan(text), ["data.placement='device'"])
     datasets = load_datasets(plan)
     feed = Feed("cpu")
@@ -47,11 +50,14 @@ def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[...
         assert not feed.placed
 
 
-@pytest.mark.parametrize("text", [RESNET_PLAN, GPT_PLAN], ids=["resnet", "gpt"])
+@pytest.mark.parametrize(
+    "text", [RESNET_PLAN, GPT_PLAN, SCALED_IMAGES_PLAN], ids=["resnet", "gpt", "scaled-uint8"]
+)
 def test_losses_are_the_same_whatever_the_placement(
     write_plan: Callable[..., Path], tmp_path: Path, text: str
 ) -> None:
     write_tokens(str(tmp_path / "tokens.npy"))
+    write_images(str(tmp_path))
     plan = write_plan(text)
     losses = {}
     for placement in ("device", "host"):

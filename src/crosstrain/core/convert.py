@@ -53,6 +53,13 @@ def _int_or_pair(value: Any, _: type) -> tuple[int, int]:
     return (size, size)
 
 
+def _float_or_floats(value: Any, _: type) -> tuple[float, ...]:
+    """data.mean/std: one number, or one per channel."""
+    if isinstance(value, list | tuple):
+        return tuple(_strict_float(item, float) for item in value)
+    return (_strict_float(value, float),)
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(int, _strict_int)
@@ -60,6 +67,7 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(bool, _strict_bool)
     converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook_func(lambda cls: cls == tuple[int, int], _int_or_pair)
+    converter.register_structure_hook_func(lambda cls: cls == tuple[float, ...], _float_or_floats)
     # Predicates, not singledispatch: the hook must catch the base Layer only, or it
     # would also catch (and recurse into) each concrete layer class it structures.
     converter.register_structure_hook_func(lambda cls: cls is Layer, _structure_layer)

@@ -19,6 +19,7 @@ import numpy as np
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import DataSpec, Plan, output_shape
+from crosstrain.core.scaling import ScaledRows
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
 
 
@@ -58,7 +59,7 @@ class ArrayDataset:
 
 
 def _take(rows: Rows, indices: np.ndarray) -> Rows:
-    return rows.take(indices) if isinstance(rows, MappedRows) else rows[indices]
+    return rows.take(indices) if isinstance(rows, MappedRows | ScaledRows) else rows[indices]
 
 
 @attrs.frozen(eq=False)
@@ -149,7 +150,19 @@ class StepBatch:
 
 
 def load_datasets(plan: Plan) -> Datasets:
-    """Load and shape the plan's data, checking it against the model; errors name the field."""
+    """Load and shape the plan's data, checking it against the model; errors name the field.
+    Inputs come out scaled as ``data.scale``/``mean``/``std`` ask, read raw until then."""
+    datasets = _load_raw_datasets(plan)
+    scaling = plan.data.scaling
+    if scaling.is_identity:
+        return datasets
+    train = ArrayDataset(ScaledRows(datasets.train.x, scaling), datasets.train.y)
+    if datasets.eval is None:
+        return Datasets(train=train, eval=None)
+    return Datasets(train=train, eval=ArrayDataset(ScaledRows(datasets.eval.x, scaling), datasets.eval.y))
+
+
+def _load_raw_datasets(plan: Plan) -> Datasets:
     spec = plan.data
     if spec.source in ("tokens", "python-stdlib"):
         return _token_datasets(plan)

@@ -22,6 +22,7 @@ import attrs
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import Graph, build_graph
 from crosstrain.core.layers import DType, Layer, Shape
+from crosstrain.core.scaling import InputScaling
 
 # The closed sets a plan names; every backend maps each name to its own builder (its tables).
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -130,6 +131,15 @@ class DataSpec:
     #: "host" (gathering on the host and copying each step), or "auto" (the device when the
     #: data fits in a share of its free memory, and the device is an accelerator)
     placement: Placement = "auto"
+    #: inputs as the model sees them: (float32(x) * scale - mean) / std, mean and std one
+    #: value or one per channel (the last axis); raw uint8 stays uint8 until then
+    scale: float = attrs.field(default=1.0, validator=_gt0)
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = attrs.field(default=(), validator=attrs.validators.deep_iterable(_gt0))
+
+    @property
+    def scaling(self) -> InputScaling:
+        return InputScaling(self.scale, self.mean, self.std)
 
     def __attrs_post_init__(self) -> None:
         if self.source in ("npz", "tokens") and self.path is None:
@@ -310,8 +320,31 @@ def validate_plan(plan: Plan) -> None:
                 field="model.layers",
                 source=plan.source,
             )
+    _check_scaling(plan)
     if "accuracy" in plan.metrics and plan.loss.name != "cross_entropy":
         raise PlanError("accuracy needs loss 'cross_entropy'", field="metrics", source=plan.source)
+
+
+def _check_scaling(plan: Plan) -> None:
+    """mean/std: one value, or one per channel of the input's last axis; float inputs only."""
+    data = plan.data
+    if data.scaling.is_identity:
+        return
+    if plan.model.input_dtype != "float32":
+        raise PlanError(
+            f"data.scale/mean/std scale float inputs; model.input_dtype is {plan.model.input_dtype!r}",
+            field="data.scale",
+            source=plan.source,
+        )
+    channels = plan.model.input_shape[-1]
+    for name in ("mean", "std"):
+        values = getattr(data, name)
+        if len(values) not in (0, 1, channels):
+            raise PlanError(
+                f"{len(values)} values, but the input has {channels} channels (give 1 or {channels})",
+                field=f"data.{name}",
+                source=plan.source,
+            )
 
 
 def check_world_fits(plan: Plan, replicas: int) -> None:

@@ -29,10 +29,22 @@ from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import load_plan
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
-from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN, RESNET_PLAN, write_tokens
+from crosstrain.testing.plans import (
+    DROPOUT_MLP_PLAN,
+    GPT_PLAN,
+    RESNET_PLAN,
+    SCALED_IMAGES_PLAN,
+    write_images,
+    write_tokens,
+)
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
 
-PLANS = {"dropout_mlp": DROPOUT_MLP_PLAN, "resnet": RESNET_PLAN, "gpt": GPT_PLAN}
+PLANS = {
+    "dropout_mlp": DROPOUT_MLP_PLAN,
+    "resnet": RESNET_PLAN,
+    "gpt": GPT_PLAN,
+    "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
+}
 #: relative per-step loss differences: same backend at another world size, and across frameworks
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4
@@ -58,6 +70,8 @@ def write_plan(directory: Path, name: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     if name == "gpt":
         write_tokens(str(directory / "tokens.npy"))
+    if name == "scaled_images":
+        write_images(str(directory))
     path = directory / f"{name}.toml"
     path.write_text(PLANS[name])
     return path

@@ -114,3 +114,45 @@ def write_tokens(path: str, count: int = 4000, vocabulary: int = 32, seed: int =
     noise = rng.integers(0, vocabulary, size=count)
     tokens = np.where(rng.random(count) < 0.2, noise, pattern).astype(np.uint16)
     np.save(path, tokens)
+
+
+SCALED_IMAGES_PLAN = """
+name = "scaled_images"
+seed = 4
+[model]
+input_shape = [8, 8, 3]
+layers = [
+  { type = "conv2d", filters = 4, kernel_size = 3, padding = "same" },
+  { type = "relu" },
+  { type = "flatten" },
+  { type = "dense", units = 10 },
+]
+[data]
+source = "npy"
+x_path = "images.npy"
+y_path = "labels.npy"
+scale = 0.00392156862745098  # 1 / 255: raw uint8 pixels, scaled where the model runs
+mean = [0.485, 0.456, 0.406]
+std = [0.229, 0.224, 0.225]
+[optimizer]
+name = "sgd"
+lr = 0.01
+momentum = 0.9
+[train]
+global_batch_size = 16
+epochs = 1
+"""
+
+
+def write_images(directory: str, rows: int = 320, seed: int = 0) -> None:
+    """uint8 images and labels for SCALED_IMAGES_PLAN (``images.npy``, ``labels.npy``)."""
+    import os
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, size=rows)
+    # brighter images for larger labels, so there is something to learn
+    images = rng.integers(0, 128, size=(rows, 8, 8, 3)) + labels[:, None, None, None] * 12
+    np.save(os.path.join(directory, "images.npy"), images.astype(np.uint8))
+    np.save(os.path.join(directory, "labels.npy"), labels)

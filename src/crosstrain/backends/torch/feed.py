@@ -19,6 +19,7 @@ from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
+from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.tokens import TokenWindows
 
 #: "auto" places the data when it takes at most this share of the device's free memory
@@ -81,6 +82,8 @@ class Feed:
         return _bytes(parts) <= AUTO_SHARE * free
 
     def _gatherer(self, rows: Rows, on_device: dict[int, torch.Tensor]) -> Gather:
+        if isinstance(rows, ScaledRows):
+            return _scaled_gather(self._gatherer(rows.raw, on_device), rows.scaling, self.device)
         if isinstance(rows, TokenWindows):
             return _window_gather(rows, self._to_device(rows.tokens, on_device))
         if isinstance(rows, MappedRows):
@@ -114,6 +117,30 @@ class Feed:
         return lambda indices: array[indices].to(dtype)
 
 
+_TORCH_OPERATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "mul": torch.mul,
+    "sub": torch.sub,
+    "div": torch.div,
+}
+
+
+def _scaled_gather(raw: Gather, scaling: InputScaling, device: torch.device) -> Gather:
+    """The raw rows (uint8 images stay uint8 until here), scaled on the device by the same
+    float32 operations, in the same order, as core's numpy reference."""
+    steps = [
+        (_TORCH_OPERATIONS[operation], torch.from_numpy(operand).to(device))
+        for operation, operand in scaling.steps()
+    ]
+
+    def gather(indices: torch.Tensor) -> torch.Tensor:
+        x = raw(indices).to(torch.float32)
+        for operation, operand in steps:
+            x = operation(x, operand)
+        return x
+
+    return gather
+
+
 def _window_gather(windows: TokenWindows, tokens: torch.Tensor) -> Gather:
     """Row i of the windows, read from the placed token array: tokens[(first+i)*L + offset + k]."""
     offsets = torch.arange(windows.length, device=tokens.device) + windows.offset
@@ -131,6 +158,7 @@ def _bytes(parts: Iterable[ArrayDataset]) -> int:
     arrays: dict[int, int] = {}
     for part in parts:
         for rows in (part.x, part.y):
+            rows = rows.raw if isinstance(rows, ScaledRows) else rows
             array = (
                 rows.tokens
                 if isinstance(rows, TokenWindows)

@@ -1,0 +1,80 @@
+"""``data.scale``/``mean``/``std``: inputs scaled as read, raw until then."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crosstrain.core.data import load_datasets
+from crosstrain.core.errors import PlanError
+from crosstrain.core.mapped import MappedRows
+from crosstrain.core.plan import load_plan
+from crosstrain.core.scaling import InputScaling, ScaledRows
+from crosstrain.testing.plans import SCALED_IMAGES_PLAN, write_images
+
+
+def test_rows_are_scaled_per_channel_as_read_and_stay_raw_until_then(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_images(str(tmp_path))
+    plan = load_plan(write_plan(SCALED_IMAGES_PLAN))
+    datasets = load_datasets(plan)
+    raw_file = np.load(tmp_path / "images.npy")
+    for part in (datasets.train, datasets.eval):
+        assert part is not None and isinstance(part.x, ScaledRows)
+        assert isinstance(part.x.raw, MappedRows) and part.x.raw.array.dtype == np.uint8  # not read yet
+    x = datasets.train.x
+    assert isinstance(x, ScaledRows) and isinstance(x.raw, MappedRows)
+    indices = np.array([5, 0, 5])
+    expected = raw_file[x.raw.file_rows(indices)].astype(np.float32)
+    expected = (expected * np.float32(1 / 255) - np.float32([0.485, 0.456, 0.406])) / np.float32(
+        [0.229, 0.224, 0.225]
+    )
+    got = x[indices]
+    assert got.dtype == np.float32 and got.shape == (3, 8, 8, 3)
+    assert np.array_equal(got, expected)
+
+
+def test_identity_steps_are_left_out() -> None:
+    assert InputScaling().is_identity and InputScaling().steps() == []
+    assert InputScaling(1.0, (0.0,), (1.0,)).is_identity
+    assert [name for name, _ in InputScaling(2.0, (), (3.0,)).steps()] == ["mul", "div"]
+    x = np.arange(6, dtype=np.uint8)
+    assert np.array_equal(InputScaling(0.5, (1.0,)).apply(x), x.astype(np.float32) * 0.5 - 1)
+
+
+def test_one_value_for_every_channel(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    write_images(str(tmp_path))
+    plan = load_plan(write_plan(SCALED_IMAGES_PLAN), ["data.mean=0.5", "data.std=0.25"])
+    assert plan.data.mean == (0.5,) and plan.data.std == (0.25,)
+    x = load_datasets(plan).train.x
+    assert isinstance(x, ScaledRows)
+    assert np.array_equal(x[np.arange(2)], (x.raw[np.arange(2)] * np.float32(1 / 255) - 0.5) / 0.25)
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("data.mean=[0.1, 0.2]", "data.mean"),
+        ("data.std=[1.0, 0.0, 1.0]", "data.std"),
+        ("data.scale=0", "data.scale"),
+        ("data.mean='a'", "data.mean"),
+    ],
+)
+def test_bad_scaling_is_refused_naming_the_field(
+    write_plan: Callable[..., Path], tmp_path: Path, override: str, field: str
+) -> None:
+    with pytest.raises(PlanError) as error:
+        load_plan(write_plan(SCALED_IMAGES_PLAN), [override])
+    assert error.value.field == field, error.value
+
+
+def test_token_inputs_cannot_be_scaled(write_plan: Callable[..., Path]) -> None:
+    from crosstrain.testing.plans import GPT_PLAN
+
+    with pytest.raises(PlanError, match="float inputs") as error:
+        load_plan(write_plan(GPT_PLAN), ["data.scale=0.5"])
+    assert error.value.field == "data.scale"
