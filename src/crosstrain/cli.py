@@ -175,11 +175,27 @@ def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) ->
         ("eval accuracy", f"{evaluation['accuracy']:.4f}" if "accuracy" in evaluation else "-"),
         ("samples/s", f"{summary['samples_per_second']:.0f}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
+        *_rank_rows(summary.get("ranks") or []),
         ("output", out_dir),
     ]
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+
+
+def _rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """Rank 0's time split, and the largest peak device memory of any rank."""
+    if not ranks:
+        return []
+    first = ranks[0]
+    rows = [("data / steps", f"{first['data_seconds']:.2f} s / {first['step_seconds']:.2f} s (rank 0)")]
+    peaks = [rank["peak_device_memory_bytes"] for rank in ranks if rank.get("peak_device_memory_bytes")]
+    if peaks:
+        rows.append(("peak device memory", f"{max(peaks) / 2**30:.2f} GiB"))
+    utilisation = first.get("gpu_utilisation_percent")
+    if utilisation is not None:
+        rows.append(("GPU utilisation", f"{utilisation:.0f} % (rank 0)"))
+    return rows
 
 
 def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:

@@ -4,11 +4,12 @@ layouts, names and update rules, checked against numpy references in this proces
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.plan import OptimizerSpec, Plan, load_plan
 from crosstrain.core.strategy import World
 
 pytest.importorskip("tensorflow")
@@ -253,3 +254,16 @@ def test_fp16_skips_a_step_whose_gradients_overflow() -> None:
     strategy.train_step(state, StepBatch((fine,), 2), lr=0.1)
     assert state.optimizer_steps == 1
     assert not np.array_equal(strategy.state_dict(state)["dense_0.kernel"], before["dense_0.kernel"])
+
+
+def test_compiling_batch_norm_is_refused_before_launch(tmp_path: Path) -> None:
+    from crosstrain.backends.tf.strategy import check_compilable
+    from crosstrain.core.errors import PlanError
+    from crosstrain.testing.plans import RESNET_PLAN
+
+    (tmp_path / "plan.toml").write_text(RESNET_PLAN)
+    plan = load_plan(tmp_path / "plan.toml", ["train.compile=true"])
+    with pytest.raises(PlanError, match=r"cannot compile batch norm \(model.layers\[1\]\)") as error:
+        check_compilable(plan)
+    assert error.value.field == "train.compile"
+    check_compilable(load_plan(tmp_path / "plan.toml"))  # eager: nothing to refuse

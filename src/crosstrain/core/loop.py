@@ -28,8 +28,15 @@ from crosstrain.core.data import (
     step_batch,
 )
 from crosstrain.core.plan import Plan
+from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
 from crosstrain.core.schedule import LearningRateSchedule
-from crosstrain.core.strategy import DistributedStrategy, Job, PlacesData, ResolvesMetrics
+from crosstrain.core.strategy import (
+    DistributedStrategy,
+    Job,
+    PlacesData,
+    ReportsDevice,
+    ResolvesMetrics,
+)
 
 CHECKPOINT_FILE = "model.safetensors"
 
@@ -64,6 +71,18 @@ class _Progress:
     train_samples: int = 0
     last_train_loss: float = float("nan")
     eval_metrics: dict[str, float] = attrs.field(factory=dict)
+    data_seconds: float = 0.0  # building batches on the host: the device may wait on this
+    step_seconds: float = 0.0  # handing steps to the backend and reading their losses
+
+    def add_data_time(self, since: float) -> float:
+        now = time.perf_counter()
+        self.data_seconds += now - since
+        return now
+
+    def add_step_time(self, since: float) -> float:
+        now = time.perf_counter()
+        self.step_seconds += now - since
+        return now
 
 
 def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tuple[dict[str, Any], Any]:
@@ -94,6 +113,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
         if plan.output.checkpoint:
             _save_checkpoint(strategy, state, context, progress.step, hook)
         summary = _summary(context, progress, time.perf_counter() - started)
+        summary["ranks"] = _rank_reports(strategy, state, progress)
         hook.crosstrain_train_end(context=context, summary=summary)
     except BaseException as error:
         report_exception(hook, context, error)
@@ -122,6 +142,7 @@ def _train_epoch(
     plan, world = context.plan, context.world
     epoch_started = time.perf_counter()
     log = _StepLog(strategy, context, hook)
+    clock = time.perf_counter()
     try:
         for indices, weight in sampler.epoch(epoch):
             if progress.step >= context.total_steps:
@@ -136,10 +157,13 @@ def _train_epoch(
                 step=progress.step,
             )
             lr = schedule(progress.step)
+            clock = progress.add_data_time(clock)
             metrics = strategy.train_step(state, batch, lr)
             progress.step += 1
             log.add(_PendingStep(progress.step, epoch, lr, batch.global_real_rows, metrics))
+            clock = progress.add_step_time(clock)
         log.flush()  # reads the device: the epoch's time includes all of its work
+        progress.add_step_time(clock)
     except BaseException:
         log.flush_what_ran()
         raise
@@ -232,6 +256,19 @@ def _summary(context: RunContext, progress: _Progress, wall_seconds: float) -> d
         "samples_per_second": progress.train_samples / max(progress.train_seconds, 1e-9),
         "wall_seconds": wall_seconds,
     }
+
+
+def _rank_reports(strategy: DistributedStrategy, state: Any, progress: _Progress) -> list[dict[str, Any]]:
+    """summary.json's ``ranks``: every process's time split and memory (one all-reduce)."""
+    mine: dict[str, float | None] = {
+        "data_seconds": progress.data_seconds,
+        "step_seconds": progress.step_seconds,
+        "peak_host_memory_bytes": peak_host_memory_bytes(),
+    }
+    if isinstance(strategy, ReportsDevice):
+        mine.update(strategy.device_report(state))
+    world = strategy.world
+    return gather_rank_reports(strategy.all_reduce, world.process_index, world.process_count, mine)
 
 
 def evaluate(

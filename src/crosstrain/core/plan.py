@@ -200,6 +200,9 @@ class TrainSpec:
     clip_grad_norm: float | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     precision: Precision = "fp32"
     eval_every_epochs: int = attrs.field(default=1, validator=_gt0)
+    #: compile the training step: torch.compile (and fused Adam/AdamW on CUDA) on torch,
+    #: XLA (jit_compile) on tf; the losses stay within the parity tolerance of eager
+    compile: bool = False
 
 
 @attrs.frozen

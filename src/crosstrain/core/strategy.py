@@ -123,6 +123,17 @@ class ResolvesMetrics(Protocol):
 
 
 @runtime_checkable
+class ReportsDevice(Protocol):
+    """Optional capability: facts about this process's device for summary.json's ``ranks``
+    (see :mod:`crosstrain.core.report`), asked once, after the last step."""
+
+    def device_report(self, state: Any) -> dict[str, float | None]:
+        """``peak_device_memory_bytes`` and ``gpu_utilisation_percent`` (mean while
+        training), each None where it cannot be measured."""
+        ...
+
+
+@runtime_checkable
 class DistributedStrategy(Protocol):
     """One backend. Core builds the weights and batches and computes the learning rate;
     the backend turns them into native models, steps and collectives."""

@@ -135,6 +135,22 @@ class BackendConformance:
         # the batch); batch norm's running statistics are the same at both worlds
         assert_same_eval(summary(many)["eval"], summary(one)["eval"], loss_tolerance=WORLD_TOLERANCE, flips=1)
         assert summary(many)["world_size"] == self.nproc
+        ranks = summary(many)["ranks"]  # one report per process: time split, peak memory
+        assert [report["rank"] for report in ranks] == list(range(summary(many)["processes"]))
+        assert all(report["step_seconds"] > 0 and report["peak_host_memory_bytes"] > 0 for report in ranks)
+
+    def test_a_compiled_step_trains_like_eager(
+        self, world_runs: dict[str, tuple[Path, Path]], tmp_path: Path
+    ) -> None:
+        """``train.compile`` (torch.compile, XLA, a third party's compiler) changes how the
+        step runs, not what it computes: dropout masks, loss and updates within rounding."""
+        if "dropout_mlp" not in world_runs:
+            pytest.skip(f"the {self.backend} backend does not speak the dropout MLP")
+        eager = world_runs["dropout_mlp"][1]
+        plan = write_plan(tmp_path, "dropout_mlp")
+        compiled = train(self.backend, plan, tmp_path / "compiled", self.nproc, "--set", "train.compile=true")
+        assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= WORLD_TOLERANCE
+        assert_same_eval(summary(compiled)["eval"], summary(eager)["eval"], loss_tolerance=WORLD_TOLERANCE)
 
     def test_a_failing_rank_ends_the_run_naming_it(self, tmp_path: Path) -> None:
         plan = write_plan(tmp_path, "dropout_mlp")

@@ -27,6 +27,7 @@ from crosstrain.backends.tf.optimizer import (
     update_rule,
 )
 from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
@@ -98,6 +99,7 @@ class TfStrategy:
         from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
 
         plan_layout(job, cluster_from_environment(), physical_gpus() if job.device != "cpu" else 0)
+        check_compilable(job.plan)
 
     def launch(self, job: Job) -> RunResult:
         from crosstrain.backends.tf.launch import launch
@@ -213,11 +215,11 @@ class TfStrategy:
         rule = update_rule(plan.optimizer)
         keras_variables = list(model.trainable_variables)
 
-        def replica_step(
-            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any
-        ) -> tuple[Any, Any, Any]:
-            context = tf.distribute.get_replica_context()
-            part = context.replica_id_in_sync_group % local
+        def replica_gradients(
+            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any, part: Any
+        ) -> tuple[list[Any], Any]:
+            """This replica's gradients and loss sum: no cross-replica op unless the model
+            has batch norm (which train.compile refuses at world > 1), so XLA may compile it."""
             grads: list[Any] = []
             loss_sum = tf.zeros((), tf.float64)
             for index in range(train.grad_accum_steps):
@@ -234,6 +236,19 @@ class TfStrategy:
                     micro_grads if index == 0 else [a + b for a, b in zip(grads, micro_grads, strict=True)]
                 )
                 loss_sum += tf.cast(micro_sum, tf.float64)
+            return grads, loss_sum
+
+        if train.compile:
+            # XLA compiles each replica's forward and backward (as Keras 3 does); the
+            # all-reduce and the update stay outside, where the strategy places them
+            replica_gradients = tf.function(replica_gradients, jit_compile=True)
+
+        def replica_step(
+            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any
+        ) -> tuple[Any, Any, Any]:
+            context = tf.distribute.get_replica_context()
+            part = context.replica_id_in_sync_group % local
+            grads, loss_sum = replica_gradients(xs, ys, weights, rows, step, scalars, part)
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
             finite = tf.constant(True)
             if scaled:
@@ -324,6 +339,21 @@ def _dense_gradient(grad: Any, variable: Any) -> Any:
     import tensorflow as tf
 
     return tf.zeros_like(variable) if grad is None else tf.convert_to_tensor(grad)
+
+
+def check_compilable(plan: Plan) -> None:
+    """train.compile puts each replica's forward and backward under XLA, which cannot hold
+    batch norm's all-reduce of its statistics across replicas: refused before launch."""
+    if not plan.train.compile or plan.model.native is not None:
+        return
+    for node in plan.model.graph(plan.source).nodes:
+        if node.layer.type == "batchnorm":
+            raise PlanError(
+                f"the tf backend cannot compile batch norm ({node.field}): XLA cannot hold its "
+                "all-reduce of statistics across replicas; train without train.compile",
+                field="train.compile",
+                source=plan.source,
+            )
 
 
 def replica_rows(tensor: Any, part: Any, parts: int) -> Any:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,11 +42,11 @@ from crosstrain.core.layers import (
 )
 
 
-@attrs.frozen
-class ForwardContext:
+class ForwardContext(NamedTuple):
     """What a training forward needs beyond the inputs: the row mask (1 real, 0 padding),
     each row's position in the global batch, the optimizer step, the plan's seed, and
-    whether batch statistics are summed across processes."""
+    whether batch statistics are summed across processes. (A NamedTuple, not attrs:
+    torch.compile traces through a tuple, not through attrs' frozen ``__setattr__``.)"""
 
     weight: torch.Tensor | None = None
     rows: torch.Tensor | None = None
@@ -221,7 +220,9 @@ class DropoutNode(NodeModule):
         if not self.training or self.rate == 0.0:
             return x
         assert context.rows is not None, "dropout trains on row positions"
-        keep = keep_mask(context.seed, context.step, self.layer_index, context.rows, self.features, self.rate)
+        keep: torch.Tensor = keep_mask(
+            context.seed, context.step, self.layer_index, context.rows, self.features, self.rate
+        )
         return (x * keep.reshape(x.shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
 
 
@@ -234,6 +235,10 @@ def _mix(value: torch.Tensor) -> torch.Tensor:
     return value ^ (value >> 16)
 
 
+# Eager even under torch.compile: inductor's C++ code generation promotes these int64 hash
+# steps to float on CPU (torch 2.13, "invalid operands of types 'float' and 'float' to
+# binary 'operator^'"); a graph break around one small mask keeps the bits the reference's.
+@torch.compiler.disable  # type: ignore[untyped-decorator]
 def keep_mask(
     seed: int, step: int, layer: int, rows: torch.Tensor, features: int, rate: float
 ) -> torch.Tensor:

@@ -17,6 +17,7 @@ import numpy as np
 
 from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.plan import Plan
+from crosstrain.core.report import GpuUtilisation
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
 
@@ -34,6 +35,7 @@ class TorchState:
     scaler: torch.amp.GradScaler | None
     plan: Plan
     feed: Feed  # where the data sits and how a batch's rows reach the device
+    utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
 
     def set_training(self, training: bool) -> None:
         """train()/eval() walk every submodule: only when the mode changes, not every step."""
@@ -119,9 +121,19 @@ class TorchStrategy:
             scaler = torch.amp.GradScaler(torch.device(self.device).type)
         from crosstrain.backends.torch.feed import Feed
 
-        return TorchState(
-            module, model, make_optimizer(module, plan.optimizer), scaler, plan, Feed(self.device)
-        )
+        on_cuda = self.device.startswith("cuda")
+        optimizer = make_optimizer(module, plan.optimizer, fused=plan.train.compile and on_cuda)
+        if plan.train.compile:
+            # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
+            # the gradient all-reduce still overlaps the backward
+            model = torch.compile(model)  # type: ignore[assignment]
+        utilisation = None
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            device = torch.device(self.device)
+            # torch maps its device index to NVML's (CUDA_VISIBLE_DEVICES); needs pynvml
+            utilisation = GpuUtilisation(lambda: torch.cuda.utilization(device)).start()
+        return TorchState(module, model, optimizer, scaler, plan, Feed(self.device), utilisation)
 
     def place_data(self, state: TorchState, datasets: Datasets) -> None:
         state.feed.place(state.plan, datasets)
@@ -213,6 +225,16 @@ class TorchStrategy:
         names = ["loss_sum", "correct", "count"] if len(totals) == 3 else ["loss_sum", "count"]
         return dict(zip(names, totals, strict=True))
 
+    def device_report(self, state: TorchState) -> dict[str, float | None]:
+        import torch
+
+        if not self.device.startswith("cuda"):
+            return {}  # on a CPU the host's peak memory (always reported) is the device's
+        return {
+            "peak_device_memory_bytes": float(torch.cuda.max_memory_allocated(self.device)),
+            "gpu_utilisation_percent": state.utilisation.stop() if state.utilisation else None,
+        }
+
     # ----------------------------------------------------------------- collectives
 
     def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
@@ -271,7 +293,7 @@ class TorchStrategy:
     @contextlib.contextmanager
     def _no_sync(self, state: TorchState, skip: bool) -> Iterator[None]:
         """Skip DDP's all-reduce on every accumulation micro-step but the last."""
-        if skip and state.model is not state.module:
+        if skip and self._distributed():
             with state.model.no_sync():  # type: ignore[operator]
                 yield
         else:
