@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -22,6 +22,7 @@ from crosstrain.core.data import (
     ArrayDataset,
     Datasets,
     GlobalSampler,
+    StepBatch,
     eval_batches,
     load_datasets,
     shard,
@@ -34,6 +35,7 @@ from crosstrain.core.strategy import (
     DistributedStrategy,
     Job,
     PlacesData,
+    PrefetchesBatches,
     ReportsDevice,
     ResolvesMetrics,
 )
@@ -139,23 +141,14 @@ def _train_epoch(
     progress: _Progress,
     hook: pluggy.HookRelay,
 ) -> None:
-    plan, world = context.plan, context.world
+    plan = context.plan
     epoch_started = time.perf_counter()
     log = _StepLog(strategy, context, hook)
     clock = time.perf_counter()
     try:
-        for indices, weight in sampler.epoch(epoch):
-            if progress.step >= context.total_steps:
-                break
-            batch = step_batch(
-                datasets.train,
-                indices,
-                weight,
-                world.process_index,
-                world.process_count,
-                plan.train.grad_accum_steps,
-                step=progress.step,
-            )
+        for batch, upcoming in _with_next(_epoch_steps(context, datasets, sampler, epoch, progress.step)):
+            if upcoming is not None and isinstance(strategy, PrefetchesBatches):
+                strategy.prefetch(state, upcoming)
             lr = schedule(progress.step)
             clock = progress.add_data_time(clock)
             metrics = strategy.train_step(state, batch, lr)
@@ -185,6 +178,37 @@ def _train_epoch(
         )
         epoch_metrics.update({f"eval_{name}": value for name, value in progress.eval_metrics.items()})
     hook.crosstrain_epoch_end(context=context, epoch=epoch, metrics=epoch_metrics)
+
+
+def _epoch_steps(
+    context: RunContext, datasets: Datasets, sampler: GlobalSampler, epoch: int, first_step: int
+) -> Iterator[StepBatch]:
+    """This process's batches of the epoch's steps, numbered from ``first_step``, up to the
+    run's last step."""
+    plan, world = context.plan, context.world
+    step = first_step
+    for indices, weight in sampler.epoch(epoch):
+        if step >= context.total_steps:
+            return
+        yield step_batch(
+            datasets.train,
+            indices,
+            weight,
+            world.process_index,
+            world.process_count,
+            plan.train.grad_accum_steps,
+            step=step,
+        )
+        step += 1
+
+
+def _with_next(steps: Iterator[StepBatch]) -> Iterator[tuple[StepBatch, StepBatch | None]]:
+    """Each step with the one after it (None for the last), so its rows can be prefetched."""
+    current = next(steps, None)
+    while current is not None:
+        upcoming = next(steps, None)
+        yield current, upcoming
+        current = upcoming
 
 
 @attrs.frozen

@@ -123,6 +123,17 @@ class ResolvesMetrics(Protocol):
 
 
 @runtime_checkable
+class PrefetchesBatches(Protocol):
+    """Optional capability: the loop names the next step's batch before it runs the current
+    one, so the backend can read its rows and copy them to the device meanwhile (a
+    background thread and a side stream); ``train_step`` then finds them there."""
+
+    def prefetch(self, state: Any, step: StepBatch) -> None:
+        """Start bringing ``step``'s rows to the device; returns at once."""
+        ...
+
+
+@runtime_checkable
 class ReportsDevice(Protocol):
     """Optional capability: facts about this process's device for summary.json's ``ranks``
     (see :mod:`crosstrain.core.report`), asked once, after the last step."""

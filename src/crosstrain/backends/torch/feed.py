@@ -4,13 +4,16 @@ Core decides which rows form each step (the sampler); this module decides where 
 read. Placed on the device (``data.placement = "device"``, or ``"auto"`` on a GPU when the
 arrays fit in :data:`AUTO_SHARE` of its free memory), each array is copied there once and
 a step's rows are gathered there by an index tensor: no host gather, no per-step copy of
-the rows. Otherwise the rows are gathered on the host and copied each step.
+the rows. Otherwise the rows are gathered on the host and copied each step; on a GPU the
+next step's rows are gathered by a background thread into pinned memory and copied on a
+side stream while the current step computes (:meth:`Feed.prefetch`).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -33,9 +36,11 @@ Gather = Callable[[torch.Tensor], torch.Tensor]
 class Feed:
     """Turns a batch into tensors on the device, from placed arrays when it has them."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, timeout_seconds: float = 300.0) -> None:
         self.device = torch.device(device)
+        self.timeout_seconds = timeout_seconds
         self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
+        self._prefetcher: _Prefetcher | None = None
 
     @property
     def placed(self) -> bool:
@@ -53,13 +58,32 @@ class Feed:
                 self._gatherer(part.y, on_device),
             )
 
+    def prefetch(self, batches: Iterable[Batch]) -> None:
+        """Start gathering and copying the batches' rows (a GPU, rows on the host); a later
+        :meth:`tensors` of the same batch waits for them instead of doing the work."""
+        if self.device.type != "cuda":
+            return  # on a CPU there is no copy to overlap: the host is the device
+        for batch in batches:
+            if batch.source is None or id(batch.source.dataset) not in self._placed:
+                if self._prefetcher is None:
+                    self._prefetcher = _Prefetcher(self.device, self.timeout_seconds)
+                self._prefetcher.submit(batch)
+
     def tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
         """x, y, weight and rows of the batch, on the device."""
+        if self._prefetcher is not None:
+            prefetched = self._prefetcher.take(batch)
+            if prefetched is not None:
+                return prefetched
         source = batch.source
         if source is not None and id(source.dataset) in self._placed:
             # one small host-to-device copy a step: row indices, positions and the row mask
-            packed = np.stack([source.indices, batch.rows, batch.weight.astype(np.int64)])
-            indices, rows, mask = torch.from_numpy(packed).to(self.device, non_blocking=True)
+            packed = torch.from_numpy(np.stack([source.indices, batch.rows, batch.weight.astype(np.int64)]))
+            if self.device.type == "cuda":
+                # from pageable memory a copy waits for the stream to drain, so the host
+                # could never run ahead of the GPU; from pinned memory it is queued
+                packed = packed.pin_memory()
+            indices, rows, mask = packed.to(self.device, non_blocking=True)
             gather_x, gather_y = self._placed[id(source.dataset)]
             return gather_x(indices), gather_y(indices), mask.to(torch.float32), rows
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
@@ -115,6 +139,46 @@ class Feed:
         if array.dtype == dtype:
             return array.__getitem__
         return lambda indices: array[indices].to(dtype)
+
+
+class _Prefetcher:
+    """One background thread that gathers a batch's rows on the host (numpy releases the GIL
+    while it copies), pins them and copies them to the GPU on a side stream. The step's
+    stream waits for that copy's event, never for the host."""
+
+    def __init__(self, device: torch.device, timeout_seconds: float) -> None:
+        self.device, self.timeout_seconds = device, timeout_seconds
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crosstrain-prefetch")
+        self.pending: dict[int, tuple[Batch, Future[tuple[tuple[torch.Tensor, ...], torch.cuda.Event]]]] = {}
+
+    def submit(self, batch: Batch) -> None:
+        self.pending[id(batch)] = (batch, self.pool.submit(self._copy, batch))
+
+    def take(self, batch: Batch) -> tuple[torch.Tensor, ...] | None:
+        entry = self.pending.pop(id(batch), None)
+        if entry is None or entry[0] is not batch:
+            return None
+        try:
+            tensors, copied = entry[1].result(timeout=self.timeout_seconds)
+        except TimeoutError:
+            raise TimeoutError(
+                f"reading a batch's rows took more than {self.timeout_seconds:.0f} s"
+            ) from None
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(copied)
+        for tensor in tensors:  # made on the side stream, used on this one
+            tensor.record_stream(stream)
+        return tensors
+
+    def _copy(self, batch: Batch) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event]:
+        host = [batch.x, batch.y, batch.weight, batch.rows]  # the host gather, in this thread
+        pinned = [torch.from_numpy(np.ascontiguousarray(array)).pin_memory() for array in host]
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            x, y, weight, rows = (tensor.to(self.device, non_blocking=True) for tensor in pinned)
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record(self.stream)
+        return (x, y, weight, rows), copied
 
 
 _TORCH_OPERATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

@@ -138,6 +138,9 @@ class TorchStrategy:
     def place_data(self, state: TorchState, datasets: Datasets) -> None:
         state.feed.place(state.plan, datasets)
 
+    def prefetch(self, state: TorchState, step: StepBatch) -> None:
+        state.feed.prefetch(step.micro_batches)
+
     # ----------------------------------------------------------------- steps
 
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
