@@ -36,6 +36,7 @@ from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.core.worker import run_worker
 from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
+from crosstrain.launch.reports import describe_exit
 
 _LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
 _MONITOR_SECONDS = 0.2
@@ -151,6 +152,8 @@ def _quiet_elastic_logs() -> None:
 
 def _worker_error(failure: ChildFailedError) -> WorkerError:
     rank, first = failure.get_first_failure()
+    if first.exitcode < 0:  # killed by a signal: said as the shared launcher says it
+        return WorkerError(rank, describe_exit(first.exitcode))
     message = first.message if isinstance(first.message, str) else str(first.message.get("message", ""))
     traceback_text = ""
     if isinstance(first.error_file_data, dict):
