@@ -67,7 +67,10 @@ def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = Tru
         help="override a plan field, e.g. --set optimizer.lr=0.01",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds any wait (rendezvous, collective) may take"
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a rank may make no progress before the run is stopped (also the rendezvous's)",
     )
 
 
