@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from crosstrain.core.heartbeat import Beat, Heartbeat, heartbeat_path, read_beat
+from crosstrain.core.heartbeat import Heartbeat
 from crosstrain.launch.monitor import STARTUP_SECONDS, StallMonitor
 
 
@@ -49,13 +49,3 @@ def test_a_rank_still_starting_has_the_start_up_deadline(tmp_path: Path) -> None
     stall = monitor.check()
     assert stall is not None and stall.rank == 1
     assert "after starting" in str(stall)
-
-
-def test_a_beat_is_one_fixed_width_record_and_nothing_without_a_launcher(tmp_path: Path) -> None:
-    beat = Heartbeat(2, str(tmp_path))
-    _steps(beat, 12)
-    record = heartbeat_path(tmp_path, 2).read_bytes()
-    assert len(record) == 64
-    assert read_beat(heartbeat_path(tmp_path, 2)) == Beat(pid=os.getpid(), count=25, step=12, phase="idle")
-    Heartbeat(0, "").beat("step")  # no folder: a no-op, nothing written anywhere
-    assert Beat.decode(b"") is None and Beat.decode(b"12 x") is None

@@ -22,11 +22,11 @@ LAUNCH_DIR = "CROSSTRAIN_LAUNCH_DIR"
 LAUNCH_RANK = "CROSSTRAIN_LAUNCH_RANK"
 
 
-def launch_folder() -> Path:
+def worker_folder() -> Path:
     return Path(os.environ[LAUNCH_DIR])
 
 
-def launch_rank() -> int:
+def worker_rank() -> int:
     return int(os.environ[LAUNCH_RANK])
 
 
@@ -34,7 +34,7 @@ def serve(train: Callable[[], dict[str, Any]]) -> None:
     """Run ``train`` and report; after a failure the process ends here. SIGTERM (the
     launcher stopping this worker) ends it at once, quietly: the launcher reports why."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    folder, rank = launch_folder(), launch_rank()
+    folder, rank = worker_folder(), worker_rank()
     try:
         summary = train()
         write_atomically(result_path(folder, rank), summary)

@@ -23,7 +23,7 @@ from typing import Any
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
-from crosstrain.launch.worker import launch_folder as worker_folder
+from crosstrain.launch.worker import worker_folder
 
 _JOB_FILE, _PATH_FILE = "job.pickle", "sys_path.json"
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"

@@ -28,8 +28,7 @@ from crosstrain.core.errors import BackendError
 from crosstrain.core.heartbeat import collective_timeout
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
-from crosstrain.launch.worker import launch_folder as launch_folder_of_worker
-from crosstrain.launch.worker import launch_rank
+from crosstrain.launch.worker import worker_folder, worker_rank
 
 TF_CONFIG = "TF_CONFIG"
 JOB_FILE = "job.pkl"
@@ -169,9 +168,9 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
     local_text, local_workers = list(sys.argv[1:] if argv is None else argv)
 
     def train() -> dict[str, Any]:
-        with open(launch_folder_of_worker() / JOB_FILE, "rb") as handle:
+        with open(worker_folder() / JOB_FILE, "rb") as handle:
             job, layout = pickle.load(handle)
-        return _train(job, layout, launch_rank(), int(local_text), int(local_workers))
+        return _train(job, layout, worker_rank(), int(local_text), int(local_workers))
 
     serve(train)
 
