@@ -270,7 +270,7 @@ class FaultConformance:
             f"after step {self.fault_step} (--timeout {self.timeout})",
         }[fault]
         assert last.startswith(expected), stderr[-3000:]
-        assert "Traceback" not in stderr, stderr[-3000:]
+        assert "Traceback" not in stderr and stderr.count("crosstrain:") == 1, stderr[-3000:]
 
     def test_a_signal_to_the_launcher_stops_every_worker(self, tmp_path: Path, signal_name: str) -> None:
         process, tag = self._start(tmp_path, "hang", timeout=120)  # a run still going when signalled
@@ -282,8 +282,7 @@ class FaultConformance:
             assert process.returncode == -signal.SIGKILL
             return
         assert process.returncode == 128 + number, stderr[-3000:]
-        assert stderr.strip().splitlines()[-1] == "crosstrain: interrupted", stderr[-3000:]
-        assert "Traceback" not in stderr, stderr[-3000:]
+        assert stderr.strip().splitlines() == ["crosstrain: interrupted"], stderr[-3000:]
 
 
 class AgreesWithTorch:

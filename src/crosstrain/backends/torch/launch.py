@@ -145,8 +145,12 @@ def _watched(folder: Path, ranks: int, timeout_seconds: float) -> Iterator[list[
 
 
 def _quiet_elastic_logs() -> None:
-    """The agent logs a failed worker's traceback itself; it reaches the user once, as WorkerError."""
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+    """The agent logs a failed worker's traceback itself; it reaches the user once, as WorkerError.
+    torch gives some of its module loggers their own level (so the parent's is not inherited):
+    those are set too."""
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
+    for name in {*prefixes, *names}:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -185,8 +189,9 @@ def _die_with_launcher() -> None:
     worker blocked in a collective does not act on), and a quiet exit on SIGINT: the
     launcher, which gets a terminal's Ctrl-C too, reports the interruption once."""
     launcher = os.environ.get(_LAUNCHER_PID)
-    if launcher is not None:
-        die_with_parent(int(launcher))
+    if launcher is None:  # joined a torchrun group: this process is the CLI, torchrun the agent
+        return
+    die_with_parent(int(launcher))
     signal.signal(signal.SIGINT, lambda number, frame: os._exit(128 + number))
 
 
