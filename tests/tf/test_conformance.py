@@ -29,4 +29,5 @@ class TestTfWorkersFaults(FaultConformance):
     backend = "tf"
     layout = ("--workers", "2")
     processes = 2
+    rank_faults = ("raise", "kill", "hang")
     launcher_signals = ("SIGKILL",)  # SIGINT and SIGTERM: the same launcher code as above
