@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,15 +105,34 @@ def test_a_silent_worker_is_stopped_naming_its_last_step(tmp_path: Path) -> None
     assert time.monotonic() - started < 15
 
 
-def test_sigterm_stops_the_workers_and_raises_interrupted(tmp_path: Path) -> None:
-    spec = WorkerSpec(0, [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ))
-    timer = __import__("threading").Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
+_STARTED_WORKER = (
+    "import os, pathlib, time\n"
+    "pathlib.Path(os.environ['CROSSTRAIN_LAUNCH_DIR'], 'started').touch()\n"
+    "time.sleep(600)\n"
+)
+
+
+def _signal_once_started(folder: Path, number: int) -> threading.Thread:
+    def send() -> None:
+        deadline = time.monotonic() + 60
+        while not (folder / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), number)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigterm_stops_the_workers_and_raises_interrupted() -> None:
+    spec = WorkerSpec(0, [sys.executable, "-c", _STARTED_WORKER], dict(os.environ))
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as raised, launch_folder("unit") as folder:
+        _signal_once_started(folder, signal.SIGTERM)
         run_workers([spec], folder, timeout_seconds=60)
     assert raised.value.exit_code == 143 and str(raised.value) == "interrupted"
     assert not folder.exists()  # the temporary folder is removed on this exit too
-    assert signal.getsignal(signal.SIGTERM) is not None
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
 def test_folders_of_launchers_that_were_killed_are_removed(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ class WorkerStalled(WorkerError):
         self.step = step
         where = f"after step {step}" if step is not None else "after starting"
         message = (
-            f"rank {rank} made no progress for {silent_seconds:.0f} s {where} "
+            f"rank {rank} made no progress for {int(silent_seconds)} s {where} "
             f"(--timeout {timeout_seconds:g}); every worker was stopped"
         )
         CrosstrainError.__init__(self, message)
