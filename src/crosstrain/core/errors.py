@@ -36,8 +36,12 @@ class WorkerError(CrosstrainError):
         self.rank = rank
         self.traceback_text = traceback_text
         self.exit_code = exit_code  # 2 when the worker found bad input (a PlanError), as before launch
+        super().__init__(self._sentence(rank, message))
+
+    @staticmethod
+    def _sentence(rank: int | None, message: str) -> str:
         who = f"rank {rank}" if rank is not None else "a worker"
-        super().__init__(f"{who} failed: {message}")
+        return f"{who} failed: {message}"
 
 
 class WorkerStalled(WorkerError):
@@ -46,12 +50,15 @@ class WorkerStalled(WorkerError):
     def __init__(self, rank: int, silent_seconds: float, step: int | None, timeout_seconds: float):
         self.step = step
         where = f"after step {step}" if step is not None else "after starting"
-        message = (
-            f"rank {rank} made no progress for {int(silent_seconds)} s {where} "
-            f"(--timeout {timeout_seconds:g}); every worker was stopped"
+        super().__init__(
+            rank,
+            f"made no progress for {int(silent_seconds)} s {where} "
+            f"(--timeout {timeout_seconds:g}); every worker was stopped",
         )
-        CrosstrainError.__init__(self, message)
-        self.rank, self.traceback_text, self.exit_code = rank, "", 1
+
+    @staticmethod
+    def _sentence(rank: int | None, message: str) -> str:
+        return f"rank {rank} {message}"
 
 
 class InputError(CrosstrainError):
