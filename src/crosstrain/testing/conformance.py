@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -254,6 +255,9 @@ class FaultConformance:
                 break
             time.sleep(0.1)
         assert not _tagged_processes(tag), "processes of the run are still running"
+        if process.returncode != -signal.SIGKILL:  # (after SIGKILL the next launch removes them)
+            leftover = list(Path(tempfile.gettempdir()).glob(f"crosstrain-*-{process.pid}-*"))
+            assert not leftover, f"temporary folders left behind: {leftover}"
         assert not (tmp_path / "run" / "summary.json").exists()  # a stopped run never looks finished
         assert len(step_losses(tmp_path / "run")) >= self.fault_step  # every step logged is kept
         return stderr or ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import os
 import signal
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 import attrs
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -84,27 +85,33 @@ def launch(job: Job) -> RunResult:
         world_size = int(os.environ["WORLD_SIZE"])
         return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
     processes = job.replicas
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=processes,
-        run_id=f"crosstrain-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        rdzv_configs={"timeout": int(job.timeout_seconds)},
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
     _quiet_elastic_logs()
     with launch_folder("torch") as folder, _watched(folder, processes, job.timeout_seconds) as stalls:
         try:
-            results = elastic_launch(config, _worker)(job)
+            results = elastic_launch(_config(job, folder), _worker)(job)
         except ChildFailedError as failure:
             raise (stalls[0] if stalls else _worker_error(failure)) from None
         except SignalException as signalled:
             raise Interrupted(int(signalled.sigval)) from None
     return RunResult(results[0], job.out_dir)
+
+
+def _config(job: Job, folder: Path) -> LaunchConfig:
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=job.replicas,
+        run_id=f"crosstrain-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"timeout": max(1, math.ceil(job.timeout_seconds))},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # the agent's logs and error files in the launch folder, removed with it (by default
+        # every run leaves a torchelastic_* folder in /tmp)
+        logs_specs=DefaultLogsSpecs(log_dir=str(folder / "elastic")),
+    )
 
 
 @contextlib.contextmanager
