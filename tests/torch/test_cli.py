@@ -265,3 +265,19 @@ def test_a_stale_torchrun_environment_does_not_override_nproc(
     error = capsys.readouterr().err
     assert error.startswith("crosstrain: error: --nproc 2, but the torchrun environment says WORLD_SIZE=1")
     assert not (tmp_path / "o").exists()
+
+
+def test_bad_input_found_in_a_worker_exits_2_as_before_launch(tmp_path: Path) -> None:
+    """A native factory that cannot be imported is found in the worker; it ends like any
+    bad plan (exit 2, its line), as on the shared launcher's backends."""
+    (tmp_path / "plan.py").write_text(
+        "from crosstrain import Plan, ModelSpec, NativeModel, TrainSpec\n"
+        "plan = Plan(name='native', model=ModelSpec(input_shape=(64,), native=NativeModel(\n"
+        "    torch='nosuchmodule:build')), train=TrainSpec(global_batch_size=64, epochs=1))\n"
+    )
+    result = run_cli("run", str(tmp_path / "plan.py"), "--device", "cpu", "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        f"crosstrain: error: rank 0 failed: {tmp_path / 'plan.py'}: model.native.torch: "
+        "cannot load 'nosuchmodule:build': No module named 'nosuchmodule'"
+    )

@@ -31,7 +31,14 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
-from crosstrain.core.errors import BackendError, Interrupted, WorkerError, WorkerStalled
+from crosstrain.core.errors import (
+    BackendError,
+    InputError,
+    Interrupted,
+    PlanError,
+    WorkerError,
+    WorkerStalled,
+)
 from crosstrain.core.heartbeat import HEARTBEAT_DIR, collective_timeout
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
@@ -40,6 +47,8 @@ from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
 from crosstrain.launch.reports import describe_exit
 
 _LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
+#: errors of bad input, by the name torch's error file gives them, and their exit codes
+_BAD_INPUT = {error.__name__: error.exit_code for error in (PlanError, BackendError, InputError)}
 _MONITOR_SECONDS = 0.2
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -173,7 +182,11 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
             traceback_text = str(extra.get("extraInfo", {}).get("py_callstack", ""))
     if not message:
         message = f"exit code {first.exitcode}"
-    return WorkerError(rank, message.splitlines()[0] if message else "", traceback_text)
+    line = message.splitlines()[0]
+    kind, _, rest = line.partition(": ")
+    if kind in _BAD_INPUT:  # bad input a worker found: the shared launcher's line and exit code 2
+        return WorkerError(rank, rest, traceback_text, exit_code=_BAD_INPUT[kind])
+    return WorkerError(rank, line, traceback_text)
 
 
 # --------------------------------------------------------------------------- in the worker
