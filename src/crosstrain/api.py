@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
+from crosstrain.core.errors import InputError
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
 from crosstrain.core.strategy import ChecksJob, DeviceChoice, DistributedStrategy, Job, PluginSelection
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
@@ -46,6 +49,7 @@ def make_job(
     timeout_seconds: float = 300.0,
 ) -> Job:
     """Check everything that can be checked before a process starts, then describe the job."""
+    check_numbers(replicas, workers, timeout_seconds)
     check_world_fits(plan, replicas)
     load_datasets(plan)  # the data must load and fit the model before any worker starts
     out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
@@ -60,6 +64,30 @@ def make_job(
         plugins=plugins,
         timeout_seconds=timeout_seconds,
     )
+
+
+def check_numbers(replicas: int, workers: int | None, timeout_seconds: float) -> None:
+    """The layout and timeout numbers, refused with the flag's name before anything starts."""
+    if replicas < 1:
+        raise InputError(f"--nproc {replicas}: the number of replicas must be at least 1")
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers {workers}: the number of processes must be at least 1")
+    if not math.isfinite(timeout_seconds) or timeout_seconds <= 0:
+        raise InputError(f"--timeout {timeout_seconds:g}: must be a positive number of seconds")
+
+
+def check_out_dir(out_dir: str | Path) -> None:
+    """The output folder can be created and written, checked before any worker starts
+    (a worker would find out only when it first writes, after the whole start-up)."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--out {path}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"--out {path}: cannot create the folder: {error.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"--out {path}: the folder is not writable")
 
 
 def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
@@ -77,6 +105,7 @@ def run_job(job: Job, manager: CrosstrainPluginManager | None = None) -> dict[st
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
     check_backend_can_run(strategy, job)  # what the backend refuses writes nothing
+    check_out_dir(job.out_dir)
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     return dict(strategy.launch(job).summary)
 

@@ -13,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from crosstrain.api import default_out_dir, make_job, prepare_plan, run_job
-from crosstrain.core.errors import CrosstrainError, WorkerError
+from crosstrain.core.errors import CrosstrainError, Interrupted, WorkerError
+from crosstrain.launch import interrupts_raise
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
     backend_registry,
@@ -66,7 +67,10 @@ def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = Tru
         help="override a plan field, e.g. --set optimizer.lr=0.01",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds any wait (rendezvous, collective) may take"
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a rank may make no progress before the run is stopped (also the rendezvous's)",
     )
 
 
@@ -220,10 +224,14 @@ def _print_error(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        manager = make_plugin_manager(selection_from_args(_plugin_args(argv)))
-        report_failures(manager)
-        args = build_parser(manager).parse_args(argv)
-        return int(args.handler(args, manager, Console(highlight=False)))
+        with interrupts_raise():  # SIGTERM ends the CLI as Ctrl-C does: 143, one line
+            manager = make_plugin_manager(selection_from_args(_plugin_args(argv)))
+            report_failures(manager)
+            args = build_parser(manager).parse_args(argv)
+            return int(args.handler(args, manager, Console(highlight=False)))
+    except Interrupted as error:
+        _print_error("crosstrain: interrupted")
+        return error.exit_code
     except WorkerError as error:
         if error.traceback_text:  # the failing rank's traceback, once, unwrapped
             sys.stderr.write(error.traceback_text.rstrip() + "\n")

@@ -70,3 +70,35 @@ def test_labels_beyond_the_output_layer_are_refused(write_plan: Callable[..., Pa
     plan = load_plan(write_plan(), ["model.layers=[{type='dense', units=5}]"])
     with pytest.raises(PlanError, match=r"labels span 0\.\.9 but the model's last layer has 5 units"):
         load_datasets(plan)
+
+
+def _broken_npz(path: Path, case: str) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 64)).astype(np.float32), rng.integers(0, 10, size=40)
+    if case == "uneven":
+        y = y[:30]
+    if case == "nonfinite":
+        x[7, 3] = np.nan
+    if case == "empty":
+        x, y = x[:0], y[:0]
+    np.savez(path, x=x, y=y)
+    if case == "truncated":
+        path.write_bytes(path.read_bytes()[:300])
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("truncated", r"data.path: cannot read .*bad.npz"),
+        ("uneven", r"data.path: .*bad.npz: x has 40 rows but y has 30"),
+        ("nonfinite", r"data.path: .*bad.npz: x holds 1 non-finite values"),
+        ("empty", r"data: the training set is empty"),
+    ],
+)
+def test_bad_data_files_are_refused_at_load_naming_the_file(
+    write_plan: Callable[..., Path], tmp_path: Path, case: str, message: str
+) -> None:
+    _broken_npz(tmp_path / "bad.npz", case)
+    plan = load_plan(write_plan(), ["data.source='npz'", f"data.path='{tmp_path / 'bad.npz'}'"])
+    with pytest.raises(PlanError, match=message):
+        load_datasets(plan)

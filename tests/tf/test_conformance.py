@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crosstrain.testing.conformance import BackendConformance
+from crosstrain.testing.conformance import BackendConformance, FaultConformance
 
 pytest.importorskip("tensorflow")
 
@@ -13,3 +13,21 @@ pytestmark = pytest.mark.tf
 
 class TestTfConformance(BackendConformance):
     backend = "tf"
+
+
+class TestTfFaults(FaultConformance):
+    """One process holding both replicas (MirroredStrategy): the process is rank 0. (A
+    killed worker is the same path as below; BackendConformance raises in it.)"""
+
+    backend = "tf"
+    rank_faults = ("hang",)
+
+
+class TestTfWorkersFaults(FaultConformance):
+    """Two worker processes (MultiWorkerMirroredStrategy)."""
+
+    backend = "tf"
+    layout = ("--workers", "2")
+    processes = 2
+    rank_faults = ("raise", "kill", "hang")
+    launcher_signals = ("SIGKILL",)  # SIGINT and SIGTERM: the same launcher code as above

@@ -1,30 +1,19 @@
-"""The tf launcher without TensorFlow in this process: layouts, TF_CONFIG, and how a
-failing worker is found, reported and its peers stopped (with real child processes)."""
+"""The tf launcher without TensorFlow in this process: layouts and TF_CONFIG. (How workers
+are watched and stopped is crosstrain.launch's, tested in tests/launch.)"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from crosstrain.api import prepare_plan
-from crosstrain.backends.tf.launch import (
-    Cluster,
-    Layout,
-    WorkerProcess,
-    cluster_from_environment,
-    error_summary,
-    first_failure,
-    plan_layout,
-    stop,
-    supervise,
-)
-from crosstrain.core.errors import BackendError, PlanError, WorkerError
+from crosstrain.backends.tf.launch import Cluster, Layout, cluster_from_environment, plan_layout
+from crosstrain.core.errors import BackendError
 from crosstrain.core.strategy import DeviceChoice, Job
 from tests.conftest import run_cli, worker_env
 
@@ -93,68 +82,6 @@ def test_a_given_tf_config_sets_the_workers_and_this_rank(make_job: Callable[...
 def test_a_bad_tf_config_is_refused_clearly(text: str, message: str) -> None:
     with pytest.raises(BackendError, match=message):
         cluster_from_environment({"TF_CONFIG": text})
-
-
-def test_error_summary_keeps_the_cause_of_tensorflow_errors() -> None:
-    tf_style = ValueError("in user code:\n\n    File x.py, line 3\n\n    ValueError: shapes differ\n")
-    assert error_summary(tf_style) == "ValueError: shapes differ"
-    assert error_summary(RuntimeError("boom\nmore")) == "RuntimeError: boom"
-    assert error_summary(PlanError("bad", field="train.epochs")) == "train.epochs: bad"
-    assert error_summary(KeyboardInterrupt()) == "KeyboardInterrupt"
-
-
-def _error_file(run_dir: Path, rank: int, message: str, when: float) -> None:
-    report = {"message": message, "traceback": f"Traceback of rank {rank}", "time": when}
-    (run_dir / f"error-{rank}.json").write_text(json.dumps(report))
-
-
-def test_the_first_error_written_is_the_one_reported(tmp_path: Path) -> None:
-    _error_file(tmp_path, 0, "UnavailableError: socket closed", when=20.0)
-    _error_file(tmp_path, 1, "RuntimeError: the cause", when=10.0)
-    error = first_failure([0, 1], {0: 1, 1: 1}, tmp_path)
-    assert (error.rank, str(error), error.traceback_text) == (
-        1,
-        "rank 1 failed: RuntimeError: the cause",
-        "Traceback of rank 1",
-    )
-    # a rank killed outright is the cause; its peer's report only echoes the broken collective
-    (tmp_path / "error-1.json").unlink()
-    killed = first_failure([0, 1], {0: 1, 1: -9}, tmp_path)
-    assert (killed.rank, str(killed)) == (1, "rank 1 failed: killed by signal SIGKILL")
-
-
-def _child(code: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", code])
-
-
-def test_a_failing_worker_stops_the_others_at_once(tmp_path: Path) -> None:
-    """A peer stuck forever (as in a collective whose partner died) is terminated."""
-    _error_file(tmp_path, 1, "RuntimeError: injected", when=time.time())
-    stuck = _child("import time; time.sleep(600)")
-    failing = _child("import time, sys; time.sleep(0.5); sys.exit(1)")
-    workers = [WorkerProcess(0, stuck), WorkerProcess(1, failing)]
-    try:
-        with pytest.raises(WorkerError, match="rank 1 failed: RuntimeError: injected"):
-            supervise(workers, tmp_path)
-    finally:
-        stop(workers)
-    assert stuck.poll() is not None  # stopped, not left running
-
-
-def test_stop_kills_a_worker_that_ignores_sigterm() -> None:
-    stubborn = _child(
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print('ready', flush=True); time.sleep(600)"
-    )
-    time.sleep(0.5)  # let it install the handler
-    stop([WorkerProcess(0, stubborn)])
-    assert stubborn.returncode == -9
-
-
-def test_a_worker_exiting_cleanly_without_a_result_is_a_failure(tmp_path: Path) -> None:
-    quiet = _child("pass")
-    with pytest.raises(WorkerError, match="rank 0 failed: exited without reporting a result"):
-        supervise([WorkerProcess(0, quiet)], tmp_path)
 
 
 def test_framework_status_leaves_logical_devices_configurable() -> None:

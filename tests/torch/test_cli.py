@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import crosstrain
+from crosstrain import cli
 from crosstrain.core.checkpoint import load_checkpoint
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, write_tokens
@@ -221,3 +222,62 @@ def test_a_native_language_model_returns_per_position_logits(tmp_path: Path) -> 
     assert losses[-5:].mean() < losses[:5].mean()
     evaluation = summary(out)["eval"]
     assert evaluation["count"] == 25 * 16  # every position of the 25 eval windows (10 % of 249)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--nproc", "0"], "--nproc 0: the number of replicas must be at least 1"),
+        (["--nproc", "-1"], "--nproc -1: the number of replicas must be at least 1"),
+        (["--workers", "0"], "--workers 0: the number of processes must be at least 1"),
+        (["--timeout", "0"], "--timeout 0: must be a positive number of seconds"),
+        (["--out", "FILE"], "--out FILE: is a file, not a folder"),
+        (["--out", "FILE/run"], "--out FILE/run: cannot create the folder: Not a directory"),
+    ],
+)
+def test_bad_numbers_and_output_folders_are_one_line_before_anything_starts(
+    write_plan: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    arguments: list[str],
+    message: str,
+) -> None:
+    file = tmp_path / "file"
+    file.write_text("not a folder")
+    arguments = [argument.replace("FILE", str(file)) for argument in arguments]
+    code = cli.main(["run", str(write_plan()), "--device", "cpu", *arguments])
+    assert code == 2
+    assert capsys.readouterr().err == f"crosstrain: error: {message.replace('FILE', str(file))}\n"
+
+
+def test_a_stale_torchrun_environment_does_not_override_nproc(
+    write_plan: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("RANK", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    code = cli.main(["run", str(write_plan()), "--nproc", "2", "--out", str(tmp_path / "o")])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("crosstrain: error: --nproc 2, but the torchrun environment says WORLD_SIZE=1")
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_input_found_in_a_worker_exits_2_as_before_launch(tmp_path: Path) -> None:
+    """A native factory that cannot be imported is found in the worker; it ends like any
+    bad plan (exit 2, its line), as on the shared launcher's backends."""
+    (tmp_path / "plan.py").write_text(
+        "from crosstrain import Plan, ModelSpec, NativeModel, TrainSpec\n"
+        "plan = Plan(name='native', model=ModelSpec(input_shape=(64,), native=NativeModel(\n"
+        "    torch='nosuchmodule:build')), train=TrainSpec(global_batch_size=64, epochs=1))\n"
+    )
+    result = run_cli("run", str(tmp_path / "plan.py"), "--device", "cpu", "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        f"crosstrain: error: rank 0 failed: {tmp_path / 'plan.py'}: model.native.torch: "
+        "cannot load 'nosuchmodule:build': No module named 'nosuchmodule'"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crosstrain.testing.conformance import BackendConformance
+from crosstrain.testing.conformance import BackendConformance, FaultConformance
 
 pytest.importorskip("torch")
 
@@ -13,3 +13,8 @@ pytestmark = pytest.mark.torch
 
 class TestTorchConformance(BackendConformance):
     backend = "torch"
+
+
+class TestTorchFaults(FaultConformance):
+    backend = "torch"
+    processes = 2

@@ -3,7 +3,7 @@ the built-in ones, and its agreement with the torch reference."""
 
 from __future__ import annotations
 
-from crosstrain.testing.conformance import AgreesWithTorch, BackendConformance
+from crosstrain.testing.conformance import AgreesWithTorch, BackendConformance, FaultConformance
 
 
 class TestJaxConformance(BackendConformance):
@@ -11,4 +11,8 @@ class TestJaxConformance(BackendConformance):
 
 
 class TestJaxAgreesWithTorch(AgreesWithTorch):
+    backend = "jax"
+
+
+class TestJaxFaults(FaultConformance):
     backend = "jax"

@@ -3,7 +3,6 @@ when the replicas are devices of one process, and failures end the run cleanly."
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import numpy as np
 from jaxtest_support import (
     CNN_PLAN,
     EXAMPLES,
-    TESTS,
     max_relative_difference,
     run_cli,
     step_losses,
@@ -93,30 +91,3 @@ def test_digits_example_reaches_95_percent(tmp_path: Path) -> None:
     assert outcome["eval"]["accuracy"] >= 0.95
     assert outcome["backend"] == "jax" and outcome["world_size"] == 2 and outcome["device"] == "cpu"
     assert (run / "model.safetensors").is_file()
-
-
-def test_a_failing_worker_ends_the_run_with_its_traceback_once(
-    write_plan: Callable[..., Path], tmp_path: Path
-) -> None:
-    result = run_cli("-p", "jaxtest_faults", "run", str(write_plan()), "--backend", "jax",
-                     "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run"),
-                     env={"CROSSTRAIN_JAX_TEST_FAULT": "raise"}, cwd=TESTS, timeout=120)
-    assert result.returncode == 1
-    assert result.stderr.count("Traceback (most recent call last)") == 1
-    assert result.stderr.rstrip().endswith(
-        "crosstrain: error: rank 0 failed: RuntimeError: injected failure at step 3"
-    )
-    assert len(step_losses(tmp_path / "run")) >= 2  # what was written before the failure is kept
-
-
-def test_a_hung_worker_is_stopped_after_the_timeout(
-    write_plan: Callable[..., Path], tmp_path: Path
-) -> None:
-    started = time.monotonic()
-    result = run_cli("-p", "jaxtest_faults", "run", str(write_plan()), "--backend", "jax",
-                     "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run"),
-                     "--timeout", "15",
-                     env={"CROSSTRAIN_JAX_TEST_FAULT": "hang"}, cwd=TESTS, timeout=120)
-    assert result.returncode == 1
-    assert "made no progress" in result.stderr and "timeout 15 s" in result.stderr
-    assert time.monotonic() - started < 90  # stopped by the launcher, not by the 600 s sleep

@@ -9,6 +9,8 @@ sees exactly the rows world 1 sees, in the same global batches.
 from __future__ import annotations
 
 import math
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -169,6 +171,7 @@ def _load_raw_datasets(plan: Plan) -> Datasets:
     if spec.source == "npy":
         return _npy_datasets(plan)
     x, y = _load_arrays(spec, spec.path, plan.source)
+    _check_rows(x, y, spec.path, "data.path", plan.source)
     if spec.limit is not None:
         x, y = x[: spec.limit], y[: spec.limit]
     x = _fit_to_input(x, plan, "data.path" if spec.source == "npz" else "data.source")
@@ -176,9 +179,31 @@ def _load_raw_datasets(plan: Plan) -> Datasets:
     full = ArrayDataset(x, y)
     if spec.eval_path is not None:
         eval_x, eval_y = _load_arrays(spec, spec.eval_path, plan.source, field="data.eval_path")
+        _check_rows(eval_x, eval_y, spec.eval_path, "data.eval_path", plan.source)
         evaluation = ArrayDataset(_fit_to_input(eval_x, plan, "data.eval_path"), _targets(eval_y, plan))
-        return Datasets(train=full, eval=evaluation)
-    return _split(full, spec.eval_fraction, plan.seed)
+        return _nonempty(Datasets(train=full, eval=evaluation), plan)
+    return _nonempty(_split(full, spec.eval_fraction, plan.seed), plan)
+
+
+def _check_rows(x: np.ndarray, y: np.ndarray, path: str | None, field: str, source: str | None) -> None:
+    """x and y of one file: as many rows each, and finite (a NaN in the inputs would turn
+    every loss into NaN at the first step that draws it)."""
+    where = path or "the data set"
+    if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
+        rows = [len(a) if a.ndim else 0 for a in (x, y)]
+        raise PlanError(f"{where}: x has {rows[0]} rows but y has {rows[1]}", field=field, source=source)
+    for name, values in (("x", x), ("y", y)):
+        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            bad = int(np.count_nonzero(~np.isfinite(values)))
+            raise PlanError(
+                f"{where}: {name} holds {bad} non-finite values (NaN or inf)", field=field, source=source
+            )
+
+
+def _nonempty(datasets: Datasets, plan: Plan) -> Datasets:
+    if len(datasets.train) == 0:
+        raise PlanError("the training set is empty: nothing to train on", field="data", source=plan.source)
+    return datasets
 
 
 def _npy_datasets(plan: Plan) -> Datasets:
@@ -191,8 +216,8 @@ def _npy_datasets(plan: Plan) -> Datasets:
         evaluation = _mapped_dataset(
             plan, spec.eval_x_path, spec.eval_y_path, "data.eval_x_path", "data.eval_y_path"
         )
-        return Datasets(train=full, eval=evaluation)
-    return _split(full, spec.eval_fraction, plan.seed)
+        return _nonempty(Datasets(train=full, eval=evaluation), plan)
+    return _nonempty(_split(full, spec.eval_fraction, plan.seed), plan)
 
 
 def _mapped_dataset(
@@ -290,7 +315,8 @@ def _load_arrays(
                     source=source,
                 )
             return np.asarray(arrays[spec.x_key]), np.asarray(arrays[spec.y_key])
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        # a truncated or corrupt file: one line naming it, not numpy's traceback
         raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
 
 

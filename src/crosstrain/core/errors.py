@@ -32,8 +32,46 @@ class WorkerError(CrosstrainError):
 
     exit_code = 1
 
-    def __init__(self, rank: int | None, message: str, traceback_text: str = ""):
+    def __init__(self, rank: int | None, message: str, traceback_text: str = "", *, exit_code: int = 1):
         self.rank = rank
         self.traceback_text = traceback_text
+        self.exit_code = exit_code  # 2 when the worker found bad input (a PlanError), as before launch
+        super().__init__(self._sentence(rank, message))
+
+    @staticmethod
+    def _sentence(rank: int | None, message: str) -> str:
         who = f"rank {rank}" if rank is not None else "a worker"
-        super().__init__(f"{who} failed: {message}")
+        return f"{who} failed: {message}"
+
+
+class WorkerStalled(WorkerError):
+    """A rank made no progress (no heartbeat) for the job's timeout; every worker was stopped."""
+
+    def __init__(self, rank: int, silent_seconds: float, step: int | None, timeout_seconds: float):
+        self.step = step
+        where = f"after step {step}" if step is not None else "after starting"
+        super().__init__(
+            rank,
+            f"made no progress for {int(silent_seconds)} s {where} "
+            f"(--timeout {timeout_seconds:g}); every worker was stopped",
+        )
+
+    @staticmethod
+    def _sentence(rank: int | None, message: str) -> str:
+        return f"rank {rank} {message}"
+
+
+class InputError(CrosstrainError):
+    """Bad input outside the plan: a command-line value, a data file, the output folder."""
+
+    exit_code = 2
+
+
+class Interrupted(CrosstrainError):
+    """SIGINT or SIGTERM reached the launcher: every worker was stopped. Exits 128 + the signal
+    (130, 143), as a shell reports a process the signal ended."""
+
+    def __init__(self, signal_number: int):
+        self.signal_number = signal_number
+        self.exit_code = 128 + signal_number
+        super().__init__("interrupted")

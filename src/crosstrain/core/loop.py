@@ -28,6 +28,7 @@ from crosstrain.core.data import (
     shard,
     step_batch,
 )
+from crosstrain.core.heartbeat import Heartbeat
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
 from crosstrain.core.schedule import LearningRateSchedule
@@ -101,6 +102,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
         train_rows=len(datasets.train),
         eval_rows=len(datasets.eval) if datasets.eval else 0,
     )
+    heartbeat = Heartbeat(world.process_index)  # a launcher watching names a rank that stops
     try:
         state = strategy.build(plan, initial_weights(plan))
         if isinstance(strategy, PlacesData):
@@ -111,7 +113,9 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
         for epoch in range(plan.train.epochs):
             if progress.step >= context.total_steps:
                 break
-            _train_epoch(strategy, state, context, datasets, sampler, schedule, epoch, progress, hook)
+            _train_epoch(
+                strategy, state, context, datasets, sampler, schedule, epoch, progress, hook, heartbeat
+            )
         if plan.output.checkpoint:
             _save_checkpoint(strategy, state, context, progress.step, hook)
         summary = _summary(context, progress, time.perf_counter() - started)
@@ -120,6 +124,8 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     except BaseException as error:
         report_exception(hook, context, error)
         raise
+    finally:
+        heartbeat.close()
     return summary, state
 
 
@@ -140,6 +146,7 @@ def _train_epoch(
     epoch: int,
     progress: _Progress,
     hook: pluggy.HookRelay,
+    heartbeat: Heartbeat,
 ) -> None:
     plan = context.plan
     epoch_started = time.perf_counter()
@@ -151,8 +158,10 @@ def _train_epoch(
                 strategy.prefetch(state, upcoming)
             lr = schedule(progress.step)
             clock = progress.add_data_time(clock)
+            heartbeat.beat("step")
             metrics = strategy.train_step(state, batch, lr)
             progress.step += 1
+            heartbeat.beat("idle", progress.step)
             log.add(_PendingStep(progress.step, epoch, lr, batch.global_real_rows, metrics))
             clock = progress.add_step_time(clock)
         log.flush()  # reads the device: the epoch's time includes all of its work
@@ -172,7 +181,7 @@ def _train_epoch(
     }
     is_last = progress.step >= context.total_steps or epoch + 1 == plan.train.epochs
     if datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last):
-        progress.eval_metrics = evaluate(strategy, state, datasets.eval, plan)
+        progress.eval_metrics = evaluate(strategy, state, datasets.eval, plan, heartbeat)
         hook.crosstrain_eval_end(
             context=context, step=progress.step, epoch=epoch, metrics=progress.eval_metrics
         )
@@ -296,7 +305,11 @@ def _rank_reports(strategy: DistributedStrategy, state: Any, progress: _Progress
 
 
 def evaluate(
-    strategy: DistributedStrategy, state: Any, dataset: ArrayDataset, plan: Plan
+    strategy: DistributedStrategy,
+    state: Any,
+    dataset: ArrayDataset,
+    plan: Plan,
+    heartbeat: Heartbeat | None = None,
 ) -> dict[str, float]:
     """Exact metrics over the whole eval set: sums of real rows only, divided once at the end,
     so world N equals world 1 whatever the padding."""
@@ -304,8 +317,12 @@ def evaluate(
     totals: dict[str, float] = {}
     for indices, weight in eval_batches(dataset, plan.train.global_batch_size):
         batch = shard(dataset, indices, weight, world.process_index, world.process_count)
+        if heartbeat is not None:
+            heartbeat.beat("eval")
         for name, value in strategy.eval_step(state, batch).items():
             totals[name] = totals.get(name, 0.0) + float(value)
+    if heartbeat is not None:
+        heartbeat.beat("idle")
     count = totals.get("count", 0.0)
     metrics = {"loss": totals.get("loss_sum", 0.0) / max(count, 1.0), "count": count}
     if "accuracy" in plan.metrics:

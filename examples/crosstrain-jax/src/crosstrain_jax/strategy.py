@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -53,14 +52,9 @@ class JaxStrategy:
     name: ClassVar[str] = "jax"
     install_hint: ClassVar[str] = "pip install 'crosstrain-jax' jax"
 
-    def __init__(
-        self, world: World | None = None, devices: Sequence[Any] | None = None,
-        heartbeat: str | None = None,
-    ) -> None:
+    def __init__(self, world: World | None = None, devices: Sequence[Any] | None = None) -> None:
         self.world = world or World()
         self.devices = list(devices) if devices is not None else None
-        # launch() watches this file's mtime: a step that stops touching it is a hang.
-        self.heartbeat = heartbeat
 
     # ----------------------------------------------------------------- discovery and launch
 
@@ -129,7 +123,6 @@ class JaxStrategy:
 
         from crosstrain_jax.optimizer import as_float32, host_scalars
 
-        self._beat()
         micro = step.micro_batches
         xs, ys, ws, rows = (
             jax.device_put(np.stack(arrays), state.micro_rows)
@@ -155,7 +148,6 @@ class JaxStrategy:
 
         from crosstrain_jax.model import LOSSES
 
-        self._beat()
         loss = LOSSES[state.plan.loss.name]
         x = jax.device_put(batch.x, state.rows)
         y = jax.device_put(_targets(batch, state.plan), state.rows)
@@ -208,15 +200,6 @@ class JaxStrategy:
                     for name in subset}
 
         state.params, state.buffers = place(state.params), place(state.buffers)
-
-    # ----------------------------------------------------------------- helpers
-
-    def _beat(self) -> None:
-        if self.heartbeat is not None:
-            try:
-                os.utime(self.heartbeat)
-            except OSError:  # the launcher's folder is gone: it has stopped watching
-                self.heartbeat = None
 
 
 def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:

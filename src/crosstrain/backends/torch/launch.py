@@ -2,29 +2,54 @@
 
 The elastic agent watches every worker: when one dies or raises, it stops the
 others and reports the failure, so a broken rank ends the job instead of hanging it.
+Around it, crosstrain's launcher parts (:mod:`crosstrain.launch`) add what the agent
+lacks: a heartbeat monitor that names the rank that stopped making progress (instead of
+the healthy peer whose collective timed out), workers that die with the launcher, and
+SIGINT/SIGTERM ending as :class:`Interrupted` rather than a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import math
 import os
+import signal
+import threading
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
-from crosstrain.core.errors import BackendError, WorkerError
+from crosstrain.core.errors import (
+    BackendError,
+    InputError,
+    Interrupted,
+    PlanError,
+    WorkerError,
+    WorkerStalled,
+)
+from crosstrain.core.heartbeat import HEARTBEAT_DIR, collective_timeout
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.core.worker import run_worker
+from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
+from crosstrain.launch.reports import describe_exit
 
+_LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
+#: errors of bad input, by the name torch's error file gives them, and their exit codes
+_BAD_INPUT = {error.__name__: error.exit_code for error in (PlanError, BackendError, InputError)}
+_MONITOR_SECONDS = 0.2
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -43,7 +68,13 @@ def resolve_device(choice: str) -> str:
 def check_layout(job: Job) -> None:
     """One process per replica, and one GPU per process when training on GPUs."""
     if launched_by_torchrun():
-        check_world_fits(job.plan, int(os.environ["WORLD_SIZE"]))
+        world_size = int(os.environ["WORLD_SIZE"])
+        if job.replicas not in (1, world_size):  # 1 is --nproc's default: torchrun's world rules
+            raise BackendError(
+                f"--nproc {job.replicas}, but the torchrun environment says WORLD_SIZE={world_size} "
+                f"(unset RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT left over from another run)"
+            )
+        check_world_fits(job.plan, world_size)
         return  # torchrun already chose the processes; each process has its own device
     processes = job.workers or job.replicas
     if processes != job.replicas:
@@ -63,34 +94,86 @@ def launch(job: Job) -> RunResult:
         world_size = int(os.environ["WORLD_SIZE"])
         return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
     processes = job.replicas
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=processes,
-        run_id=f"crosstrain-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        rdzv_configs={"timeout": int(job.timeout_seconds)},
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
     _quiet_elastic_logs()
-    try:
-        results = elastic_launch(config, _worker)(job)
-    except ChildFailedError as failure:
-        raise _worker_error(failure) from None
+    with launch_folder("torch") as folder, _watched(folder, processes, job.timeout_seconds) as stalls:
+        try:
+            results = elastic_launch(_config(job, folder), _worker)(job)
+        except ChildFailedError as failure:
+            raise (stalls[0] if stalls else _worker_error(failure)) from None
+        except SignalException as signalled:
+            raise Interrupted(int(signalled.sigval)) from None
     return RunResult(results[0], job.out_dir)
 
 
+def _config(job: Job, folder: Path) -> LaunchConfig:
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=job.replicas,
+        run_id=f"crosstrain-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"timeout": max(1, math.ceil(job.timeout_seconds))},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # the agent's logs and error files in the launch folder, removed with it (by default
+        # every run leaves a torchelastic_* folder in /tmp)
+        logs_specs=DefaultLogsSpecs(log_dir=str(folder / "elastic")),
+    )
+
+
+@contextlib.contextmanager
+def _watched(folder: Path, ranks: int, timeout_seconds: float) -> Iterator[list[WorkerStalled]]:
+    """The workers write heartbeats into ``folder`` (spawned workers inherit os.environ);
+    a thread watches them and, on a stall, kills every worker so that the agent stops, and
+    leaves the stall in the yielded list for the launch to report."""
+    heartbeats = folder / "heartbeat"
+    heartbeats.mkdir()
+    monitor = StallMonitor(heartbeats, range(ranks), timeout_seconds)
+    stalls: list[WorkerStalled] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(_MONITOR_SECONDS):
+            stall = monitor.check()
+            if stall is not None:
+                stalls.append(stall)
+                for pid in monitor.pids().values():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+
+    saved = {name: os.environ.get(name) for name in (HEARTBEAT_DIR, _LAUNCHER_PID)}
+    os.environ.update({HEARTBEAT_DIR: str(heartbeats), _LAUNCHER_PID: str(os.getpid())})
+    watcher = threading.Thread(target=watch, name="crosstrain-heartbeat", daemon=True)
+    watcher.start()
+    try:
+        yield stalls
+    finally:
+        done.set()
+        watcher.join()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _quiet_elastic_logs() -> None:
-    """The agent logs a failed worker's traceback itself; it reaches the user once, as WorkerError."""
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+    """The agent logs a failed worker's traceback itself; it reaches the user once, as WorkerError.
+    torch gives some of its module loggers their own level (so the parent's is not inherited):
+    those are set too."""
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
+    for name in {*prefixes, *names}:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _worker_error(failure: ChildFailedError) -> WorkerError:
     rank, first = failure.get_first_failure()
+    if first.exitcode < 0:  # killed by a signal: said as the shared launcher says it
+        return WorkerError(rank, describe_exit(first.exitcode))
     message = first.message if isinstance(first.message, str) else str(first.message.get("message", ""))
     traceback_text = ""
     if isinstance(first.error_file_data, dict):
@@ -99,7 +182,11 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
             traceback_text = str(extra.get("extraInfo", {}).get("py_callstack", ""))
     if not message:
         message = f"exit code {first.exitcode}"
-    return WorkerError(rank, message.splitlines()[0] if message else "", traceback_text)
+    line = message.splitlines()[0]
+    kind, _, rest = line.partition(": ")
+    if kind in _BAD_INPUT:  # bad input a worker found: the shared launcher's line and exit code 2
+        return WorkerError(rank, rest, traceback_text, exit_code=_BAD_INPUT[kind])
+    return WorkerError(rank, line, traceback_text)
 
 
 # --------------------------------------------------------------------------- in the worker
@@ -108,12 +195,24 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
 @record
 def _worker(job: Job) -> dict[str, Any]:
     """Entry point of each worker process: join the group, train, leave the group."""
+    _die_with_launcher()
     world, device = _join_group(job)
     try:
         return run_worker(TorchStrategy(world=world, device=device), job)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _die_with_launcher() -> None:
+    """SIGKILL when the launcher dies (torch's own parent-death signal is SIGINT, which a
+    worker blocked in a collective does not act on), and a quiet exit on SIGINT: the
+    launcher, which gets a terminal's Ctrl-C too, reports the interruption once."""
+    launcher = os.environ.get(_LAUNCHER_PID)
+    if launcher is None:  # joined a torchrun group: this process is the CLI, torchrun the agent
+        return
+    die_with_parent(int(launcher))
+    signal.signal(signal.SIGINT, lambda number, frame: os._exit(128 + number))
 
 
 def _join_group(job: Job) -> tuple[World, str]:
@@ -130,7 +229,8 @@ def _join_group(job: Job) -> tuple[World, str]:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if device.startswith("cuda") else "gloo",
-            timeout=datetime.timedelta(seconds=job.timeout_seconds),
+            # longer than the heartbeat deadline: a hang is reported naming the rank behind
+            timeout=datetime.timedelta(seconds=collective_timeout(job.timeout_seconds)),
             device_id=torch.device(device) if device.startswith("cuda") else None,
         )
     return World(process_index=rank, process_count=world_size, local_replicas=1, device=device), device

@@ -1,0 +1,83 @@
+"""What a worker leaves for its launcher: a result file, or an error file with one line, the
+traceback, the time and the exit code the CLI should use. Written atomically (rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from crosstrain.core.errors import CrosstrainError, WorkerError
+
+
+def result_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"result-{rank}.json"
+
+
+def error_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"error-{rank}.json"
+
+
+def write_atomically(path: Path, data: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def read_result(run_dir: Path, rank: int) -> dict[str, Any]:
+    return dict(json.loads(result_path(run_dir, rank).read_text(encoding="utf-8")))
+
+
+def read_error(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    path = error_path(run_dir, rank)
+    if not path.exists():
+        return None
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def error_report(error: BaseException, traceback_text: str, when: float) -> dict[str, Any]:
+    # bad input found in a worker exits 2, as it would have before launch
+    exit_code = error.exit_code if isinstance(error, CrosstrainError) else 1
+    return {
+        "message": error_summary(error),
+        "traceback": traceback_text,
+        "time": when,
+        "exit_code": exit_code,
+    }
+
+
+def error_summary(error: BaseException) -> str:
+    """One line for the error message; the traceback carries the rest. TensorFlow's
+    errors open with "in user code:" and end with the real cause, so take the last line then."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    line = (lines[-1] if lines[0].endswith(":") else lines[0]) if lines else ""
+    kind = type(error).__name__
+    if isinstance(error, CrosstrainError) or line.startswith(f"{kind}:"):
+        return line
+    return f"{kind}: {line}" if line else kind
+
+
+def first_failure(failed: Sequence[int], codes: Mapping[int, int | None], run_dir: Path) -> WorkerError:
+    """The failure that caused the others. A rank that dies without a report (a signal, a
+    crash in native code) comes first: its peers only report the collectives it broke.
+    Otherwise the earliest report wins, for the same reason."""
+    abrupt = [rank for rank in failed if not error_path(run_dir, rank).exists()]
+    if abrupt:
+        return WorkerError(abrupt[0], describe_exit(codes[abrupt[0]]))
+    reports = {rank: report for rank in codes if (report := read_error(run_dir, rank)) is not None}
+    rank = min(reports, key=lambda r: float(reports[r]["time"]))
+    report = reports[rank]
+    return WorkerError(
+        rank, str(report["message"]), str(report["traceback"]), exit_code=int(report.get("exit_code", 1))
+    )
+
+
+def describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    if code == 0:
+        return "exited without reporting a result"
+    return f"exited with code {code}"

@@ -1,0 +1,128 @@
+"""Start worker processes, watch them, and end the job on the first failure or stall.
+
+What torchrun's elastic agent is for torch, without a framework: tf, the jax example and
+any third-party backend that trains in subprocesses describe their workers
+(:class:`WorkerSpec`) and call :func:`run_workers`. It
+
+- starts each worker in its own process group, killed with the launcher (parent-death signal);
+- watches exit codes, result and error files, and every rank's heartbeat;
+- on a failure, a stall (no heartbeat for ``timeout_seconds``), SIGINT or SIGTERM, stops
+  every worker (SIGTERM, then SIGKILL) and raises :class:`WorkerError`,
+  :class:`WorkerStalled` or :class:`Interrupted`;
+- removes its temporary folder on every exit it sees, and the folders of launchers that
+  were killed outright (SIGKILL leaves nobody to clean up) the next time one starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from crosstrain.core.heartbeat import HEARTBEAT_DIR
+from crosstrain.launch.monitor import StallMonitor
+from crosstrain.launch.process import interrupts_raise, start_process, stop_processes
+from crosstrain.launch.reports import first_failure, read_result, result_path
+from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK
+
+POLL_SECONDS = 0.1
+EXIT_GRACE_SECONDS = 30.0  # a worker that reported its result but does not exit is stopped
+_FOLDER = re.compile(r"crosstrain-[\w.]+-(\d+)-")
+
+
+@attrs.frozen
+class WorkerSpec:
+    """One worker process: the rank it reports as, its command and its environment."""
+
+    rank: int
+    command: Sequence[str]
+    environment: Mapping[str, str]
+
+
+@contextlib.contextmanager
+def launch_folder(name: str) -> Iterator[Path]:
+    """A temporary folder for one launch, removed afterwards; ``name`` is the backend."""
+    remove_orphaned_folders()
+    folder = Path(tempfile.mkdtemp(prefix=f"crosstrain-{name}-{os.getpid()}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphaned_folders(root: Path | None = None) -> None:
+    """Remove launch folders whose launcher no longer runs (it was killed by SIGKILL)."""
+    root = Path(root or tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for folder in root.glob("crosstrain-*-*-*"):
+            match = _FOLDER.match(folder.name)
+            if match and folder.is_dir() and not _alive(int(match.group(1))):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def run_workers(
+    specs: Sequence[WorkerSpec], folder: Path, timeout_seconds: float
+) -> dict[int, dict[str, Any]]:
+    """Run the workers to the end; return each rank's result (the dict its train returned)."""
+    heartbeats = folder / "heartbeat"
+    heartbeats.mkdir(exist_ok=True)
+    processes: dict[int, subprocess.Popen[bytes]] = {}
+    with interrupts_raise():
+        try:
+            for spec in specs:
+                environment = {
+                    **spec.environment,
+                    LAUNCH_DIR: str(folder),
+                    LAUNCH_RANK: str(spec.rank),
+                    HEARTBEAT_DIR: str(heartbeats),
+                }
+                processes[spec.rank] = start_process(spec.command, environment)
+            supervise(processes, folder, StallMonitor(heartbeats, processes, timeout_seconds))
+        finally:
+            stop_processes(list(processes.values()))
+    return {rank: read_result(folder, rank) for rank in processes}
+
+
+def supervise(
+    processes: Mapping[int, subprocess.Popen[bytes]], folder: Path, monitor: StallMonitor | None = None
+) -> None:
+    """Wait until every worker has exited cleanly; raise on the first failure or stall."""
+    all_reported_at: float | None = None
+    while True:
+        codes = {rank: process.poll() for rank, process in processes.items()}
+        failed = [
+            rank
+            for rank, code in codes.items()
+            if code is not None and (code != 0 or not result_path(folder, rank).exists())
+        ]
+        if failed:
+            raise first_failure(failed, codes, folder)
+        if all(code == 0 for code in codes.values()):
+            return
+        if all(result_path(folder, rank).exists() for rank in processes):
+            # every rank finished training; one stuck in its framework's shutdown is stopped
+            all_reported_at = all_reported_at or time.monotonic()
+            if time.monotonic() - all_reported_at > EXIT_GRACE_SECONDS:
+                return
+        elif monitor is not None and (stall := monitor.check()) is not None:
+            raise stall
+        time.sleep(POLL_SECONDS)

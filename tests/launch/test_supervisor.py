@@ -1,0 +1,145 @@
+"""The shared launcher with real child processes (no framework): how a failing worker is
+found and reported, its peers stopped, and its temporary folders removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from crosstrain.core.errors import Interrupted, PlanError, WorkerError, WorkerStalled
+from crosstrain.launch import WorkerSpec, error_summary, launch_folder, run_workers, stop_processes, supervise
+from crosstrain.launch.reports import first_failure
+from crosstrain.launch.supervisor import remove_orphaned_folders
+
+
+def test_error_summary_keeps_the_cause_of_tensorflow_errors() -> None:
+    tf_style = ValueError("in user code:\n\n    File x.py, line 3\n\n    ValueError: shapes differ\n")
+    assert error_summary(tf_style) == "ValueError: shapes differ"
+    assert error_summary(RuntimeError("boom\nmore")) == "RuntimeError: boom"
+    assert error_summary(PlanError("bad", field="train.epochs")) == "train.epochs: bad"
+    assert error_summary(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+def _error_file(run_dir: Path, rank: int, message: str, when: float, exit_code: int = 1) -> None:
+    report = {"message": message, "traceback": f"Traceback of {rank}", "time": when, "exit_code": exit_code}
+    (run_dir / f"error-{rank}.json").write_text(json.dumps(report))
+
+
+def test_the_first_error_written_is_the_one_reported(tmp_path: Path) -> None:
+    _error_file(tmp_path, 0, "UnavailableError: socket closed", when=20.0)
+    _error_file(tmp_path, 1, "RuntimeError: the cause", when=10.0)
+    error = first_failure([0, 1], {0: 1, 1: 1}, tmp_path)
+    assert (error.rank, str(error), error.traceback_text, error.exit_code) == (
+        1,
+        "rank 1 failed: RuntimeError: the cause",
+        "Traceback of 1",
+        1,
+    )
+    # a rank killed outright is the cause; its peer's report only echoes the broken collective
+    (tmp_path / "error-1.json").unlink()
+    killed = first_failure([0, 1], {0: 1, 1: -9}, tmp_path)
+    assert (killed.rank, str(killed)) == (1, "rank 1 failed: killed by signal SIGKILL")
+
+
+def test_bad_input_found_in_a_worker_keeps_exit_code_2(tmp_path: Path) -> None:
+    _error_file(tmp_path, 0, "plan.toml: data.path: bad", when=1.0, exit_code=2)
+    assert first_failure([0], {0: 1}, tmp_path).exit_code == 2
+
+
+def _child(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def test_a_failing_worker_stops_the_others_at_once(tmp_path: Path) -> None:
+    """A peer stuck forever (as in a collective whose partner died) is terminated."""
+    _error_file(tmp_path, 1, "RuntimeError: injected", when=time.time())
+    stuck = _child("import time; time.sleep(600)")
+    failing = _child("import time, sys; time.sleep(0.5); sys.exit(1)")
+    try:
+        with pytest.raises(WorkerError, match="rank 1 failed: RuntimeError: injected"):
+            supervise({0: stuck, 1: failing}, tmp_path)
+    finally:
+        stop_processes([stuck, failing])
+    assert stuck.poll() is not None  # stopped, not left running
+
+
+def test_stop_kills_a_worker_that_ignores_sigterm() -> None:
+    stubborn = _child(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    time.sleep(0.5)  # let it install the handler
+    stop_processes([stubborn])
+    assert stubborn.returncode == -9
+
+
+def test_a_worker_exiting_cleanly_without_a_result_is_a_failure(tmp_path: Path) -> None:
+    quiet = _child("pass")
+    with pytest.raises(WorkerError, match="rank 0 failed: exited without reporting a result"):
+        supervise({0: quiet}, tmp_path)
+
+
+_BEATING_WORKER = (
+    "import os, time\n"
+    "from crosstrain.core.heartbeat import Heartbeat\n"
+    "beat = Heartbeat(int(os.environ['CROSSTRAIN_LAUNCH_RANK']))\n"
+    "for step in range(1, 3):\n"
+    "    beat.beat('step'); beat.beat('idle', step)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_silent_worker_is_stopped_naming_its_last_step(tmp_path: Path) -> None:
+    spec = WorkerSpec(3, [sys.executable, "-c", _BEATING_WORKER], dict(os.environ))
+    started = time.monotonic()
+    with pytest.raises(WorkerStalled, match=r"^rank 3 made no progress for 1 s after step 2 \(--timeout 1\)"):
+        run_workers([spec], tmp_path, timeout_seconds=1.0)
+    assert time.monotonic() - started < 15
+
+
+_STARTED_WORKER = (
+    "import os, pathlib, time\n"
+    "pathlib.Path(os.environ['CROSSTRAIN_LAUNCH_DIR'], 'started').touch()\n"
+    "time.sleep(600)\n"
+)
+
+
+def _signal_once_started(folder: Path, number: int) -> threading.Thread:
+    def send() -> None:
+        deadline = time.monotonic() + 60
+        while not (folder / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), number)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigterm_stops_the_workers_and_raises_interrupted() -> None:
+    spec = WorkerSpec(0, [sys.executable, "-c", _STARTED_WORKER], dict(os.environ))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as raised, launch_folder("unit") as folder:
+        _signal_once_started(folder, signal.SIGTERM)
+        run_workers([spec], folder, timeout_seconds=60)
+    assert raised.value.exit_code == 143 and str(raised.value) == "interrupted"
+    assert not folder.exists()  # the temporary folder is removed on this exit too
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+
+
+def test_folders_of_launchers_that_were_killed_are_removed(tmp_path: Path) -> None:
+    code = "import os; print(os.getpid())"
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    orphan = tmp_path / f"crosstrain-tf-{dead.stdout.strip()}-abc"
+    mine = tmp_path / f"crosstrain-tf-{os.getpid()}-abc"
+    orphan.mkdir(), mine.mkdir()
+    remove_orphaned_folders(tmp_path)
+    assert not orphan.exists() and mine.exists()
