@@ -12,6 +12,14 @@ from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import Job, World
 
 
+@attrs.define
+class StopRequest:
+    """A plugin's request to end training (``RunContext.request_stop``); the one mutable
+    part of the context, read by the loop."""
+
+    reason: str | None = None
+
+
 @attrs.frozen
 class RunContext:
     """What a plugin may want to know about the run in progress."""
@@ -22,6 +30,18 @@ class RunContext:
     steps_per_epoch: int
     train_rows: int
     eval_rows: int
+    #: optimizer steps already done when this run started: a resumed run's checkpoint step
+    start_step: int = 0
+    stop: StopRequest = attrs.field(factory=StopRequest, eq=False, repr=False)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to end training normally (exit 0; the summary says ``reason``).
+
+        Any rank may ask; the ranks agree after the hooks of the current steps have run,
+        and all of them stop before the next step, so none waits alone in a collective.
+        The first reason given on this rank is kept."""
+        if self.stop.reason is None:
+            self.stop.reason = reason
 
     @property
     def epochs(self) -> int:

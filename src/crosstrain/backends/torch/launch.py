@@ -23,7 +23,7 @@ from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.errors import BackendError, WorkerError
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
-from crosstrain.core.worker import run_worker
+from crosstrain.core.worker import attempt_job, run_worker
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -71,7 +71,7 @@ def launch(job: Job) -> RunResult:
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         rdzv_configs={"timeout": int(job.timeout_seconds)},
-        max_restarts=0,
+        max_restarts=job.max_restarts,  # each restart resumes (see _worker)
         monitor_interval=0.1,
         start_method="spawn",
     )
@@ -109,6 +109,7 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
 def _worker(job: Job) -> dict[str, Any]:
     """Entry point of each worker process: join the group, train, leave the group."""
     world, device = _join_group(job)
+    job = attempt_job(job, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     try:
         return run_worker(TorchStrategy(world=world, device=device), job)
     finally:
