@@ -18,6 +18,7 @@ class StopRequest:
     part of the context, read by the loop."""
 
     reason: str | None = None
+    restore_best: bool = False  # end with the weights of output.keep_best's checkpoint
 
 
 @attrs.frozen
@@ -34,14 +35,15 @@ class RunContext:
     start_step: int = 0
     stop: StopRequest = attrs.field(factory=StopRequest, eq=False, repr=False)
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, restore_best: bool = False) -> None:
         """Ask the loop to end training normally (exit 0; the summary says ``reason``).
 
         Any rank may ask; the ranks agree after the hooks of the current steps have run,
         and all of them stop before the next step, so none waits alone in a collective.
-        The first reason given on this rank is kept."""
+        The first reason given on this rank is kept. ``restore_best``: the final weights
+        are those of the checkpoint ``output.keep_best`` kept (every rank must ask alike)."""
         if self.stop.reason is None:
-            self.stop.reason = reason
+            self.stop.reason, self.stop.restore_best = reason, restore_best
 
     @property
     def epochs(self) -> int:

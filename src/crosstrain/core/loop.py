@@ -141,6 +141,8 @@ def _train_epochs(
     except _StopRequested:
         reason = context.stop.reason or "stop requested on another rank"
         progress.stopped = {"kind": "requested", "reason": reason, "step": progress.step}
+        if context.stop.restore_best:
+            progress.stopped["restored_step"] = resume.restore_best(strategy, state, context, progress)
 
 
 def _save_final(

@@ -221,6 +221,10 @@ class OutputSpec:
     #: written after every evaluation)
     keep_best: KeepBest | None = None
 
+    def __attrs_post_init__(self) -> None:
+        if self.keep_best is not None and self.checkpoint_every_steps is None:
+            raise ValueError("keep_best needs checkpoint_every_steps (it keeps one of the checkpoints)")
+
 
 @attrs.frozen
 class Plan:

@@ -16,9 +16,12 @@ import numpy as np
 
 from crosstrain.core.checkpoint import (
     Checkpoint,
+    CheckpointError,
     LoopState,
+    best_checkpoint,
     plan_hash,
     prune,
+    read_checkpoint,
     resume_point,
     write_checkpoint,
 )
@@ -71,6 +74,19 @@ def restore(strategy: DistributedStrategy, state: Any, checkpoint: Checkpoint, p
     position.epoch_loss_sum, position.epoch_real_rows = saved.epoch_loss_sum, saved.epoch_real_rows
     position.eval_metrics, position.eval_step = dict(saved.eval), saved.eval_step
     position.checkpointed_step = saved.step
+
+
+def restore_best(strategy: DistributedStrategy, state: Any, context: RunContext, position: Position) -> int:
+    """Load the weights of the checkpoint ``output.keep_best`` kept (its eval metrics become
+    the run's); return its step."""
+    keep_best = context.plan.output.keep_best
+    best = best_checkpoint(context.out_dir, keep_best) if keep_best else None
+    if best is None:
+        raise CheckpointError(f"no checkpoint of the best {keep_best} in {context.out_dir} to restore")
+    checkpoint = read_checkpoint(best)
+    strategy.load_state_dict(state, checkpoint.weights)
+    position.eval_metrics, position.eval_step = dict(checkpoint.state.eval), checkpoint.state.eval_step
+    return checkpoint.state.step
 
 
 def save(

@@ -114,3 +114,37 @@ def write_tokens(path: str, count: int = 4000, vocabulary: int = 32, seed: int =
     noise = rng.integers(0, vocabulary, size=count)
     tokens = np.where(rng.random(count) < 0.2, noise, pattern).astype(np.uint16)
     np.save(path, tokens)
+
+
+NAN_ROW_PLAN = """
+name = "nan_row_mlp"
+seed = 4
+[model]
+input_shape = [64]
+layers = [{ type = "dense", units = 32 }, { type = "relu" }, { type = "dense", units = 10 }]
+[data]
+source = "npz"
+path = "nan_row.npz"
+eval_fraction = 0.0
+[optimizer]
+name = "sgd"
+lr = 0.05
+momentum = 0.9
+[train]
+global_batch_size = 32
+epochs = 1
+[output]
+log_every_steps = 4
+checkpoint_every_steps = 5
+"""
+
+
+def write_nan_row_data(path: str, row: int = 300) -> None:
+    """NAN_ROW_PLAN's data: the 1,797 digits, one row of them NaN (a corrupt record)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    x[row] = np.nan
+    np.savez(path, x=x, y=y.astype(np.int64))
