@@ -1,7 +1,8 @@
 """The run folder: never silently reused, never shared by two runs at once.
 
-An existing folder with anything in it is an error unless the run resumes it
-(``--resume``: it must hold a complete checkpoint) or replaces it (``--overwrite``).
+A folder that holds a run (any of :data:`RUN_OUTPUTS`) is an error unless the run resumes
+it (``--resume``: it must hold a complete checkpoint) or replaces it (``--overwrite``, which
+removes those outputs and nothing else: a plan file kept beside them stays).
 While a run is in progress its launcher holds an exclusive lock on
 ``.crosstrain.lock`` in the folder; a second run into the same folder is refused.
 """
@@ -20,6 +21,14 @@ from crosstrain.core.checkpoint import last_checkpoint
 from crosstrain.core.errors import CrosstrainError
 
 LOCK_FILE = ".crosstrain.lock"
+#: what a run writes into its folder (built-in plugins included)
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "summary.json",
+    "model.safetensors",
+    "checkpoints",
+    "tensorboard",
+)
 
 
 class RunFolderError(CrosstrainError):
@@ -43,7 +52,7 @@ def open_run_folder(out_dir: Path, resume: bool = False, overwrite: bool = False
 
 
 def _check_contents(out_dir: Path, resume: bool, overwrite: bool) -> None:
-    existing = [child for child in out_dir.iterdir() if child.name != LOCK_FILE]
+    existing = [out_dir / name for name in RUN_OUTPUTS if (out_dir / name).exists()]
     if resume:
         if last_checkpoint(out_dir) is None:
             raise RunFolderError(
