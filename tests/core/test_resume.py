@@ -20,8 +20,10 @@ from crosstrain.core.checkpoint import (
     read_checkpoint,
 )
 from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.errors import BackendError
 from crosstrain.core.loop import train
 from crosstrain.core.plan import load_plan
+from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.strategy import Job, World
 
 
@@ -182,3 +184,17 @@ def test_a_non_finite_loss_stops_at_its_step(write_plan: Callable[..., Path], tm
     assert recorder.steps[-1][0] == 27  # steps 28-30 ran in its chunk but are not logged
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [20]  # the last good one
     assert not (tmp_path / "model.safetensors").exists()  # no NaN model saved
+
+
+def test_a_backend_that_cannot_save_its_optimizer_is_refused_before_launch(
+    write_plan: Callable[..., Path],
+) -> None:
+    class NoOptimizerState:
+        name = "bare"
+
+    plan = load_plan(write_plan(), ["output.checkpoint_every_steps=10"])
+    with pytest.raises(BackendError, match=r"output\.checkpoint_every_steps: the bare backend cannot save"):
+        check_backend_supports(NoOptimizerState(), plan, "bare")  # type: ignore[arg-type]
+    skip = load_plan(write_plan(), ["train.on_nonfinite='skip'"])
+    with pytest.raises(BackendError, match=r"train\.on_nonfinite = 'skip': the bare backend cannot skip"):
+        check_backend_supports(NoOptimizerState(), skip, "bare")  # type: ignore[arg-type]

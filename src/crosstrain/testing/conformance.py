@@ -301,3 +301,14 @@ class AgreesWithTorch:
         assert_same_eval(
             summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1
         )
+
+    def test_resumes_across_frameworks(self, tmp_path: Path) -> None:
+        """A checkpoint's neutral weights and optimizer slots continue on the other framework:
+        trained on this backend and resumed on torch, and the other way round, each run's
+        steps agree with an uninterrupted torch run within parity tolerance."""
+        plan = write_plan(tmp_path, "dropout_mlp")
+        reference = step_losses(train("torch", plan, tmp_path / "torch", self.nproc))
+        for first, then in ((self.backend, "torch"), ("torch", self.backend)):
+            out = fail_then_resume(first, plan, tmp_path / f"{first}-then-{then}", self.nproc, then)
+            assert summary(out)["backend"] == then
+            assert max_relative_difference(step_losses(out), reference) <= PARITY_TOLERANCE
