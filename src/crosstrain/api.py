@@ -87,7 +87,7 @@ def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
     if isinstance(strategy, ChecksJob):
         strategy.check_job(job)
-    check_backend_supports(strategy, job.plan, job.backend)
+    check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
 
 
 def run_job(

@@ -198,3 +198,5 @@ def test_a_backend_that_cannot_save_its_optimizer_is_refused_before_launch(
     skip = load_plan(write_plan(), ["train.on_nonfinite='skip'"])
     with pytest.raises(BackendError, match=r"train\.on_nonfinite = 'skip': the bare backend cannot skip"):
         check_backend_supports(NoOptimizerState(), skip, "bare")  # type: ignore[arg-type]
+    with pytest.raises(BackendError, match="--max-restarts: the bare backend cannot restart"):
+        check_backend_supports(NoOptimizerState(), load_plan(write_plan()), "bare", 1)  # type: ignore[arg-type]

@@ -28,7 +28,13 @@ from crosstrain.core.checkpoint import (
 from crosstrain.core.context import RunContext
 from crosstrain.core.errors import BackendError
 from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import DistributedStrategy, Job, SavesOptimizerState, SkipsNonFiniteSteps
+from crosstrain.core.strategy import (
+    DistributedStrategy,
+    Job,
+    RestartsWorkers,
+    SavesOptimizerState,
+    SkipsNonFiniteSteps,
+)
 
 
 @attrs.define
@@ -43,8 +49,12 @@ class Position:
     checkpointed_step: int | None = None  # the step of the newest checkpoint written
 
 
-def check_backend_supports(strategy: DistributedStrategy, plan: Plan, backend: str) -> None:
-    """Refuse, before launch, what the plan asks of a backend that lacks the capability."""
+def check_backend_supports(
+    strategy: DistributedStrategy, plan: Plan, backend: str, max_restarts: int = 0
+) -> None:
+    """Refuse, before launch, what the job asks of a backend that lacks the capability."""
+    if max_restarts > 0 and not (isinstance(strategy, RestartsWorkers) and strategy.restarts_workers()):
+        raise BackendError(f"--max-restarts: the {backend} backend cannot restart its workers")
     if plan.output.checkpoint_every_steps is not None and not isinstance(strategy, SavesOptimizerState):
         raise BackendError(
             f"output.checkpoint_every_steps: the {backend} backend cannot save its optimizer's "

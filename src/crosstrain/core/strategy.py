@@ -170,6 +170,17 @@ class SkipsNonFiniteSteps(Protocol):
 
 
 @runtime_checkable
+class RestartsWorkers(Protocol):
+    """Optional capability, needed by ``--max-restarts``: ``launch`` restarts the whole
+    worker group after a failure, up to ``job.max_restarts`` times, and each restarted
+    worker runs :func:`crosstrain.core.worker.attempt_job` (it resumes)."""
+
+    def restarts_workers(self) -> bool:
+        """True: ``job.max_restarts`` is honoured by ``launch``."""
+        ...
+
+
+@runtime_checkable
 class DistributedStrategy(Protocol):
     """One backend. Core builds the weights and batches and computes the learning rate;
     the backend turns them into native models, steps and collectives."""

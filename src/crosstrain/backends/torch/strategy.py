@@ -294,6 +294,11 @@ class TorchStrategy:
     def skips_nonfinite_steps(self) -> bool:
         return True
 
+    def restarts_workers(self) -> bool:
+        """The elastic agent restarts the group (LaunchConfig.max_restarts); under an outside
+        torchrun, torchrun's own ``--max-restarts`` does, and the restarted workers resume."""
+        return True
+
     # ----------------------------------------------------------------- helpers
 
     def _skip_nonfinite(self, state: TorchState) -> bool:
