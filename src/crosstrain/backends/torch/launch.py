@@ -63,6 +63,11 @@ def launch(job: Job) -> RunResult:
         world_size = int(os.environ["WORLD_SIZE"])
         return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
     processes = job.replicas
+    if job.max_restarts > 0:
+        # A restarted group on the agent's shared store can read the dead workers' gloo
+        # addresses (measured: "Connection refused" in connectFullMesh, 1 restart in 2);
+        # without sharing, each round's rank 0 hosts a fresh store. Read by the agent here.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
