@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,14 @@ def test_two_runs_cannot_share_a_folder(tmp_path: Path) -> None:
     assert "is in use by another run (pid " in other.stdout, other.stderr
     with open_run_folder(tmp_path):  # released when the first run ends
         pass
+
+
+def test_the_plans_output_dir_is_the_default_run_folder(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    from crosstrain.api import make_job
+    from crosstrain.core.plan import load_plan
+
+    plan = load_plan(write_plan(), [f"output.dir='{tmp_path / 'planned'}'"])
+    assert make_job(plan, "torch").out_dir == str(tmp_path / "planned")
+    assert make_job(plan, "torch", out=tmp_path / "flag").out_dir == str(tmp_path / "flag")  # --out wins
