@@ -33,6 +33,7 @@ from crosstrain.core.checkpoint import complete_checkpoints
 from crosstrain.core.data import GlobalSampler
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import load_plan
+from crosstrain.core.strategy import SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.plans import (
@@ -227,6 +228,13 @@ class BackendConformance:
         assert not (tmp_path / "stop" / "model.safetensors").exists()
         skip = ("--set", "train.on_nonfinite='skip'", "--device", "cpu", "--out", str(tmp_path / "skip"))
         skipped = run_cli(*common, *skip)
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        if not (isinstance(strategy, SkipsNonFiniteSteps) and strategy.skips_nonfinite_steps()):
+            # a backend that cannot skip on the device says so before launch, in one line
+            assert skipped.returncode == 2 and skipped.stderr.strip().count("\n") == 0, skipped.stderr
+            assert "train.on_nonfinite = 'skip': the" in skipped.stderr
+            assert not (tmp_path / "skip").exists()
+            return
         assert skipped.returncode == 0, skipped.stderr
         assert summary(tmp_path / "skip")["skipped_nonfinite_steps"] == 1
         losses = step_losses(tmp_path / "skip")
