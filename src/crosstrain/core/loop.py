@@ -104,6 +104,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
         progress = _Progress(start_step=context.start_step)
         if checkpoint is not None:
             resume.restore(strategy, state, checkpoint, progress)
+            progress.epochs_run = -(-progress.step // max(sampler.steps_per_epoch, 1))  # begun so far
         hook.crosstrain_train_start(context=context)
         schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, context.total_steps)
         _train_epochs(strategy, state, context, datasets, sampler, schedule, progress, hook)
@@ -155,7 +156,9 @@ def _save_final(
 ) -> None:
     """The end-of-run checkpoint (when the plan asks for them) and the final weights."""
     plan = context.plan
-    if plan.output.checkpoint_every_steps and progress.checkpointed_step != progress.step:
+    # restored best weights beside the last step's optimizer state would not resume exactly
+    restored = progress.stopped is not None and "restored_step" in progress.stopped
+    if plan.output.checkpoint_every_steps and progress.checkpointed_step != progress.step and not restored:
         _save_resumable(strategy, state, context, progress, schedule, hook)
     if plan.output.checkpoint:
         _save_checkpoint(strategy, state, context, progress.step, hook)
