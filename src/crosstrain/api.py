@@ -11,8 +11,10 @@ from typing import Any
 
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
-from crosstrain.core.errors import InputError
+from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
+from crosstrain.core.resume import check_backend_supports
+from crosstrain.core.runfolder import open_run_folder
 from crosstrain.core.strategy import ChecksJob, DeviceChoice, DistributedStrategy, Job, PluginSelection
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
@@ -47,11 +49,18 @@ def make_job(
     options: Mapping[str, Any] | None = None,
     plugins: PluginSelection = PluginSelection(),
     timeout_seconds: float = 300.0,
+    resume: bool = False,
+    max_restarts: int = 0,
 ) -> Job:
-    """Check everything that can be checked before a process starts, then describe the job."""
+    """Check everything that can be checked before a process starts, then describe the job.
+    The run folder is ``out``, else the plan's ``output.dir``, else a new one under runs/."""
     check_numbers(replicas, workers, timeout_seconds)
     check_world_fits(plan, replicas)
     load_datasets(plan)  # the data must load and fit the model before any worker starts
+    if max_restarts < 0:
+        raise CrosstrainError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if out is None and plan.output.dir is not None:
+        out = plan.output.dir
     out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
     return Job(
         plan=plan,
@@ -63,6 +72,8 @@ def make_job(
         options=dict(options or {}),
         plugins=plugins,
         timeout_seconds=timeout_seconds,
+        resume=resume,
+        max_restarts=max_restarts,
     )
 
 
@@ -90,6 +101,12 @@ def check_out_dir(out_dir: str | Path) -> None:
         raise InputError(f"--out {path}: the folder is not writable")
 
 
+class NonFiniteLossError(CrosstrainError):
+    """Training met a non-finite loss (``train.on_nonfinite = "stop"``) and ended there."""
+
+    exit_code = 1
+
+
 def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
     """What the backend declares it cannot build or lay out is refused here, before the
     output folder exists or any process starts."""
@@ -97,17 +114,28 @@ def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
     if isinstance(strategy, ChecksJob):
         strategy.check_job(job)
+    check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
 
 
-def run_job(job: Job, manager: CrosstrainPluginManager | None = None) -> dict[str, Any]:
-    """Check the plan and layout against the backend, create the output folder, launch;
-    return rank 0's summary."""
+def run_job(
+    job: Job, manager: CrosstrainPluginManager | None = None, overwrite: bool = False
+) -> dict[str, Any]:
+    """Check the plan and layout against the backend, create (or check, or clear) the run
+    folder and hold its lock, launch; return rank 0's summary. A run that met a non-finite
+    loss raises :class:`NonFiniteLossError` once its summary is written."""
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
     check_backend_can_run(strategy, job)  # what the backend refuses writes nothing
     check_out_dir(job.out_dir)
-    Path(job.out_dir).mkdir(parents=True, exist_ok=True)
-    return dict(strategy.launch(job).summary)
+    with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
+        summary = dict(strategy.launch(job).summary)
+    stopped = summary.get("stopped") or {}
+    if stopped.get("kind") == "nonfinite":
+        raise NonFiniteLossError(
+            f"rank {stopped.get('rank', 0)}: {stopped['reason']}; training stopped there "
+            f"(train.on_nonfinite = 'stop'); checkpoints and logs up to it are kept in {job.out_dir}"
+        )
+    return summary
 
 
 def fit(
@@ -122,10 +150,27 @@ def fit(
     plugins: PluginSelection = PluginSelection(),
     options: Mapping[str, Any] | None = None,
     timeout_seconds: float = 300.0,
+    resume: bool = False,
+    overwrite: bool = False,
+    max_restarts: int = 0,
 ) -> dict[str, Any]:
-    """Train ``plan`` on ``backend`` with ``nproc`` replicas; return the run's summary."""
+    """Train ``plan`` on ``backend`` with ``nproc`` replicas; return the run's summary.
+    ``resume`` continues ``out``'s last checkpoint; ``overwrite`` replaces an earlier run
+    there; ``max_restarts`` restarts a failed worker group from its last checkpoint."""
     prepared = prepare_plan(plan, overrides)
     manager = make_plugin_manager(plugins)
     get_backend(manager, backend)  # fail on an unknown backend before writing anything
-    job = make_job(prepared, backend, nproc, workers, device, out, options, plugins, timeout_seconds)
-    return run_job(job, manager)
+    job = make_job(
+        prepared,
+        backend,
+        nproc,
+        workers,
+        device,
+        out,
+        options,
+        plugins,
+        timeout_seconds,
+        resume,
+        max_restarts,
+    )
+    return run_job(job, manager, overwrite)

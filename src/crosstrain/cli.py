@@ -35,6 +35,9 @@ _RUN_ARGUMENTS = {
     "overrides",
     "plugins",
     "timeout",
+    "resume",
+    "overwrite",
+    "max_restarts",
     "command",
     "handler",
 }
@@ -74,6 +77,20 @@ def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = Tru
     )
 
 
+def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run folder's last complete checkpoint"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run in the run folder")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart a failed worker group up to N times from its last checkpoint",
+    )
+
+
 def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crosstrain", description=__doc__)
     parser.add_argument(
@@ -87,6 +104,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train a plan")
     _add_run_arguments(run)
+    _add_run_folder_arguments(run)
     manager.hook.crosstrain_addoption(parser=run)
     run.set_defaults(handler=_run)
     compare = commands.add_parser("compare", help="run a plan on several backends and compare")
@@ -132,8 +150,10 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
         _plugin_options(args),
         selection_from_args(args.plugins),
         args.timeout,
+        args.resume,
+        args.max_restarts,
     )
-    summary = run_job(job, manager)
+    summary = run_job(job, manager, args.overwrite)
     print_summary(console, summary, job.out_dir)
     return 0
 
@@ -180,6 +200,7 @@ def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) ->
         ("samples/s", f"{summary['samples_per_second']:.0f}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         *_rank_rows(summary.get("ranks") or []),
+        *_stop_rows(summary),
         ("output", out_dir),
     ]
     for name, value in rows:
@@ -199,6 +220,17 @@ def _rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     utilisation = first.get("gpu_utilisation_percent")
     if utilisation is not None:
         rows.append(("GPU utilisation", f"{utilisation:.0f} % (rank 0)"))
+    return rows
+
+
+def _stop_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Why the run ended early and where it resumed from, when it did."""
+    rows = []
+    if summary.get("resumed_from_step"):
+        rows.append(("resumed from step", str(summary["resumed_from_step"])))
+    stopped = summary.get("stopped")
+    if stopped:
+        rows.append(("stopped", f"step {stopped['step']}: {stopped['reason']}"))
     return rows
 
 

@@ -56,6 +56,9 @@ class CountingStrategy:
 
     def barrier(self) -> None: ...
 
+    def all_reduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
+        return values
+
     def state_dict(self, state: Any) -> dict[str, np.ndarray]:
         return {}
 

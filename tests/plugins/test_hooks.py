@@ -100,3 +100,13 @@ def test_exception_hook_runs_once_with_the_failing_rank(
     assert len(injected) == 1 and injected[0]["error_rank"] == injected[0]["rank"] == 1
     # a peer may also see its collective break before the launcher stops it: at most once each
     assert len({call["rank"] for call in exceptions}) == len(exceptions)
+
+
+def test_a_resumed_run_keeps_metric_lines_through_its_checkpoint(tmp_path: Path) -> None:
+    from crosstrain.plugins.metrics import keep_through
+
+    path = tmp_path / "metrics.jsonl"
+    records = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": {}}, {"step": 3, "loss": 0.5}]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    keep_through(path, 2)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]

@@ -1,13 +1,53 @@
-"""Checkpoints: neutral names and channels-last layouts in safetensors, readable by any backend."""
+"""Checkpoints: neutral names and channels-last layouts in safetensors, readable by any backend.
+
+A run folder's periodic checkpoints (DESIGN "Runs, checkpoints and resume")::
+
+    checkpoints/step-00000040/
+        model.safetensors       weights (running statistics too) under neutral names
+        optimizer.safetensors   optimizer.{weight}.{slot}: momentum | exp_avg | exp_avg_sq
+        state.json              step, epoch, schedule, optimizer step and loss scale,
+                                dropout counter, backend, plan hash (see LoopState)
+
+Each is written into ``checkpoints/.step-NNNNNNNN.tmp``, every file fsynced, then renamed:
+a folder named ``step-NNNNNNNN`` is always complete. Older ones are pruned only after the
+new one is in place.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import attrs
 import numpy as np
 from safetensors.numpy import load_file, save_file
+
+from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.plan import Plan
+
+CHECKPOINTS_DIR = "checkpoints"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+FORMAT_VERSION = 1
+_STEP_FOLDER = re.compile(r"^step-(\d{8})$")
+#: ``output.keep_best`` -> (eval metric, True when larger is better)
+KEEP_BEST: dict[str, tuple[str, bool]] = {"eval.loss": ("loss", False), "eval.accuracy": ("accuracy", True)}
+#: optimizer scalars kept in state.json rather than as tensors
+_SCALARS = {"optimizer.step": ("optimizer", "step"), "loss_scale.scale": ("loss_scale", "scale")}
+_SCALARS["loss_scale.growth_tracker"] = ("loss_scale", "growth_tracker")
+
+
+class CheckpointError(CrosstrainError):
+    """A run folder whose checkpoints cannot be resumed from (missing, from another plan)."""
+
+    exit_code = 2
 
 
 def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
@@ -21,3 +61,195 @@ def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Map
 
 def load_checkpoint(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
+
+
+def plan_hash(plan: Plan) -> str:
+    """What must not change between a run and its resumption: the whole plan but its
+    ``output`` section (where and how often to write is free to change)."""
+    from crosstrain.core.convert import unstructure_plan
+
+    raw = unstructure_plan(plan)
+    raw.pop("output", None)
+    text = json.dumps(raw, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@attrs.frozen
+class LoopState:
+    """The loop's position and everything beyond the tensors that continuing needs."""
+
+    step: int  # optimizer steps done
+    epoch: int  # the epoch the next step belongs to
+    step_in_epoch: int  # steps of that epoch already done: the sampler skips these batches
+    backend: str
+    plan_hash: str
+    plan: str = "plan"
+    #: the epoch's running train-loss sum and real rows, so its mean loss is the same resumed
+    epoch_loss_sum: float = 0.0
+    epoch_real_rows: int = 0
+    #: the last evaluation's metrics and the step it ran at (what keep_best compares)
+    eval: dict[str, float] = attrs.field(factory=dict)
+    eval_step: int | None = None
+    #: the learning rate of the next step (informational: core recomputes it from ``step``)
+    next_lr: float = 0.0
+    optimizer: dict[str, Any] = attrs.field(factory=dict)  # name, step
+    loss_scale: dict[str, float] | None = None
+    #: dropout masks hash (seed, step, ...): the step is the only counter there is
+    rng: dict[str, int] = attrs.field(factory=dict)
+    format: int = FORMAT_VERSION
+
+
+@attrs.frozen
+class Checkpoint:
+    path: Path
+    state: LoopState
+    weights: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray]  # slots and 0-d scalars, as SavesOptimizerState gives them
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def step_folder(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint, oldest first; temporary folders are not."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_FOLDER.match(child.name)
+        if match and (child / STATE_FILE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def write_checkpoint(
+    run_dir: Path,
+    state: LoopState,
+    weights: Mapping[str, np.ndarray],
+    optimizer: Mapping[str, np.ndarray],
+) -> Path:
+    """Write a complete checkpoint folder atomically and return it."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_folder(state.step)
+    temporary = root / f".{final.name}.tmp"
+    shutil.rmtree(temporary, ignore_errors=True)  # a torn one from a crash
+    temporary.mkdir()
+    slots, scalars = _split_scalars(optimizer)
+    state = attrs.evolve(state, optimizer={**state.optimizer, **scalars.get("optimizer", {})})
+    if "loss_scale" in scalars:
+        state = attrs.evolve(state, loss_scale=scalars["loss_scale"])
+    metadata = {"backend": state.backend, "step": str(state.step), "plan": state.plan}
+    _save(temporary / MODEL_FILE, weights, metadata)
+    _save(temporary / OPTIMIZER_FILE, slots, metadata)
+    state_path = temporary / STATE_FILE
+    state_path.write_text(json.dumps(attrs.asdict(state), indent=2, default=_json_number) + "\n")
+    _fsync(state_path)
+    _fsync(temporary)
+    if final.exists():  # the same step written again (a rerun after a restart): replace it
+        shutil.rmtree(final)
+    os.rename(temporary, final)
+    _fsync(root)
+    return final
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    raw = json.loads((path / STATE_FILE).read_text())
+    state = LoopState(**raw)
+    optimizer = dict(load_file(str(path / OPTIMIZER_FILE)))
+    for name, (section, key) in _SCALARS.items():
+        values = raw.get(section) or {}
+        if key in values:
+            optimizer[name] = np.asarray(values[key], np.float64 if section == "loss_scale" else np.int64)
+    return Checkpoint(path, state, dict(load_file(str(path / MODEL_FILE))), optimizer)
+
+
+def resume_point(run_dir: Path, plan: Plan) -> Checkpoint | None:
+    """The last complete checkpoint of ``run_dir``, checked against ``plan``; None if none."""
+    path = last_checkpoint(run_dir)
+    if path is None:
+        return None
+    checkpoint = read_checkpoint(path)
+    if checkpoint.state.plan_hash != plan_hash(plan):
+        raise CheckpointError(
+            f"{path}: written by another plan (hash {checkpoint.state.plan_hash}, this plan's is "
+            f"{plan_hash(plan)}); only the output section may change on --resume"
+        )
+    return checkpoint
+
+
+def prune(run_dir: Path, keep: int, keep_best: str | None = None) -> list[Path]:
+    """Remove all but the newest ``keep`` complete checkpoints (and the best by
+    ``keep_best``); return what was removed. Called only once the newest one is complete."""
+    found = complete_checkpoints(run_dir)
+    kept = {path for _, path in found[-keep:]}
+    best = best_checkpoint(run_dir, keep_best) if keep_best else None
+    if best is not None:
+        kept.add(best)
+    removed = [path for _, path in found if path not in kept]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def best_checkpoint(run_dir: Path, keep_best: str) -> Path | None:
+    """The checkpoint whose evaluation at its own step scored best (the earliest on a tie)."""
+    metric, larger_is_better = KEEP_BEST[keep_best]
+    best: tuple[float, Path] | None = None
+    for step, path in complete_checkpoints(run_dir):
+        raw = json.loads((path / STATE_FILE).read_text())
+        value = (raw.get("eval") or {}).get(metric)
+        if raw.get("eval_step") != step or value is None:
+            continue
+        score = -float(value) if larger_is_better else float(value)
+        if best is None or score < best[0]:
+            best = (score, path)
+    return best[1] if best else None
+
+
+def _split_scalars(
+    optimizer: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """Slot tensors for optimizer.safetensors; 0-d scalars for state.json."""
+    slots: dict[str, np.ndarray] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for name, value in optimizer.items():
+        if name in _SCALARS:
+            section, key = _SCALARS[name]
+            scalars.setdefault(section, {})[key] = np.asarray(value).item()
+        else:
+            slots[name] = value
+    return slots, scalars
+
+
+def _save(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+    save_file(
+        {name: np.ascontiguousarray(value) for name, value in tensors.items()}, str(path), dict(metadata)
+    )
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to the disk before the rename publishes it."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON: {value!r}")

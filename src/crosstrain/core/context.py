@@ -12,6 +12,15 @@ from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import Job, World
 
 
+@attrs.define
+class StopRequest:
+    """A plugin's request to end training (``RunContext.request_stop``); the one mutable
+    part of the context, read by the loop."""
+
+    reason: str | None = None
+    restore_best: bool = False  # end with the weights of output.keep_best's checkpoint
+
+
 @attrs.frozen
 class RunContext:
     """What a plugin may want to know about the run in progress."""
@@ -22,6 +31,19 @@ class RunContext:
     steps_per_epoch: int
     train_rows: int
     eval_rows: int
+    #: optimizer steps already done when this run started: a resumed run's checkpoint step
+    start_step: int = 0
+    stop: StopRequest = attrs.field(factory=StopRequest, eq=False, repr=False)
+
+    def request_stop(self, reason: str, restore_best: bool = False) -> None:
+        """Ask the loop to end training normally (exit 0; the summary says ``reason``).
+
+        Any rank may ask; the ranks agree after the hooks of the current steps have run,
+        and all of them stop before the next step, so none waits alone in a collective.
+        The first reason given on this rank is kept. ``restore_best``: the final weights
+        are those of the checkpoint ``output.keep_best`` kept (every rank must ask alike)."""
+        if self.stop.reason is None:
+            self.stop.reason, self.stop.restore_best = reason, restore_best
 
     @property
     def epochs(self) -> int:

@@ -8,6 +8,7 @@ backend runs.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -16,15 +17,16 @@ import attrs
 import numpy as np
 import pluggy
 
+from crosstrain.core import resume
 from crosstrain.core.checkpoint import save_checkpoint
 from crosstrain.core.context import RunContext
 from crosstrain.core.data import (
     ArrayDataset,
     Datasets,
     GlobalSampler,
-    StepBatch,
     eval_batches,
     load_datasets,
+    StepBatch,
     shard,
     step_batch,
 )
@@ -65,15 +67,16 @@ def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict
 
 
 @attrs.define
-class _Progress:
-    """What the loop has done so far, for the epoch lines and the summary."""
+class _Progress(resume.Position):
+    """What the loop has done so far, for the epoch lines, checkpoints and the summary."""
 
-    step: int = 0
     epochs_run: int = 0
     train_seconds: float = 0.0
     train_samples: int = 0
     last_train_loss: float = float("nan")
-    eval_metrics: dict[str, float] = attrs.field(factory=dict)
+    start_step: int = 0
+    stopped: dict[str, Any] | None = None  # why training ended early, for the summary
+    skipped_steps: int = 0  # steps whose non-finite update was skipped (train.on_nonfinite)
     data_seconds: float = 0.0  # building batches on the host: the device may wait on this
     step_seconds: float = 0.0  # handing steps to the backend and reading their losses
 
@@ -88,12 +91,25 @@ class _Progress:
         return now
 
 
+class NonFiniteLoss(Exception):
+    """Inside the loop only: a step's loss was not finite and the plan says stop."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"non-finite loss ({loss}) at step {step}")
+        self.step, self.loss = step, loss
+
+
+class _StopRequested(Exception):
+    """Inside the loop only: the ranks agreed that a plugin asked to stop."""
+
+
 def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tuple[dict[str, Any], Any]:
     """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
     datasets = load_datasets(plan)
     sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
+    checkpoint = resume.find_resume_point(job)
     context = RunContext(
         job=job,
         world=world,
@@ -101,23 +117,22 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
         steps_per_epoch=sampler.steps_per_epoch,
         train_rows=len(datasets.train),
         eval_rows=len(datasets.eval) if datasets.eval else 0,
+        start_step=checkpoint.state.step if checkpoint else 0,
     )
     heartbeat = Heartbeat(world.process_index)  # a launcher watching names a rank that stops
     try:
         state = strategy.build(plan, initial_weights(plan))
         if isinstance(strategy, PlacesData):
             strategy.place_data(state, datasets)
+        progress = _Progress(start_step=context.start_step)
+        if checkpoint is not None:
+            resume.restore(strategy, state, checkpoint, progress)
+            progress.epochs_run = -(-progress.step // max(sampler.steps_per_epoch, 1))  # begun so far
         hook.crosstrain_train_start(context=context)
-        progress = _Progress()
         schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, context.total_steps)
-        for epoch in range(plan.train.epochs):
-            if progress.step >= context.total_steps:
-                break
-            _train_epoch(
-                strategy, state, context, datasets, sampler, schedule, epoch, progress, hook, heartbeat
-            )
-        if plan.output.checkpoint:
-            _save_checkpoint(strategy, state, context, progress.step, hook)
+        _train_epochs(strategy, state, context, datasets, sampler, schedule, progress, hook, heartbeat)
+        if progress.stopped is None or progress.stopped["kind"] == "requested":
+            _save_final(strategy, state, context, progress, schedule, hook)
         summary = _summary(context, progress, time.perf_counter() - started)
         summary["ranks"] = _rank_reports(strategy, state, progress)
         hook.crosstrain_train_end(context=context, summary=summary)
@@ -127,6 +142,74 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     finally:
         heartbeat.close()
     return summary, state
+
+
+def _train_epochs(
+    strategy: DistributedStrategy,
+    state: Any,
+    context: RunContext,
+    datasets: Datasets,
+    sampler: GlobalSampler,
+    schedule: LearningRateSchedule,
+    progress: _Progress,
+    hook: pluggy.HookRelay,
+    heartbeat: Heartbeat,
+) -> None:
+    """Every epoch from the resumed one on, until the last step, a non-finite loss
+    (``train.on_nonfinite = "stop"``) or an agreed stop request."""
+    first_epoch = progress.step // max(sampler.steps_per_epoch, 1)
+    try:
+        for epoch in range(first_epoch, context.plan.train.epochs):
+            if progress.step >= context.total_steps:
+                break
+            _train_epoch(
+                strategy, state, context, datasets, sampler, schedule, epoch, progress, hook, heartbeat
+            )
+    except NonFiniteLoss as error:
+        progress.stopped = {"kind": "nonfinite", "reason": str(error), "step": error.step}
+        progress.stopped["rank"] = context.world.rank
+    except _StopRequested:
+        reason = context.stop.reason or "stop requested on another rank"
+        progress.stopped = {"kind": "requested", "reason": reason, "step": progress.step}
+        if context.stop.restore_best:
+            progress.stopped["restored_step"] = resume.restore_best(strategy, state, context, progress)
+
+
+def _save_final(
+    strategy: DistributedStrategy,
+    state: Any,
+    context: RunContext,
+    progress: _Progress,
+    schedule: LearningRateSchedule,
+    hook: pluggy.HookRelay,
+) -> None:
+    """The end-of-run checkpoint (when the plan asks for them) and the final weights."""
+    plan = context.plan
+    # restored best weights beside the last step's optimizer state would not resume exactly
+    restored = progress.stopped is not None and "restored_step" in progress.stopped
+    if plan.output.checkpoint_every_steps and progress.checkpointed_step != progress.step and not restored:
+        _save_resumable(strategy, state, context, progress, schedule, hook)
+    if plan.output.checkpoint:
+        _save_checkpoint(strategy, state, context, progress.step, hook)
+
+
+def _save_resumable(
+    strategy: DistributedStrategy,
+    state: Any,
+    context: RunContext,
+    progress: _Progress,
+    schedule: LearningRateSchedule,
+    hook: pluggy.HookRelay,
+) -> None:
+    path = resume.save(strategy, state, context, progress, schedule(progress.step))
+    hook.crosstrain_checkpoint_saved(context=context, path=path, step=progress.step)
+
+
+def _agree_stop(strategy: DistributedStrategy, context: RunContext) -> None:
+    """Every rank calls this at the same points: any rank's request stops them all."""
+    asked = np.array([1.0 if context.stop.reason is not None else 0.0])
+    if float(strategy.all_reduce(asked, op="max")[0]) > 0:
+        raise _StopRequested
 
 
 def report_exception(hook: pluggy.HookRelay, context: RunContext, error: BaseException) -> None:
@@ -150,19 +233,27 @@ def _train_epoch(
 ) -> None:
     plan = context.plan
     epoch_started = time.perf_counter()
-    log = _StepLog(strategy, context, hook)
+    log = _StepLog(strategy, context, hook, progress)
+    every = plan.output.checkpoint_every_steps
+    if progress.step > epoch * sampler.steps_per_epoch:  # resumed mid-epoch
+        log.loss_sum, log.real_rows = progress.epoch_loss_sum, progress.epoch_real_rows
     clock = time.perf_counter()
     try:
-        for batch, upcoming in _with_next(_epoch_steps(context, datasets, sampler, epoch, progress.step)):
+        for (index, batch), upcoming in _with_next(_epoch_steps(context, datasets, sampler, epoch, progress.step)):
             if upcoming is not None and isinstance(strategy, PrefetchesBatches):
-                strategy.prefetch(state, upcoming)
+                strategy.prefetch(state, upcoming[1])
             lr = schedule(progress.step)
             clock = progress.add_data_time(clock)
             heartbeat.beat("step")
             metrics = strategy.train_step(state, batch, lr)
             progress.step += 1
             heartbeat.beat("idle", progress.step)
-            log.add(_PendingStep(progress.step, epoch, lr, batch.global_real_rows, metrics))
+            if log.add(_PendingStep(progress.step, epoch, lr, batch.global_real_rows, metrics)):
+                _agree_stop(strategy, context)
+            ends_epoch = index + 1 == sampler.steps_per_epoch or progress.step >= context.total_steps
+            if every and progress.step % every == 0 and not ends_epoch:  # an epoch's end saves after eval
+                log.flush()  # no checkpoint of weights a non-finite step has touched
+                _save_resumable(strategy, state, context, progress, schedule, hook)
             clock = progress.add_step_time(clock)
         log.flush()  # reads the device: the epoch's time includes all of its work
         progress.add_step_time(clock)
@@ -180,26 +271,37 @@ def _train_epoch(
         "samples_per_second": real_rows / max(epoch_seconds, 1e-9),
     }
     is_last = progress.step >= context.total_steps or epoch + 1 == plan.train.epochs
-    if datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last):
+    evaluated = datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last)
+    if evaluated:
+        assert datasets.eval is not None
         progress.eval_metrics = evaluate(strategy, state, datasets.eval, plan, heartbeat)
+        progress.eval_step = progress.step
         hook.crosstrain_eval_end(
             context=context, step=progress.step, epoch=epoch, metrics=progress.eval_metrics
         )
         epoch_metrics.update({f"eval_{name}": value for name, value in progress.eval_metrics.items()})
     hook.crosstrain_epoch_end(context=context, epoch=epoch, metrics=epoch_metrics)
+    every = plan.output.checkpoint_every_steps
+    if every and (progress.step % every == 0 or (evaluated and plan.output.keep_best)):
+        _save_resumable(strategy, state, context, progress, schedule, hook)
+    _agree_stop(strategy, context)
 
 
 def _epoch_steps(
     context: RunContext, datasets: Datasets, sampler: GlobalSampler, epoch: int, first_step: int
-) -> Iterator[StepBatch]:
-    """This process's batches of the epoch's steps, numbered from ``first_step``, up to the
-    run's last step."""
+) -> Iterator[tuple[int, StepBatch]]:
+    """This process's batches of the epoch's steps with their index in the epoch, from
+    ``first_step`` (a resumed run skips the steps before its checkpoint) up to the run's
+    last step."""
     plan, world = context.plan, context.world
+    done_before = first_step - epoch * sampler.steps_per_epoch
     step = first_step
-    for indices, weight in sampler.epoch(epoch):
+    for index, (indices, weight) in enumerate(sampler.epoch(epoch)):
+        if index < done_before:
+            continue
         if step >= context.total_steps:
             return
-        yield step_batch(
+        yield index, step_batch(
             datasets.train,
             indices,
             weight,
@@ -211,7 +313,7 @@ def _epoch_steps(
         step += 1
 
 
-def _with_next(steps: Iterator[StepBatch]) -> Iterator[tuple[StepBatch, StepBatch | None]]:
+def _with_next(steps: Iterator[tuple[int, StepBatch]]) -> Iterator[tuple[tuple[int, StepBatch], tuple[int, StepBatch] | None]]:
     """Each step with the one after it (None for the last), so its rows can be prefetched."""
     current = next(steps, None)
     while current is not None:
@@ -234,27 +336,42 @@ class _StepLog:
     ``output.log_every_steps`` steps (one device sync for the chunk), then handed to the
     ``crosstrain_step_end`` hooks in order."""
 
-    def __init__(self, strategy: DistributedStrategy, context: RunContext, hook: pluggy.HookRelay) -> None:
-        self.strategy, self.context, self.hook = strategy, context, hook
+    def __init__(
+        self, strategy: DistributedStrategy, context: RunContext, hook: pluggy.HookRelay, progress: _Progress
+    ) -> None:
+        self.strategy, self.context, self.hook, self.progress = strategy, context, hook, progress
         self.pending: list[_PendingStep] = []
         self.loss_sum, self.real_rows = 0.0, 0
 
-    def add(self, step: _PendingStep) -> None:
+    def add(self, step: _PendingStep) -> bool:
+        """Queue a step; True when that read (and logged) the chunk."""
         self.pending.append(step)
         if len(self.pending) >= self.context.plan.output.log_every_steps:
             self.flush()
+            return True
+        return False
 
     def flush(self) -> None:
+        """Read and log the pending steps. A non-finite loss under ``on_nonfinite = "stop"``
+        is logged, then raises :class:`NonFiniteLoss` naming that step: the steps after it
+        in the chunk already ran on the device, but are not logged and nothing after them
+        is saved (a checkpoint always reads its steps first), so the run ends at that step."""
         pending, self.pending = self.pending, []
-        if not pending:
-            return
-        values = resolve_metrics(self.strategy, [step.metrics for step in pending])
+        values = resolve_metrics(self.strategy, [step.metrics for step in pending]) if pending else []
+        stop = self.context.plan.train.on_nonfinite == "stop"
         for step, metrics in zip(pending, values, strict=True):
-            self.loss_sum += metrics["loss"] * step.real_rows
-            self.real_rows += step.real_rows
+            finite = math.isfinite(metrics["loss"])
+            if finite:
+                self.loss_sum += metrics["loss"] * step.real_rows
+                self.real_rows += step.real_rows
+            else:
+                self.progress.skipped_steps += 0 if stop else 1
             self.hook.crosstrain_step_end(
                 context=self.context, step=step.step, epoch=step.epoch, lr=step.lr, metrics=metrics
             )
+            if not finite and stop:
+                raise NonFiniteLoss(step.step, metrics["loss"])
+        self.progress.epoch_loss_sum, self.progress.epoch_real_rows = self.loss_sum, self.real_rows
 
     def flush_what_ran(self) -> None:
         """After a failure: log the steps that completed, if their values can still be read
@@ -288,6 +405,10 @@ def _summary(context: RunContext, progress: _Progress, wall_seconds: float) -> d
         "eval": progress.eval_metrics,
         "samples_per_second": progress.train_samples / max(progress.train_seconds, 1e-9),
         "wall_seconds": wall_seconds,
+        "resumed_from_step": progress.start_step or None,
+        # why training ended before its last step (None: it ran them all)
+        "stopped": progress.stopped,
+        "skipped_nonfinite_steps": progress.skipped_steps,
     }
 
 

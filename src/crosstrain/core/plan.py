@@ -27,6 +27,10 @@ from crosstrain.core.scaling import InputScaling
 # The closed sets a plan names; every backend maps each name to its own builder (its tables).
 Precision = Literal["fp32", "bf16", "fp16"]
 LossName = Literal["cross_entropy", "mse"]
+#: what a step whose loss is NaN or infinite does: end the run there, or skip its update
+OnNonFinite = Literal["stop", "skip"]
+#: a checkpoint's metric that ``output.keep_best`` may monitor
+KeepBest = Literal["eval.loss", "eval.accuracy"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
 Placement = Literal["auto", "device", "host"]
@@ -203,12 +207,17 @@ class TrainSpec:
     #: compile the training step: torch.compile (and fused Adam/AdamW on CUDA) on torch,
     #: XLA (jit_compile) on tf; the losses stay within the parity tolerance of eager
     compile: bool = False
+    #: a step whose global loss is not finite: "stop" ends the run there (exit non-zero,
+    #: the last good checkpoint kept); "skip" leaves the weights and optimizer untouched
+    on_nonfinite: OnNonFinite = "stop"
 
 
 @attrs.frozen
 class OutputSpec:
     """``dir``: where summary.json and metrics.jsonl go (default: a new folder under runs/).
     ``checkpoint``: save final weights as ``model.safetensors`` (neutral names).
+    ``checkpoint_every_steps``, ``keep_checkpoints``, ``keep_best``: periodic checkpoints
+    (see :mod:`crosstrain.core.checkpoint`).
     ``log_every_steps``: how many steps' losses stay on the device before they are read
     together (every step is still logged; reading each step would make the device wait
     for the host at every step); the end of an epoch always reads."""
@@ -216,6 +225,18 @@ class OutputSpec:
     dir: str | None = None
     checkpoint: bool = True
     log_every_steps: int = attrs.field(default=50, validator=_gt0)
+    #: write ``checkpoints/step-NNNNNNNN/`` (weights, optimizer slots, loop state) every N
+    #: optimizer steps and at the end; ``--resume`` continues from the last one
+    checkpoint_every_steps: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
+    #: the newest checkpoints kept; older ones are removed once a new one is complete
+    keep_checkpoints: int = attrs.field(default=3, validator=_gt0)
+    #: also keep the checkpoint with the best value of this metric (a checkpoint is then
+    #: written after every evaluation)
+    keep_best: KeepBest | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.keep_best is not None and self.checkpoint_every_steps is None:
+            raise ValueError("keep_best needs checkpoint_every_steps (it keeps one of the checkpoints)")
 
 
 @attrs.frozen

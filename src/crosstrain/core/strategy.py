@@ -69,6 +69,13 @@ class Job:
     options: Mapping[str, Any] = attrs.field(factory=dict)
     plugins: PluginSelection = PluginSelection()
     timeout_seconds: float = 300.0
+    #: continue from the run folder's last complete checkpoint (from the start when it has
+    #: none: a worker group restarted before its first checkpoint). The CLI's ``--resume``
+    #: sets it; a launcher that restarts its workers sets it on the restarted ones.
+    resume: bool = False
+    #: how many times a launcher that can restart its workers (torch's elastic agent)
+    #: restarts the whole group after a failure; each restart resumes
+    max_restarts: int = 0
 
 
 @attrs.frozen
@@ -134,6 +141,46 @@ class PrefetchesBatches(Protocol):
 
 
 @runtime_checkable
+class SavesOptimizerState(Protocol):
+    """Optional capability, needed by ``output.checkpoint_every_steps`` and ``--resume``:
+    the optimizer's state as numpy under neutral names, the same on every backend.
+
+    Slot tensors are named ``optimizer.{weight name}.{slot}`` in the weight's neutral
+    layout, with ``slot`` one of :data:`OPTIMIZER_SLOTS` (sgd: ``momentum``; adam, adamw:
+    ``exp_avg``, ``exp_avg_sq``). Scalars are 0-d arrays: ``optimizer.step`` (optimizer
+    steps applied, which Adam's bias corrections count) and, with a dynamic loss scale,
+    ``loss_scale.scale`` and ``loss_scale.growth_tracker`` (finite steps since it last changed).
+    ``state_dict`` may gather across ranks, and so may this: every rank calls it."""
+
+    def optimizer_state(self, state: Any) -> dict[str, np.ndarray]:
+        """The optimizer's slots and scalars under the neutral names above."""
+        ...
+
+    def load_optimizer_state(self, state: Any, tensors: Mapping[str, np.ndarray]) -> None:
+        """Load what :meth:`optimizer_state` returned, possibly on another backend."""
+        ...
+
+
+#: core optimizer name -> its slot names, in the order the backends keep them
+OPTIMIZER_SLOTS: dict[str, tuple[str, ...]] = {
+    "sgd": ("momentum",),
+    "adam": ("exp_avg", "exp_avg_sq"),
+    "adamw": ("exp_avg", "exp_avg_sq"),
+}
+
+
+@runtime_checkable
+class SkipsNonFiniteSteps(Protocol):
+    """Optional capability, needed by ``train.on_nonfinite = "skip"``: ``train_step`` checks
+    the step's gradients on the device and, when one is NaN or infinite, applies no update
+    (weights, slots and the optimizer's step count stay as they were)."""
+
+    def skips_nonfinite_steps(self) -> bool:
+        """True: the plan's ``train.on_nonfinite = "skip"`` is honoured by ``train_step``."""
+        ...
+
+
+@runtime_checkable
 class ReportsDevice(Protocol):
     """Optional capability: facts about this process's device for summary.json's ``ranks``
     (see :mod:`crosstrain.core.report`), asked once, after the last step."""
@@ -141,6 +188,17 @@ class ReportsDevice(Protocol):
     def device_report(self, state: Any) -> dict[str, float | None]:
         """``peak_device_memory_bytes`` and ``gpu_utilisation_percent`` (mean while
         training), each None where it cannot be measured."""
+        ...
+
+
+@runtime_checkable
+class RestartsWorkers(Protocol):
+    """Optional capability, needed by ``--max-restarts``: ``launch`` restarts the whole
+    worker group after a failure, up to ``job.max_restarts`` times, and each restarted
+    worker runs :func:`crosstrain.core.worker.attempt_job` (it resumes)."""
+
+    def restarts_workers(self) -> bool:
+        """True: ``job.max_restarts`` is honoured by ``launch``."""
         ...
 
 

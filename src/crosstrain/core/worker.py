@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from crosstrain.core.context import RunContext
 from crosstrain.core.loop import fit, report_exception
 from crosstrain.core.strategy import DistributedStrategy, Job
+
+
+def attempt_job(job: Job, restart_count: int) -> Job:
+    """The job a (re)started worker runs: a launcher that restarted its group after a
+    failure (``restart_count`` > 0) resumes from the run folder's last checkpoint, or from
+    the start when there is none yet. Launchers call this with their own restart count."""
+    return attrs.evolve(job, resume=True) if restart_count > 0 else job
 
 
 def run_worker(strategy: DistributedStrategy, job: Job) -> dict[str, Any]:

@@ -5,6 +5,10 @@ of the ``crosstrain`` group. Lifecycle hooks run on **every** process, with
 ``context.world.is_main`` at hand: work meant for rank 0 only (writing files,
 printing) is the plugin's own choice, and a hook must never start a collective
 operation, since other ranks might not.
+
+A hook ends training normally with ``context.request_stop(reason)`` (on one rank or
+all): the ranks agree at the next read of the step losses or the epoch's end and stop
+before the same step; the summary's ``stopped`` says why.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -38,8 +39,11 @@ class MetricsWriter:
     def crosstrain_train_start(self, context: RunContext) -> None:
         if context.world.is_main:
             context.out_dir.mkdir(parents=True, exist_ok=True)
-            # append: a resumed or repeated run into the same folder never erases earlier lines
-            self._stream = (context.out_dir / METRICS_FILE).open("a", encoding="utf-8")
+            path = context.out_dir / METRICS_FILE
+            # a resumed (or restarted) run: keep the lines up to its checkpoint's step, so the
+            # file shows each step once; the run folder is never reused otherwise
+            keep_through(path, context.start_step)
+            self._stream = path.open("a", encoding="utf-8")
 
     @hookimpl
     def crosstrain_step_end(
@@ -68,6 +72,19 @@ class MetricsWriter:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def keep_through(path: Path, step: int) -> None:
+    """Drop the records of steps after ``step`` (written before a failure), atomically."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) == len(lines):
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(temporary, path)
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:

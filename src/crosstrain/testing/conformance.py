@@ -11,12 +11,15 @@ every check on it (Keras 3 runs its one suite once per backend the same way)::
 Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of every kind
 (:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
 per-token loss), eval counts every row once, the backend agrees step by step with the
-torch reference (when torch is installed), a failing rank ends the run naming it, and a
-plan the backend cannot build is refused before launch.
+torch reference (when torch is installed), a failing rank ends the run naming it, a run
+resumed from its last checkpoint after a failure takes exactly the uninterrupted run's
+steps, a non-finite loss stops the run at its step (or is skipped), and a plan the backend
+cannot build is refused before launch.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,18 +30,24 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
+from crosstrain.core.checkpoint import complete_checkpoints
+from crosstrain.core.data import GlobalSampler
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import load_plan
+from crosstrain.core.strategy import SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.plans import (
     DROPOUT_MLP_PLAN,
     GPT_PLAN,
+    NAN_ROW_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
     write_images,
+    write_nan_row_data,
     write_tokens,
 )
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
@@ -53,12 +62,25 @@ PLANS = {
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4
 STEPS = 12
+#: the resume checks: checkpoints every CHECKPOINT_EVERY steps, a rank dies at FAIL_STEP
+CHECKPOINT_EVERY, FAIL_STEP = 5, 8
+RESUME_SETTINGS = (
+    "--set", f"output.checkpoint_every_steps={CHECKPOINT_EVERY}",
+    "--set", "output.log_every_steps=4",  # the failing hook runs when step FAIL_STEP is read
+)  # fmt: skip
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess: one thread per worker, quiet TensorFlow."""
     env = dict(
-        os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0", COLUMNS="200"
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_ENABLE_ONEDNN_OPTS="0",
+        COLUMNS="200",
+        **(env or {}),
     )
     return subprocess.run(
         [sys.executable, "-m", "crosstrain.cli", *args],
@@ -87,6 +109,37 @@ def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str) -> Pa
         "--device", "cpu", "--out", str(out), "--set", f"train.max_steps={STEPS}", *settings,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def fail_then_resume(
+    backend: str, plan: Path, out: Path, nproc: int, resume_backend: str | None = None
+) -> Path:
+    """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
+    ``--resume`` (on ``resume_backend``, by default the same) finishes the run."""
+    common = (
+        "--nproc",
+        str(nproc),
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--set",
+        f"train.max_steps={STEPS}",
+    )
+    failed = run_cli(
+        "-p", "no:progress", "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", backend,
+        *common, *RESUME_SETTINGS, env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP)},
+    )  # fmt: skip
+    assert failed.returncode == 1 and f"injected failure at step {FAIL_STEP}" in failed.stderr, failed.stderr
+    last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+    assert complete_checkpoints(out)[-1][0] == last
+    resumed = run_cli(
+        "-p", "no:progress", "run", str(plan), "--backend", resume_backend or backend, *common,
+        *RESUME_SETTINGS, "--resume",
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(out)["resumed_from_step"] == last
     return out
 
 
@@ -155,6 +208,70 @@ class BackendConformance:
         compiled = train(self.backend, plan, tmp_path / "compiled", self.nproc, "--set", "train.compile=true")
         assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= WORLD_TOLERANCE
         assert_same_eval(summary(compiled)["eval"], summary(eager)["eval"], loss_tolerance=WORLD_TOLERANCE)
+
+    def test_resumes_exactly_from_its_last_checkpoint(
+        self, world_runs: dict[str, tuple[Path, Path]], tmp_path: Path
+    ) -> None:
+        """Adam's step counts, dropout's counter and the sampler's place mid-epoch all come
+        back: the resumed steps equal the uninterrupted run's bit for bit."""
+        uninterrupted = world_runs["dropout_mlp"][1]
+        resumed = fail_then_resume(
+            self.backend, write_plan(tmp_path, "dropout_mlp"), tmp_path / "run", self.nproc
+        )
+        assert np.array_equal(step_losses(resumed), step_losses(uninterrupted))  # each step once
+        assert summary(resumed)["eval"] == summary(uninterrupted)["eval"]
+        assert summary(resumed)["train"] == summary(uninterrupted)["train"]
+
+    def test_a_non_finite_loss_stops_the_run_at_its_step(self, tmp_path: Path) -> None:
+        """A corrupt row makes one step's loss non-finite: the run stops there with one line naming the
+        step, exit 1, the checkpoints before it intact and no NaN model saved; with
+        ``train.on_nonfinite = "skip"`` that step's update is skipped and training goes on."""
+        write_nan_row_data(str(tmp_path / "nan_row.npz"), row=300)
+        plan = tmp_path / "nan.toml"
+        plan.write_text(NAN_ROW_PLAN)
+        nan_step = next(
+            step + 1 for step, (rows, _) in enumerate(GlobalSampler(1797, 32, seed=4).epoch(0)) if 300 in rows
+        )
+        common = (
+            "-p",
+            "no:progress",
+            "run",
+            str(plan),
+            "--backend",
+            self.backend,
+            "--nproc",
+            str(self.nproc),
+        )
+        stopped = run_cli(*common, "--device", "cpu", "--out", str(tmp_path / "stop"))
+        assert stopped.returncode == 1, stopped.stderr
+        last = stopped.stderr.strip().splitlines()[-1]
+        assert (
+            last.startswith("crosstrain: error: rank ")
+            and "non-finite loss (" in last
+            and f") at step {nan_step};" in last
+        )
+        records = [
+            json.loads(line) for line in (tmp_path / "stop" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert records[-1]["step"] == nan_step and records[-1]["loss"] is None
+        assert complete_checkpoints(tmp_path / "stop")[-1][0] == (nan_step - 1) // 5 * 5  # the last good one
+        assert not (tmp_path / "stop" / "model.safetensors").exists()
+        skip = ("--set", "train.on_nonfinite='skip'", "--device", "cpu", "--out", str(tmp_path / "skip"))
+        skipped = run_cli(*common, *skip)
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        if not (isinstance(strategy, SkipsNonFiniteSteps) and strategy.skips_nonfinite_steps()):
+            # a backend that cannot skip on the device says so before launch, in one line
+            assert skipped.returncode == 2 and skipped.stderr.strip().count("\n") == 0, skipped.stderr
+            assert "train.on_nonfinite = 'skip': the" in skipped.stderr
+            assert not (tmp_path / "skip").exists()
+            return
+        assert skipped.returncode == 0, skipped.stderr
+        assert summary(tmp_path / "skip")["skipped_nonfinite_steps"] == 1
+        losses = step_losses(tmp_path / "skip")
+        assert (
+            np.isfinite(losses[nan_step:].astype(float)).all()
+            and len(losses) == GlobalSampler(1797, 32, 4).steps_per_epoch
+        )
 
     def test_a_failing_rank_ends_the_run_naming_it(self, tmp_path: Path) -> None:
         plan = write_plan(tmp_path, "dropout_mlp")
@@ -343,3 +460,14 @@ class AgreesWithTorch:
         assert_same_eval(
             summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1
         )
+
+    def test_resumes_across_frameworks(self, tmp_path: Path) -> None:
+        """A checkpoint's neutral weights and optimizer slots continue on the other framework:
+        trained on this backend and resumed on torch, and the other way round, each run's
+        steps agree with an uninterrupted torch run within parity tolerance."""
+        plan = write_plan(tmp_path, "dropout_mlp")
+        reference = step_losses(train("torch", plan, tmp_path / "torch", self.nproc))
+        for first, then in ((self.backend, "torch"), ("torch", self.backend)):
+            out = fail_then_resume(first, plan, tmp_path / f"{first}-then-{then}", self.nproc, then)
+            assert summary(out)["backend"] == then
+            assert max_relative_difference(step_losses(out), reference) <= PARITY_TOLERANCE

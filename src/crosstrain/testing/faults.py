@@ -3,8 +3,10 @@
 At step ``CROSSTRAIN_TEST_FAIL_STEP`` (default 3), on rank ``CROSSTRAIN_TEST_FAIL_RANK``
 (default: the last process), the worker does what ``CROSSTRAIN_TEST_FAULT`` says:
 "raise" (the default) a RuntimeError, "kill" itself with SIGKILL, or "hang" (sleep an
-hour: only the launcher's heartbeat deadline can end it). The hook runs when the step's
-metrics are logged: pass ``--set output.log_every_steps=1`` to hit the step exactly.
+hour: only the launcher's heartbeat deadline can end it). ``CROSSTRAIN_TEST_FAIL_ONCE=PATH``
+faults only while PATH does not exist (creating it), so a restarted worker group runs
+through. The hook runs when the step's metrics are logged: pass
+``--set output.log_every_steps=1`` to hit the step exactly.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from crosstrain.core.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
@@ -42,5 +45,11 @@ def crosstrain_step_end(
 ) -> None:
     rank = int(os.environ.get("CROSSTRAIN_TEST_FAIL_RANK", context.world.process_count - 1))
     fail_step = int(os.environ.get("CROSSTRAIN_TEST_FAIL_STEP", FAIL_STEP))
-    if step == fail_step and context.world.rank == rank:
-        FAULTS[os.environ.get("CROSSTRAIN_TEST_FAULT", "raise")](step)
+    if step != fail_step or context.world.rank != rank:
+        return
+    once = os.environ.get("CROSSTRAIN_TEST_FAIL_ONCE")
+    if once:
+        if Path(once).exists():
+            return
+        Path(once).touch()
+    FAULTS[os.environ.get("CROSSTRAIN_TEST_FAULT", "raise")](step)

@@ -156,3 +156,39 @@ def write_images(directory: str, rows: int = 320, seed: int = 0) -> None:
     images = rng.integers(0, 128, size=(rows, 8, 8, 3)) + labels[:, None, None, None] * 12
     np.save(os.path.join(directory, "images.npy"), images.astype(np.uint8))
     np.save(os.path.join(directory, "labels.npy"), labels)
+
+
+NAN_ROW_PLAN = """
+name = "nan_row_mlp"
+seed = 4
+[model]
+input_shape = [64]
+layers = [{ type = "dense", units = 32 }, { type = "relu" }, { type = "dense", units = 10 }]
+[data]
+source = "npz"
+path = "nan_row.npz"
+eval_fraction = 0.0
+[optimizer]
+name = "sgd"
+lr = 0.05
+momentum = 0.9
+[train]
+global_batch_size = 32
+epochs = 1
+[output]
+log_every_steps = 4
+checkpoint_every_steps = 5
+"""
+
+
+def write_nan_row_data(path: str, row: int = 300) -> None:
+    """NAN_ROW_PLAN's data: the 1,797 digits, one row of them a corrupt record that passes
+    the load check (finite, as NaN would be refused there) but overflows float32 in the first
+    layer, so the loss of the step that holds it is not finite on every backend."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    x[row] = 3e38
+    np.savez(path, x=x, y=y.astype(np.int64))

@@ -248,7 +248,9 @@ def _elementwise(function: Callable[[jax.Array], jax.Array]) -> Builder:
 
 
 def _relu(x: jax.Array) -> jax.Array:
-    return jnp.where(x > 0, x, 0)  # gradient 0 at 0, as torch's (jnp.maximum splits it)
+    # gradient 0 at 0, as torch's (jnp.maximum splits it); NaN stays NaN, as in torch, so a
+    # corrupt row shows in the loss instead of poisoning the weights silently
+    return jnp.where(x <= 0, 0, x)
 
 
 def _gelu(x: jax.Array) -> jax.Array:

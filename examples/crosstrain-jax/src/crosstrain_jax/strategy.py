@@ -201,6 +201,41 @@ class JaxStrategy:
 
         state.params, state.buffers = place(state.params), place(state.buffers)
 
+    def optimizer_state(self, state: JaxState) -> dict[str, np.ndarray]:
+        """crosstrain's neutral names: ``optimizer.{weight}.{slot}`` and ``optimizer.step``;
+        this backend's slots already carry core's slot names."""
+        import jax
+
+        host = jax.device_get(state.optimizer_state)
+        tensors = {f"optimizer.{name}.{slot}": np.array(value, dtype=np.float32)
+                   for slot, tree in host.items() for name, value in tree.items()}
+        tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
+        return tensors
+
+    def load_optimizer_state(self, state: JaxState, tensors: Mapping[str, np.ndarray]) -> None:
+        import jax
+
+        known = {f"optimizer.{name}.{slot}" for slot, tree in state.optimizer_state.items()
+                 for name in tree}
+        given = {name for name in tensors
+                 if name.startswith("optimizer.") and name != "optimizer.step"}
+        if given - known:
+            raise PlanError(f"optimizer slots that this model has not: {sorted(given - known)}")
+
+        def slot_value(key: str, like: jax.Array) -> jax.Array:
+            # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
+            value = tensors.get(key)
+            array = (np.zeros(like.shape, np.float32) if value is None
+                     else np.asarray(value, np.float32))
+            return jax.device_put(array, state.replicated)
+
+        state.optimizer_state = {
+            slot: {name: slot_value(f"optimizer.{name}.{slot}", value)
+                   for name, value in tree.items()}
+            for slot, tree in state.optimizer_state.items()
+        }
+        state.optimizer_steps = int(np.asarray(tensors.get("optimizer.step", 0)))
+
 
 def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
     """Arrays laid out on the mesh: axis i split over the mesh axis named at i (None: whole)."""

@@ -118,6 +118,11 @@ def _neutral_variables(model: keras.Model) -> dict[str, Any]:
     return {variable.path: variable for variable in model.weights}
 
 
+def neutral_variables(model: keras.Model) -> dict[str, Any]:
+    """Neutral weight name -> Keras variable (a native model's: its variable paths)."""
+    return _neutral_variables(model)
+
+
 def load_neutral(model: keras.Model, plan: Plan, weights: Mapping[str, np.ndarray]) -> None:
     """Assign neutral weights (moving statistics included) to the model.
 

@@ -29,7 +29,7 @@ from crosstrain.backends.tf.optimizer import (
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.strategy import OPTIMIZER_SLOTS, FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
@@ -195,6 +195,50 @@ class TfStrategy:
         with self.distribution.scope():
             load_neutral(state.model, state.plan, tensors)
 
+    def optimizer_state(self, state: TfState) -> dict[str, np.ndarray]:
+        tensors: dict[str, np.ndarray] = {
+            f"optimizer.{neutral}.{slot}": np.asarray(variable.numpy(), np.float32)
+            for neutral, slot, variable in self._named_slots(state)
+        }
+        tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
+        if state.loss_scale is not None:
+            tensors["loss_scale.scale"] = np.asarray(state.loss_scale.scale, np.float64)
+            tensors["loss_scale.growth_tracker"] = np.asarray(state.loss_scale.finite_steps, np.int64)
+        return tensors
+
+    def load_optimizer_state(self, state: TfState, tensors: Mapping[str, np.ndarray]) -> None:
+        named = {
+            f"optimizer.{neutral}.{slot}": variable for neutral, slot, variable in self._named_slots(state)
+        }
+        given = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
+        if given - set(named):
+            raise KeyError(f"no tf variable for optimizer slots {sorted(given - set(named))}")
+        with self.distribution.scope():
+            for name, variable in named.items():
+                # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
+                value = tensors.get(name)
+                variable.assign(np.zeros(variable.shape, np.float32) if value is None else value)
+        state.optimizer_steps = int(np.asarray(tensors.get("optimizer.step", 0)))
+        if state.loss_scale is not None and "loss_scale.scale" in tensors:
+            state.loss_scale.scale = float(tensors["loss_scale.scale"])
+            state.loss_scale.finite_steps = int(tensors.get("loss_scale.growth_tracker", 0))
+
+    def skips_nonfinite_steps(self) -> bool:
+        return True
+
+    def _named_slots(self, state: TfState) -> list[tuple[str, str, Any]]:
+        """(neutral weight name, neutral slot name, slot variable) for every slot."""
+        from crosstrain.backends.tf.model import neutral_variables
+
+        names = OPTIMIZER_SLOTS[state.plan.optimizer.name]
+        position = {id(variable): index for index, variable in enumerate(state.model.trainable_variables)}
+        named = []
+        for neutral, variable in neutral_variables(state.model).items():
+            index = position.get(id(variable))
+            if index is not None:
+                named += [(neutral, names[k], slot) for k, slot in enumerate(state.slots[index])]
+        return named
+
     # ----------------------------------------------------------------- compiled functions
 
     def _train_function(
@@ -212,6 +256,9 @@ class TfStrategy:
         distribution, local = self.distribution, self.world.local_replicas
         train, loss_name = plan.train, plan.loss.name
         scaled = train.precision == "fp16"
+        # fp16 skips an overflowing step (as GradScaler does); on_nonfinite = "skip" any
+        # step whose summed gradients are not finite
+        guarded = scaled or train.on_nonfinite == "skip"
         rule = update_rule(plan.optimizer)
         keras_variables = list(model.trainable_variables)
 
@@ -253,6 +300,7 @@ class TfStrategy:
             finite = tf.constant(True)
             if scaled:
                 grads = [g * (1.0 / scalars[LOSS_SCALE]) for g in grads]
+            if guarded:
                 finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
             if train.clip_grad_norm is not None:
                 grads = clip_like_torch(grads, train.clip_grad_norm)
@@ -260,7 +308,7 @@ class TfStrategy:
 
         def apply(variable: Any, grad: Any, finite: Any, scalars: Any, *state: Any) -> Any:
             value, new_state = rule(variable, grad, state, scalars)
-            if scaled:  # an inf/nan step is skipped, as GradScaler skips optimizer.step()
+            if guarded:  # an inf/nan step is skipped, as GradScaler skips optimizer.step()
                 value = tf.where(finite, value, variable)
                 new_state = tuple(
                     tf.where(finite, new, old) for new, old in zip(new_state, state, strict=True)

@@ -42,7 +42,7 @@ from crosstrain.core.errors import (
 from crosstrain.core.heartbeat import HEARTBEAT_DIR, collective_timeout
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
-from crosstrain.core.worker import run_worker
+from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
 from crosstrain.launch.reports import describe_exit
 
@@ -94,6 +94,11 @@ def launch(job: Job) -> RunResult:
         world_size = int(os.environ["WORLD_SIZE"])
         return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
     processes = job.replicas
+    if job.max_restarts > 0:
+        # A restarted group on the agent's shared store can read the dead workers' gloo
+        # addresses (measured: "Connection refused" in connectFullMesh, 1 restart in 2);
+        # without sharing, each round's rank 0 hosts a fresh store. Read by the agent here.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _quiet_elastic_logs()
     with launch_folder("torch") as folder, _watched(folder, processes, job.timeout_seconds) as stalls:
         try:
@@ -114,7 +119,7 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         rdzv_configs={"timeout": max(1, math.ceil(job.timeout_seconds))},
-        max_restarts=0,
+        max_restarts=job.max_restarts,  # each restart resumes (see _worker)
         monitor_interval=0.1,
         start_method="spawn",
         # the agent's logs and error files in the launch folder, removed with it (by default
@@ -197,6 +202,7 @@ def _worker(job: Job) -> dict[str, Any]:
     """Entry point of each worker process: join the group, train, leave the group."""
     _die_with_launcher()
     world, device = _join_group(job)
+    job = attempt_job(job, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     try:
         return run_worker(TorchStrategy(world=world, device=device), job)
     finally:

@@ -141,3 +141,30 @@ def correct_per_row(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     """How many of each row's target positions the argmax of the logits gets right."""
     hits = outputs.argmax(dim=-1) == targets.reshape(outputs.shape[:-1])
     return hits.reshape(outputs.shape[0], -1).sum(dim=1)
+
+
+def neutral_parameters(
+    module: nn.Module, plan: Plan
+) -> dict[str, tuple[nn.Parameter, tuple[int, ...] | None]]:
+    """Neutral name -> (the trainable parameter, axes neutral -> torch): what optimizer
+    slots are named and laid out by. A native model's names are its own."""
+    params = dict(module.named_parameters())
+    if plan.model.native is not None:
+        return {name: (param, None) for name, param in params.items()}
+    return {
+        neutral: (params[native], axes)
+        for neutral, (native, axes) in _layouts(plan).items()
+        if native in params
+    }
+
+
+def to_neutral(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray:
+    """A tensor shaped like a parameter, as a float32 numpy copy in the neutral layout."""
+    array = tensor.detach().float().cpu().numpy().copy()
+    return np.ascontiguousarray(np.transpose(array, _inverse(axes)) if axes else array)
+
+
+def from_neutral(array: np.ndarray, axes: tuple[int, ...] | None, like: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`to_neutral`, on ``like``'s device and in its dtype."""
+    native = np.ascontiguousarray(np.transpose(array, axes) if axes else array)
+    return torch.from_numpy(native).to(device=like.device, dtype=like.dtype)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
+import numpy as np
 import torch
 
 from crosstrain.core.plan import OptimizerSpec
@@ -50,3 +51,71 @@ def make_optimizer(
     """The plan's optimizer over the trainable parameters (batch norm's running statistics
     are buffers, never optimized); ``fused`` on CUDA under ``train.compile``."""
     return OPTIMIZERS[spec.name](list(module.parameters()), spec, fused)
+
+
+#: torch.optim's state key -> crosstrain's neutral slot name (core.strategy.OPTIMIZER_SLOTS)
+TORCH_SLOTS: dict[str, str] = {
+    "momentum_buffer": "momentum",
+    "exp_avg": "exp_avg",
+    "exp_avg_sq": "exp_avg_sq",
+}
+Layouts = Mapping[str, tuple[torch.nn.Parameter, tuple[int, ...] | None]]
+
+
+def neutral_optimizer_state(
+    optimizer: torch.optim.Optimizer, parameters: Layouts, counted_steps: int
+) -> dict[str, np.ndarray]:
+    """Slots as ``optimizer.{weight}.{slot}`` in the weights' neutral layouts, and
+    ``optimizer.step``: Adam's own count when it keeps one, else the steps counted here."""
+    from crosstrain.backends.torch.model import to_neutral
+
+    tensors: dict[str, np.ndarray] = {}
+    steps: list[int] = []
+    for neutral, (param, axes) in parameters.items():
+        saved = optimizer.state.get(param, {})
+        for native, slot in TORCH_SLOTS.items():
+            if saved.get(native) is not None:
+                tensors[f"optimizer.{neutral}.{slot}"] = to_neutral(saved[native], axes)
+        if "step" in saved:
+            steps.append(int(float(saved["step"])))
+    tensors["optimizer.step"] = np.asarray(max(steps, default=counted_steps), np.int64)
+    return tensors
+
+
+def load_neutral_optimizer_state(
+    optimizer: torch.optim.Optimizer, parameters: Layouts, tensors: Mapping[str, np.ndarray]
+) -> int:
+    """Set torch.optim's state from neutral slots; return the optimizer step count."""
+    from crosstrain.backends.torch.model import from_neutral
+
+    step = int(np.asarray(tensors.get("optimizer.step", 0)))
+    slots = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
+    known = {f"optimizer.{neutral}.{slot}" for neutral in parameters for slot in TORCH_SLOTS.values()}
+    if slots - known:
+        raise KeyError(f"no torch parameter for optimizer slots {sorted(slots - known)}")
+    counts_steps = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+    # fused Adam keeps its count as float32 on the parameters' device
+    fused = any(group.get("fused") for group in optimizer.param_groups)
+    for neutral, (param, axes) in parameters.items():
+        entry: dict[str, torch.Tensor] = {}
+        for native, slot in TORCH_SLOTS.items():
+            key = f"optimizer.{neutral}.{slot}"
+            if key in tensors:
+                entry[native] = from_neutral(tensors[key], axes, param)
+        if entry and counts_steps:  # Adam's bias corrections read this count
+            entry["step"] = (
+                torch.tensor(float(step), dtype=torch.float32, device=param.device)
+                if fused
+                else torch.tensor(float(step), dtype=torch.get_default_dtype())
+            )
+        if entry:
+            optimizer.state[param] = entry
+        else:
+            optimizer.state.pop(param, None)
+    return step
+
+
+def grads_finite(parameters: Iterable[torch.nn.Parameter]) -> bool:
+    """Whether every gradient (summed across replicas) is finite: one host read."""
+    checks = [torch.isfinite(p.grad).all() for p in parameters if p.grad is not None]
+    return bool(torch.stack(checks).all()) if checks else True

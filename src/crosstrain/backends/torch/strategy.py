@@ -36,6 +36,7 @@ class TorchState:
     plan: Plan
     feed: Feed  # where the data sits and how a batch's rows reach the device
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
+    optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
 
     def set_training(self, training: bool) -> None:
         """train()/eval() walk every submodule: only when the mode changes, not every step."""
@@ -164,7 +165,11 @@ class TorchStrategy:
                 (state.scaler.scale(scaled) if state.scaler else scaled).backward()  # type: ignore[no-untyped-call]
             micro_sum = micro_sum.detach().double()
             loss_sum = micro_sum if loss_sum is None else loss_sum + micro_sum
-        self._optimizer_step(state)
+        if self._skip_nonfinite(state):
+            state.optimizer.zero_grad(set_to_none=True)
+        else:
+            self._optimizer_step(state)
+            state.optimizer_steps += 1
         assert loss_sum is not None  # a step has at least one micro-batch
         # stays on the device: NCCL's all-reduce does not block the host, and the loop reads
         # a chunk of steps at once (resolve_metrics)
@@ -286,7 +291,49 @@ class TorchStrategy:
 
         load_neutral(state.module, state.plan, tensors)
 
+    def optimizer_state(self, state: TorchState) -> dict[str, np.ndarray]:
+        from crosstrain.backends.torch.model import neutral_parameters
+        from crosstrain.backends.torch.optimizer import neutral_optimizer_state
+
+        tensors = neutral_optimizer_state(
+            state.optimizer, neutral_parameters(state.module, state.plan), state.optimizer_steps
+        )
+        if state.scaler is not None:
+            scaler = state.scaler.state_dict()
+            tensors["loss_scale.scale"] = np.asarray(scaler["scale"], np.float64)
+            tensors["loss_scale.growth_tracker"] = np.asarray(scaler["_growth_tracker"], np.int64)
+        return tensors
+
+    def load_optimizer_state(self, state: TorchState, tensors: Mapping[str, np.ndarray]) -> None:
+        from crosstrain.backends.torch.model import neutral_parameters
+        from crosstrain.backends.torch.optimizer import load_neutral_optimizer_state
+
+        parameters = neutral_parameters(state.module, state.plan)
+        state.optimizer_steps = load_neutral_optimizer_state(state.optimizer, parameters, tensors)
+        if state.scaler is not None and "loss_scale.scale" in tensors:
+            scaler = state.scaler.state_dict()
+            scaler["scale"] = float(tensors["loss_scale.scale"])
+            scaler["_growth_tracker"] = int(tensors.get("loss_scale.growth_tracker", 0))
+            state.scaler.load_state_dict(scaler)
+
+    def skips_nonfinite_steps(self) -> bool:
+        return True
+
+    def restarts_workers(self) -> bool:
+        """The elastic agent restarts the group (LaunchConfig.max_restarts); under an outside
+        torchrun, torchrun's own ``--max-restarts`` does, and the restarted workers resume."""
+        return True
+
     # ----------------------------------------------------------------- helpers
+
+    def _skip_nonfinite(self, state: TorchState) -> bool:
+        """``on_nonfinite = "skip"``: a step whose summed gradients are not finite applies no
+        update (one host read per step, in this mode only; fp16's GradScaler skips on its own)."""
+        from crosstrain.backends.torch.optimizer import grads_finite
+
+        if state.plan.train.on_nonfinite != "skip" or state.scaler is not None:
+            return False
+        return not grads_finite(state.module.parameters())
 
     def _distributed(self) -> bool:
         import torch.distributed as dist

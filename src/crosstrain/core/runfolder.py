@@ -1,0 +1,93 @@
+"""The run folder: never silently reused, never shared by two runs at once.
+
+A folder that holds a run (any of :data:`RUN_OUTPUTS`) is an error unless the run resumes
+it (``--resume``: it must hold a complete checkpoint) or replaces it (``--overwrite``, which
+removes those outputs and nothing else: a plan file kept beside them stays).
+While a run is in progress its launcher holds an exclusive lock on
+``.crosstrain.lock`` in the folder; a second run into the same folder is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from crosstrain.core.checkpoint import last_checkpoint
+from crosstrain.core.errors import CrosstrainError
+
+LOCK_FILE = ".crosstrain.lock"
+#: what a run writes into its folder (built-in plugins included)
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "summary.json",
+    "model.safetensors",
+    "checkpoints",
+    "tensorboard",
+)
+
+
+class RunFolderError(CrosstrainError):
+    """A run folder that cannot be used as asked: in use, already used, nothing to resume."""
+
+    exit_code = 2
+
+
+@contextlib.contextmanager
+def open_run_folder(out_dir: Path, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
+    """Create (or check, or clear) the run folder and hold its lock for the block."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    out_dir = Path(out_dir)
+    if resume and not out_dir.is_dir():
+        raise RunFolderError(f"--resume: no run folder {out_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(out_dir):
+        _check_contents(out_dir, resume, overwrite)
+        yield out_dir
+
+
+def _check_contents(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    existing = [out_dir / name for name in RUN_OUTPUTS if (out_dir / name).exists()]
+    if resume:
+        if last_checkpoint(out_dir) is None:
+            raise RunFolderError(
+                f"--resume: {out_dir} has no complete checkpoint (set output.checkpoint_every_steps); "
+                f"--overwrite starts it again"
+            )
+        return
+    if existing and not overwrite:
+        raise RunFolderError(
+            f"run folder {out_dir} already holds a run; --resume continues it, --overwrite replaces it"
+        )
+    for child in existing:
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    """An exclusive, non-blocking lock: the kernel releases it when this process dies, so a
+    killed run never leaves the folder locked."""
+    path = out_dir / LOCK_FILE
+    handle: IO[str] = path.open("a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise RunFolderError(f"run folder {out_dir} is in use by another run (pid {holder})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()

@@ -1,0 +1,60 @@
+"""The run folder: never silently reused, never shared by two runs at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from crosstrain.core.runfolder import RunFolderError, open_run_folder
+
+
+def test_a_new_or_empty_folder_is_used(tmp_path: Path) -> None:
+    (tmp_path / "plan.toml").write_text("")  # a user's file beside the run is no run
+    with open_run_folder(tmp_path / "new"), open_run_folder(tmp_path):
+        pass
+    assert (tmp_path / "plan.toml").exists()
+
+
+def test_a_folder_holding_a_run_needs_resume_or_overwrite(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "plan.toml").write_text("")
+    with pytest.raises(RunFolderError, match="already holds a run; --resume continues it, --overwrite"):
+        open_run_folder(tmp_path).__enter__()
+    with pytest.raises(RunFolderError, match="has no complete checkpoint"):
+        open_run_folder(tmp_path, resume=True).__enter__()
+    with open_run_folder(tmp_path, overwrite=True):
+        assert not (tmp_path / "metrics.jsonl").exists()
+    assert (tmp_path / "plan.toml").exists()  # overwrite removes run outputs only
+
+
+def test_resume_needs_an_existing_folder(tmp_path: Path) -> None:
+    with pytest.raises(RunFolderError, match="no run folder"):
+        open_run_folder(tmp_path / "missing", resume=True).__enter__()
+
+
+def test_two_runs_cannot_share_a_folder(tmp_path: Path) -> None:
+    code = (
+        "import sys; from crosstrain.core.runfolder import open_run_folder\n"
+        "try:\n    open_run_folder(sys.argv[1]).__enter__()\n"
+        "except Exception as error:\n    print(error)"
+    )
+    with open_run_folder(tmp_path):
+        other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert "is in use by another run (pid " in other.stdout, other.stderr
+    with open_run_folder(tmp_path):  # released when the first run ends
+        pass
+
+
+def test_the_plans_output_dir_is_the_default_run_folder(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    from crosstrain.api import make_job
+    from crosstrain.core.plan import load_plan
+
+    plan = load_plan(write_plan(), [f"output.dir='{tmp_path / 'planned'}'"])
+    assert make_job(plan, "torch").out_dir == str(tmp_path / "planned")
+    assert make_job(plan, "torch", out=tmp_path / "flag").out_dir == str(tmp_path / "flag")  # --out wins
