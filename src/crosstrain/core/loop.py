@@ -11,7 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -24,9 +24,9 @@ from crosstrain.core.data import (
     ArrayDataset,
     Datasets,
     GlobalSampler,
+    StepBatch,
     eval_batches,
     load_datasets,
-    StepBatch,
     shard,
     step_batch,
 )
@@ -44,6 +44,7 @@ from crosstrain.core.strategy import (
 )
 
 CHECKPOINT_FILE = "model.safetensors"
+_T = TypeVar("_T")
 
 
 def total_steps(plan: Plan, train_rows: int) -> int:
@@ -239,7 +240,9 @@ def _train_epoch(
         log.loss_sum, log.real_rows = progress.epoch_loss_sum, progress.epoch_real_rows
     clock = time.perf_counter()
     try:
-        for (index, batch), upcoming in _with_next(_epoch_steps(context, datasets, sampler, epoch, progress.step)):
+        for (index, batch), upcoming in _with_next(
+            _epoch_steps(context, datasets, sampler, epoch, progress.step)
+        ):
             if upcoming is not None and isinstance(strategy, PrefetchesBatches):
                 strategy.prefetch(state, upcoming[1])
             lr = schedule(progress.step)
@@ -301,23 +304,27 @@ def _epoch_steps(
             continue
         if step >= context.total_steps:
             return
-        yield index, step_batch(
-            datasets.train,
-            indices,
-            weight,
-            world.process_index,
-            world.process_count,
-            plan.train.grad_accum_steps,
-            step=step,
+        yield (
+            index,
+            step_batch(
+                datasets.train,
+                indices,
+                weight,
+                world.process_index,
+                world.process_count,
+                plan.train.grad_accum_steps,
+                step=step,
+            ),
         )
         step += 1
 
 
-def _with_next(steps: Iterator[tuple[int, StepBatch]]) -> Iterator[tuple[tuple[int, StepBatch], tuple[int, StepBatch] | None]]:
-    """Each step with the one after it (None for the last), so its rows can be prefetched."""
-    current = next(steps, None)
+def _with_next(items: Iterator[_T]) -> Iterator[tuple[_T, _T | None]]:
+    """Each item with the one after it (None for the last): the next step's rows can be
+    prefetched while this one runs."""
+    current = next(items, None)
     while current is not None:
-        upcoming = next(steps, None)
+        upcoming = next(items, None)
         yield current, upcoming
         current = upcoming
 
