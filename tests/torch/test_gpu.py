@@ -62,7 +62,6 @@ def test_gpu_request_without_enough_gpus_is_refused(tmp_path: Path) -> None:
 
 
 def test_dropout_masks_on_the_gpu_equal_the_numpy_reference() -> None:
-    import numpy as np
 
     from crosstrain.backends.torch.layers import keep_mask
     from crosstrain.core.dropout import keep_mask as reference
@@ -106,15 +105,21 @@ def test_placement_on_the_gpu_or_prefetched_from_the_host_gives_the_same_losses(
     tmp_path: Path, plan_name: str
 ) -> None:
     """Rows gathered on the GPU from placed arrays, or gathered on the host by the prefetch
-    thread and copied on a side stream: the same rows, the same bits."""
-    from crosstrain.testing.conformance import write_plan
+    threads and copied on a side stream: the same rows. Not the same bits: measured on an
+    H200, two runs of the residual network with the *same* placement already differ by
+    2e-7 (cuDNN's convolution backward is not deterministic), so the runs agree within the
+    world tolerance; a wrong or stale row would move the loss by far more."""
+    from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan
+    from crosstrain.testing.runs import assert_same_eval, max_relative_difference
 
     plan = write_plan(tmp_path, plan_name)
     placed = _run_on_gpu(plan, tmp_path / "device", "data.placement='device'", "train.max_steps=20")
     hosted = _run_on_gpu(plan, tmp_path / "host", "data.placement='host'", "train.max_steps=20")
-    assert len(step_losses(placed)) == 20
-    assert np.array_equal(step_losses(placed), step_losses(hosted))
-    assert summary(placed)["eval"] == summary(hosted)["eval"]
+    assert len(step_losses(placed)) == len(step_losses(hosted)) == summary(placed)["steps"] > 10
+    assert max_relative_difference(step_losses(hosted), step_losses(placed)) <= WORLD_TOLERANCE
+    assert_same_eval(
+        summary(hosted)["eval"], summary(placed)["eval"], loss_tolerance=WORLD_TOLERANCE, flips=1
+    )
     report = summary(hosted)["ranks"][0]
     assert report["peak_device_memory_bytes"] > 0
 
