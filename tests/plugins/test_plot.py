@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import struct
+import sys
 from pathlib import Path
 
 import pytest
 
+from crosstrain import CrosstrainError
 from crosstrain.compare import write_compare_file
 from crosstrain.core.plan import load_plan
 from crosstrain.plugins.plot import FIGURE_DPI, FIGURE_INCHES, RunDirError, build_figure, plot_runs
@@ -147,3 +149,13 @@ def test_a_repeated_run_in_one_folder_plots_the_last_one_and_skips_nan(tmp_path:
     line = figure.axes[0].get_lines()[0]
     assert (list(line.get_xdata()), list(line.get_ydata())) == ([1, 3], [0.9, 0.7])
     assert figure.axes[2].get_lines() == []  # the plan had no accuracy metric
+
+
+def test_without_matplotlib_the_error_names_the_plot_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = write_run(tmp_path / "run", [1.0, 0.5])
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    with pytest.raises(CrosstrainError, match=re.escape("pip install 'crosstrain[plot]'")):
+        plot_runs([run], tmp_path / "curves.png")
