@@ -4,8 +4,19 @@ crosstrain run examples/digits_cnn.py --backend torch --nproc 2
 crosstrain run examples/digits_cnn.py --backend tf    --nproc 2
 """
 
-from crosstrain import DataSpec, ModelSpec, OptimizerSpec, Plan, ScheduleSpec, TrainSpec
-from crosstrain.core.layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
+from crosstrain import (
+    Conv2D,
+    DataSpec,
+    Dense,
+    Flatten,
+    MaxPool2D,
+    ModelSpec,
+    OptimizerSpec,
+    Plan,
+    ReLU,
+    ScheduleSpec,
+    TrainSpec,
+)
 
 plan = Plan(
     name="digits_cnn",

@@ -1,7 +1,12 @@
-"""`crosstrain compare`: one plan on several backends, per-step losses side by side, and a verdict."""
+"""`crosstrain compare`: one plan on several backends, per-step losses side by side, and a verdict.
+
+Each backend runs into its own subfolder of the compare folder; ``compare.json`` there lists
+them in order (the reference first), so ``crosstrain plot COMPARE_DIR`` draws them all.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,11 +17,15 @@ from rich.console import Console
 from rich.table import Table
 
 from crosstrain.api import check_backend_can_run, make_job, run_job
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import DeviceChoice, PluginSelection
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
-from crosstrain.plugins.metrics import read_metrics
+from crosstrain.plugins.metrics import METRICS_FILE, read_metrics
+
+COMPARE_FILE = "compare.json"
+# compare reads each run's per-step losses from what this plugin writes
+METRICS_PLUGIN = "metrics"
 
 
 @attrs.frozen
@@ -86,10 +95,14 @@ def run_backends(
     """Run the plan once per backend, each into ``out_root/BACKEND``."""
     if len(backends) < 2:
         raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
+    if METRICS_PLUGIN in plugins.disabled:
+        raise InputError(
+            f"compare reads each run's per-step losses from {METRICS_FILE}, which the "
+            f"{METRICS_PLUGIN!r} plugin writes: drop -p no:{METRICS_PLUGIN}"
+        )
     jobs = []
-    for index, backend in enumerate(backends):
-        # the same backend twice (a determinism check) must not share, and append to, one folder
-        folder = backend if backends.count(backend) == 1 else f"{backend}-{index}"
+    folders = run_folders(backends)
+    for backend, folder in zip(backends, folders, strict=True):
         job = make_job(
             plan,
             backend,
@@ -103,12 +116,42 @@ def run_backends(
         # every backend must exist and accept the plan before the first run starts
         check_backend_can_run(get_backend(manager, backend)(), job)
         jobs.append(job)
+    write_compare_file(out_root, plan, backends, folders)
     runs = []
     for job in jobs:
         backend = job.backend
         summary = run_job(job, manager)
         runs.append(BackendRun(backend, summary, read_step_losses(Path(job.out_dir))))
     return runs
+
+
+def run_folders(backends: Sequence[str]) -> list[str]:
+    """Each backend's subfolder: its name, or name-index where one backend runs twice (a
+    determinism check must not share, and append to, one folder)."""
+    return [
+        backend if backends.count(backend) == 1 else f"{backend}-{index}"
+        for index, backend in enumerate(backends)
+    ]
+
+
+def write_compare_file(out_root: Path, plan: Plan, backends: Sequence[str], folders: Sequence[str]) -> None:
+    out_root.mkdir(parents=True, exist_ok=True)
+    runs = [{"backend": backend, "folder": folder} for backend, folder in zip(backends, folders, strict=True)]
+    text = json.dumps({"plan": plan.name, "runs": runs}, indent=2) + "\n"
+    (out_root / COMPARE_FILE).write_text(text, encoding="utf-8")
+
+
+def compare_run_folders(folder: Path) -> list[Path] | None:
+    """The run folders of a compare folder, the reference first; None when ``folder`` is
+    not one."""
+    path = folder / COMPARE_FILE
+    if not path.is_file():
+        return None
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+        return [folder / str(run["folder"]) for run in runs]
+    except (ValueError, KeyError, TypeError) as error:
+        raise InputError(f"{path}: not a compare file ({type(error).__name__}: {error})") from None
 
 
 def print_comparison(

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from crosstrain.compare import BackendRun, compare_pair
+from tests.conftest import EXAMPLES, run_cli
 
 
 def _run(backend: str, losses: list[float], eval_loss: float = 0.5, accuracy: float = 0.9) -> BackendRun:
@@ -42,3 +43,16 @@ def test_a_folder_reused_by_a_second_run_yields_the_last_run_only(tmp_path: Path
     lines = [json.dumps(record) for record in first + second + evaluation]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert read_step_losses(tmp_path).tolist() == [1.0, 2.0]
+
+
+def test_compare_without_the_metrics_plugin_says_why_not_in_one_line(tmp_path: Path) -> None:
+    plan = str(EXAMPLES / "digits_mlp.toml")
+    result = run_cli(
+        "-p", "no:metrics", "compare", plan, "--backends", "torch,tf", "--out", str(tmp_path / "c")
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "crosstrain: error: compare reads each run's per-step losses from metrics.jsonl, which the "
+        "'metrics' plugin writes: drop -p no:metrics"
+    ]
+    assert not (tmp_path / "c").exists()  # refused before anything is written

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,39 @@ def test_example_plan_is_valid(path: Path) -> None:
 
 def test_there_are_toml_and_python_examples() -> None:
     assert {path.suffix for path in PLANS} == {".toml", ".py"}
+
+
+def test_examples_and_readme_import_only_from_crosstrain_itself() -> None:
+    """What users and backend authors need is exported by ``crosstrain``; what they copy
+    from the examples and the README never reaches into ``crosstrain.core``."""
+    shown = [EXAMPLES.parent / "README.md", EXAMPLES / "crosstrain-jax" / "README.md"]
+    shown += sorted(EXAMPLES.glob("*.py")) + sorted((EXAMPLES / "crosstrain-jax" / "src").rglob("*.py"))
+    offenders = [
+        f"{path.relative_to(EXAMPLES.parent)}:{number}"
+        for path in shown
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"(from|import) crosstrain\.core\b|crosstrain\.core\.\w", line)
+    ]
+    assert offenders == []
+
+
+def test_the_public_names_cover_plans_plugins_and_backends() -> None:
+    import crosstrain
+    from crosstrain.core import layers, strategy
+
+    assert all(hasattr(crosstrain, name) for name in crosstrain.__all__)
+    public = set(crosstrain.__all__)
+    layer_classes = {name for name, value in vars(layers).items() if _is_public_subclass(value, layers.Layer)}
+    assert layer_classes <= public
+    protocols = {
+        name
+        for name, value in vars(strategy).items()
+        if getattr(value, "_is_protocol", False) and value.__module__ == strategy.__name__
+    }
+    assert protocols <= public, protocols - public
+    assert {"RunContext", "PluginSelection", "Job", "World", "RunResult", "NativeModel", "fit"} <= public
+    assert {"CrosstrainError", "PlanError", "BackendError", "WorkerError", "PluginError"} <= public
+
+
+def _is_public_subclass(value: object, base: type) -> bool:
+    return isinstance(value, type) and issubclass(value, base) and not value.__name__.startswith("_")

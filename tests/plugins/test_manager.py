@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.errors import BackendError
-from crosstrain.plugins.manager import backend_registry, make_plugin_manager, selection_from_args
+from crosstrain.plugins.manager import PluginError, backend_registry, make_plugin_manager, selection_from_args
 from tests.conftest import run_cli, worker_env
 
 
@@ -144,3 +144,49 @@ def test_unknown_backend_error_in_process() -> None:
 
     with pytest.raises(BackendError, match=r"unknown backend 'nosuch'; registered backends: .*torch"):
         get_backend(make_plugin_manager(), "nosuch")
+
+
+MISSPELLED = """
+import crosstrain
+@crosstrain.hookimpl
+def crosstrain_step_ended(context, step, epoch, lr, metrics):
+    pass
+"""
+
+
+def test_a_plugin_asked_for_by_name_that_does_not_load_is_an_error() -> None:
+    with pytest.raises(
+        PluginError, match=r"^-p nosuch: plugin 'nosuch' .*No module named 'nosuch'"
+    ) as caught:
+        make_plugin_manager(selection_from_args(["nosuch"]))
+    assert caught.value.exit_code == 2
+    result = run_cli("-p", "nosuch", "backends")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "crosstrain: error: -p nosuch: plugin 'nosuch' from distribution '(-p)' failed to load: "
+        "ModuleNotFoundError: No module named 'nosuch'"
+    ]
+
+
+def test_a_misspelled_hook_is_an_error_naming_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "misspelled.py").write_text(MISSPELLED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError) as caught:
+        make_plugin_manager(selection_from_args(["misspelled"]))
+    assert str(caught.value).startswith(
+        "plugin 'misspelled' from distribution '(-p)' implements unknown hook 'crosstrain_step_ended' "
+        "(did you mean 'crosstrain_step_end'?); crosstrain's hooks: "
+    )
+    assert caught.value.exit_code == 2
+
+
+def test_an_installed_plugin_with_a_misspelled_hook_stops_the_cli(tmp_path: Path) -> None:
+    site = tmp_path / "typo-site"
+    _install_fake_distribution(site, "typo-plugin", {"typo": "typo_plugin"}, {"typo_plugin": MISSPELLED})
+    result = run_cli("backends", env=_env(site))
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("crosstrain: error: plugin 'typo' from distribution 'typo-plugin' implements")
+    assert run_cli("-p", "no:typo", "backends", env=_env(site)).returncode == 0  # blocking it is the way out

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import struct
+import sys
 from pathlib import Path
 
 import pytest
 
+from crosstrain import CrosstrainError
+from crosstrain.compare import write_compare_file
+from crosstrain.core.plan import load_plan
 from crosstrain.plugins.plot import FIGURE_DPI, FIGURE_INCHES, RunDirError, build_figure, plot_runs
 from tests.conftest import EXAMPLES, run_cli
 
@@ -62,8 +65,8 @@ def test_each_panel_has_one_labelled_line_per_run(two_runs: list[Path]) -> None:
         (title, "step", y_label) for title, y_label in PANELS
     ]
     for axes in figure.axes:
-        assert [line.get_label() for line in axes.get_lines()] == ["torch x1", "torch x2"]
-        assert [text.get_text() for text in axes.get_legend().get_texts()] == ["torch x1", "torch x2"]
+        assert [line.get_label() for line in axes.get_lines()] == ["x1", "x2"]
+        assert [text.get_text() for text in axes.get_legend().get_texts()] == ["x1", "x2"]
     train_loss, eval_loss, eval_accuracy = figure.axes
     records = [json.loads(line) for line in (two_runs[0] / "metrics.jsonl").read_text().splitlines()]
     line = train_loss.get_lines()[0]
@@ -75,13 +78,6 @@ def test_each_panel_has_one_labelled_line_per_run(two_runs: list[Path]) -> None:
         for record in map(json.loads, (two_runs[1] / "metrics.jsonl").read_text().splitlines())
         if "eval" in record
     ]
-
-
-@pytest.mark.torch
-def test_runs_that_would_share_a_label_are_told_apart_by_folder(two_runs: list[Path], tmp_path: Path) -> None:
-    again = shutil.copytree(two_runs[1], tmp_path / "again")
-    labels = [line.get_label() for line in build_figure([two_runs[1], again]).axes[0].get_lines()]
-    assert labels == ["torch x2 (x2)", "torch x2 (again)"]
 
 
 # --------------------------------------------------------------------------- without a framework
@@ -103,7 +99,39 @@ def test_a_folder_without_metrics_is_named_in_the_error(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match=re.escape(f"{tmp_path / 'empty'}: has no metrics.jsonl")) as caught:
         plot_runs([good, tmp_path / "empty"], tmp_path / "curves.png")
     assert caught.value.exit_code == 2
+    assert "-p no:metrics" in str(caught.value)  # the likely reason, for a run without the plugin
     assert not (tmp_path / "curves.png").exists()
+
+
+def labels_of(*folders: Path) -> list[str]:
+    return [line.get_label() for line in build_figure(folders).axes[0].get_lines()]
+
+
+def test_each_run_is_labelled_by_its_folder(tmp_path: Path) -> None:
+    """Two torch runs at one world size are told apart by the folders the user named."""
+    first, second = (write_run(tmp_path / "runs" / name, [1.0, 0.5]) for name in ("lr-0.1", "lr-0.2"))
+    assert labels_of(first, second) == ["lr-0.1", "lr-0.2"]
+    assert labels_of(second) == ["lr-0.2"]
+    other = write_run(tmp_path / "elsewhere" / "lr-0.1", [1.0, 0.5])  # the same name, elsewhere
+    assert labels_of(first, other) == ["runs/lr-0.1", "elsewhere/lr-0.1"]
+
+
+def test_a_compare_folder_stands_for_its_runs_the_reference_first(tmp_path: Path) -> None:
+    compare = tmp_path / "cmp"
+    write_compare_file(compare, load_plan(DIGITS), ["torch", "tf", "torch"], ["torch-0", "tf", "torch-2"])
+    for folder, backend in (("torch-0", "torch"), ("tf", "tf"), ("torch-2", "torch")):
+        write_run(compare / folder, [1.0, 0.5], backend=backend)
+    assert labels_of(compare) == ["cmp/torch-0", "cmp/tf", "cmp/torch-2"]
+    alone = write_run(tmp_path / "alone", [2.0, 1.0])
+    assert labels_of(alone, compare) == ["alone", "cmp/torch-0", "cmp/tf", "cmp/torch-2"]
+
+
+def test_plot_works_without_the_metrics_plugin_loaded(tmp_path: Path) -> None:
+    """plot reads the files a run wrote; blocking the plugin for this command changes nothing."""
+    run = write_run(tmp_path / "run", [1.0, 0.5])
+    result = run_cli("-p", "no:metrics", "plot", str(run), "-o", str(tmp_path / "curves.png"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_cli_exits_2_naming_a_missing_folder(tmp_path: Path) -> None:
@@ -121,3 +149,13 @@ def test_a_repeated_run_in_one_folder_plots_the_last_one_and_skips_nan(tmp_path:
     line = figure.axes[0].get_lines()[0]
     assert (list(line.get_xdata()), list(line.get_ydata())) == ([1, 3], [0.9, 0.7])
     assert figure.axes[2].get_lines() == []  # the plan had no accuracy metric
+
+
+def test_without_matplotlib_the_error_names_the_plot_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = write_run(tmp_path / "run", [1.0, 0.5])
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    with pytest.raises(CrosstrainError, match=re.escape("pip install 'crosstrain[plot]'")):
+        plot_runs([run], tmp_path / "curves.png")

@@ -156,6 +156,8 @@ def test_the_option_names_a_folder_or_defaults_to_the_run_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    # what is installed is not this test's concern (the core env has no writer at all)
+    monkeypatch.setattr(tensorboard, "writer_installed", lambda: True)
     out = tmp_path / "out"
 
     def log_dir(*argv: str) -> Path | None:
@@ -172,7 +174,32 @@ def test_without_a_framework_the_error_says_what_to_install(
 ) -> None:
     for module in ("torch", "torch.utils.tensorboard", "tensorflow"):
         monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
-    with pytest.raises(tensorboard.TensorboardError, match="pip install tensorboard") as caught:
+    extra = r"pip install 'crosstrain\[tensorboard\]'"
+    with pytest.raises(tensorboard.TensorboardError, match=extra) as caught:
         tensorboard.open_scalar_writer(tmp_path)
     assert caught.value.exit_code == 2
     assert "torch:" in str(caught.value) and "tensorflow:" in str(caught.value)
+
+
+@pytest.mark.parametrize("missing", [("tensorboard", "tensorflow"), ("torch", "tensorflow")])
+def test_a_missing_writer_is_refused_when_the_option_is_parsed(
+    missing: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before any process starts, naming the extra: torch's writer needs the tensorboard
+    package beside torch, tf.summary needs tensorflow."""
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)  # find_spec now finds nothing
+    assert not tensorboard.writer_installed()
+    assert parse().tensorboard is None  # not asked for: nothing is checked
+    with pytest.raises(SystemExit) as exited:
+        parse("--tensorboard")
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "argument --tensorboard" in error and "pip install 'crosstrain[tensorboard]'" in error
+
+
+def test_a_writer_counts_as_installed_with_tensorflow_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in ("torch", "tensorboard"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setitem(sys.modules, "tensorflow", sys)  # any module object: "installed"
+    assert tensorboard.writer_installed()

@@ -116,7 +116,9 @@ def test_plugin_and_strategy_import_without_tensorflow() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "tf False No module named 'tensorflow' pip install 'crosstrain[tf]'"
+    assert result.stdout.strip() == (
+        "tf False No module named 'tensorflow' pip install 'crosstrain[tf]' (no GPU: 'crosstrain[tf-cpu]')"
+    )
 
 
 def test_a_refused_layout_writes_nothing(write_plan: Callable[..., Path], tmp_path: Path) -> None:

@@ -4,13 +4,12 @@ are the same as for a neutral model."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from crosstrain.testing.plans import GPT_PLAN, write_tokens
-from tests.conftest import run_cli, worker_env
+from tests.conftest import run_cli
 from tests.support import step_losses, summary
 
 pytest.importorskip("tensorflow")
@@ -29,11 +28,10 @@ def test_a_native_keras_language_model_trains_on_two_replicas(tmp_path: Path) ->
     (tmp_path / "plan.toml").write_text(
         GPT_PLAN.replace("layers = [", 'native = { tf = "native_keras_lm:build" }\nlayers = [', 1)
     )
-    env = worker_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    # native_keras_lm.py lies beside the plan, not on PYTHONPATH: the plan's folder is on the path
     out = tmp_path / "run"
     arguments = ["run", str(tmp_path / "plan.toml"), "--backend", "tf", "--nproc", "2", "--out", str(out)]
-    result = run_cli(*arguments, "--device", "cpu", "--set", "train.max_steps=30", env=env)
+    result = run_cli(*arguments, "--device", "cpu", "--set", "train.max_steps=30")
     assert result.returncode == 0, result.stderr
     losses = step_losses(out)
     assert losses[-5:].mean() < losses[:5].mean()

@@ -118,18 +118,9 @@ def test_native_escape_hatch(tmp_path: Path) -> None:
         "    torch='native_models:build')), optimizer=OptimizerSpec(name='adam', lr=0.003),\n"
         "    train=TrainSpec(global_batch_size=64, epochs=3))\n"
     )
-    env = worker_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    # native_models.py lies beside the plan, not on PYTHONPATH: the plan's folder is on the path
     result = run_cli(
-        "run",
-        str(tmp_path / "plan.py"),
-        "--nproc",
-        "2",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path / "run"),
-        env=env,
+        "run", str(tmp_path / "plan.py"), "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run")
     )
     assert result.returncode == 0, result.stderr
     assert summary(tmp_path / "run")["eval"]["accuracy"] > 0.85

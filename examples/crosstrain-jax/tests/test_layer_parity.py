@@ -9,9 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from crosstrain.core.dropout import MASK32
-from crosstrain.core.layers import Dropout, Layer
-from crosstrain.core.plan import Plan
+from crosstrain import Dropout, Layer, Plan, dropout
 from crosstrain.testing.layer_cases import (
     CASES,
     STEP,
@@ -36,7 +34,7 @@ def test_every_core_layer_type_has_a_case() -> None:
 
 def _uint32(values: np.ndarray | int) -> np.ndarray:
     """Steps and row positions as the strategy hands them to the compiled step."""
-    return (np.asarray(values, np.int64) & MASK32).astype(np.uint32)
+    return (np.asarray(values, np.int64) & dropout.MASK32).astype(np.uint32)
 
 
 def _jax_results(plan: Plan) -> CaseResults:

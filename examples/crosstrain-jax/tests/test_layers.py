@@ -8,10 +8,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 import pytest
-from crosstrain.core import dropout as reference
-from crosstrain.core.dropout import MASK32
-from crosstrain.core.layers import Attention, BatchNorm, Dropout, Layer
-from crosstrain.core.plan import ModelSpec, Plan
+from crosstrain import Attention, BatchNorm, Dropout, Layer, ModelSpec, Plan
+from crosstrain import dropout as reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from crosstrain_jax.model import LOSSES, TrainInputs, build_forward, keep_mask
@@ -30,8 +28,8 @@ def _plan(input_shape: tuple[int, ...], *layers: Layer, seed: int = 0) -> Plan:
 
 
 def _train_inputs(step: int, rows: np.ndarray, weight: np.ndarray) -> TrainInputs:
-    as_uint32 = (np.asarray(rows, np.int64) & MASK32).astype(np.uint32)
-    return TrainInputs(np.uint32(step & MASK32), _sharded(as_uint32),
+    as_uint32 = (np.asarray(rows, np.int64) & reference.MASK32).astype(np.uint32)
+    return TrainInputs(np.uint32(step & reference.MASK32), _sharded(as_uint32),
                        _sharded(weight.astype(np.float32)))
 
 
@@ -50,12 +48,12 @@ _COUNTERS = [(0, 0, 0), (3, 17, 5), (2**32 - 1, 2**31 + 3, 1000), (-7, 123_456_7
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
 def test_dropout_masks_equal_the_reference_bit_for_bit(rate: float) -> None:
     rows = np.array([0, 1, 7, 31, 1000, 2**31 + 5, 2**32 - 1, 2**40 + 3], np.int64)
-    as_uint32 = (rows & MASK32).astype(np.uint32)
+    as_uint32 = (rows & reference.MASK32).astype(np.uint32)
     for seed, step, layer in _COUNTERS:
         # step and rows traced, as in the compiled train step
         compiled = jax.jit(lambda step, rows, seed=seed, layer=layer: keep_mask(
             seed, step, layer, rows, 300, rate))
-        actual = np.asarray(compiled(np.uint32(step & MASK32), as_uint32))
+        actual = np.asarray(compiled(np.uint32(step & reference.MASK32), as_uint32))
         expected = reference.keep_mask(seed, step, layer, rows, 300, rate)
         assert actual.dtype == expected.dtype == np.bool_
         assert np.array_equal(actual, expected), (seed, step, layer)

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import crosstrain
 import pytest
-from crosstrain.core.errors import PlanError
-from crosstrain.core.layers import Attention
-from crosstrain.core.vocabulary import Vocabulary, missing_names
+from crosstrain import Attention, PlanError, Vocabulary
+from crosstrain.core.vocabulary import missing_names  # the check's own helper, tested here
 
 from crosstrain_jax import JaxStrategy, model
 from crosstrain_jax.model import LAYERS, LOSSES, PRECISIONS

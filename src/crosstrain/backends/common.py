@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import socket
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from crosstrain.core.errors import PlanError
@@ -29,6 +31,7 @@ def native_factory(plan: Plan, backend: str) -> Callable[[Plan], Any]:
             source=plan.source,
         )
     module_name, _, function_name = target.partition(":")
+    _put_plan_folder_on_path(plan)
     try:
         factory = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
@@ -38,3 +41,13 @@ def native_factory(plan: Plan, backend: str) -> Callable[[Plan], Any]:
     if not callable(factory):
         raise PlanError(f"{target!r} is not callable", field=f"model.native.{backend}", source=plan.source)
     return factory  # type: ignore[no-any-return]
+
+
+def _put_plan_folder_on_path(plan: Plan) -> None:
+    """A module beside the plan file imports as it would beside a script run with python:
+    the plan's folder comes first on the worker's import path."""
+    if plan.source is None or not Path(plan.source).is_file():
+        return
+    folder = str(Path(plan.source).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)

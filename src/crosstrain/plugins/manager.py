@@ -3,12 +3,15 @@
 Built-in plugins and backends are entry points of the ``crosstrain`` group in
 crosstrain's own distribution, loaded exactly as a third party's would be.
 ``CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD=1`` loads only those built-ins (and any named
-with ``-p NAME``); ``-p no:NAME`` blocks one. A plugin that fails to import is
-reported once, with its distribution, and the rest keep working.
+with ``-p NAME``); ``-p no:NAME`` blocks one. An installed plugin that fails to import is
+reported once, with its distribution, and the rest keep working; a plugin asked for with
+``-p NAME`` that does not load, and a hook implementation whose name matches no hook
+(a misspelling), are errors naming the plugin.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.metadata
@@ -20,13 +23,20 @@ from typing import cast
 import attrs
 import pluggy
 
-from crosstrain.core.errors import BackendError
+from crosstrain.core.errors import BackendError, CrosstrainError
 from crosstrain.core.strategy import DistributedStrategy, PluginSelection
 from crosstrain.plugins import hookspecs
 
 GROUP = "crosstrain"
 AUTOLOAD_OFF_VARIABLE = "CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD"
 OWN_DISTRIBUTION = "crosstrain"
+
+
+class PluginError(CrosstrainError):
+    """A plugin named with ``-p`` that does not load, or one that implements a hook that
+    does not exist: refused before any process starts."""
+
+    exit_code = 2
 
 
 @attrs.frozen
@@ -81,23 +91,64 @@ def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> Cross
         if not wanted or manager.is_blocked(entry_point.name) or entry_point.name in loaded:
             continue
         loaded.add(entry_point.name)
-        _register(manager, entry_point.name, distribution, entry_point.load)
+        _register(
+            manager, entry_point.name, distribution, entry_point.load, entry_point.name in selection.enabled
+        )
     for name in selection.enabled:
         if name not in loaded and not manager.is_blocked(name):
-            _register(manager, name, "(-p)", functools.partial(importlib.import_module, name))
+            _register(manager, name, "(-p)", functools.partial(importlib.import_module, name), True)
+    check_hook_names(manager)
     return manager
 
 
 def _register(
-    manager: CrosstrainPluginManager, name: str, distribution: str, load: Callable[[], object]
+    manager: CrosstrainPluginManager,
+    name: str,
+    distribution: str,
+    load: Callable[[], object],
+    asked_for: bool,
 ) -> None:
+    """Load and register one plugin; one that fails to import is an error when the user
+    named it with -p, else a warning and the rest keep working."""
     try:
         plugin = load()
     except Exception as error:  # any import error of a third party's code is reported, not fatal
-        manager.failures.append(PluginFailure(name, distribution, f"{type(error).__name__}: {error}"))
+        failure = PluginFailure(name, distribution, f"{type(error).__name__}: {error}")
+        if asked_for:
+            raise PluginError(f"-p {name}: {failure.message()}") from None
+        manager.failures.append(failure)
         return
-    manager.register(plugin, name=name)
+    try:
+        manager.register(plugin, name=name)
+    except pluggy.PluginValidationError as error:  # a hook with arguments its spec lacks
+        raise PluginError(f"plugin {name!r} from distribution {distribution!r}: {error}") from None
     manager.distributions[name] = distribution
+
+
+def check_hook_names(manager: CrosstrainPluginManager) -> None:
+    """pluggy's check_pending, as one line naming the plugin, its distribution and the
+    hook it probably meant: a misspelled hook would otherwise never be called."""
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError as error:
+        name = manager.get_name(error.plugin) or repr(error.plugin)
+        distribution = manager.distributions.get(name, "?")
+        unknown = [
+            hook
+            for hook, caller in vars(manager.hook).items()
+            if not caller.has_spec() and any(i.plugin is error.plugin for i in caller.get_hookimpls())
+        ]
+        known = sorted(hook for hook, caller in vars(manager.hook).items() if caller.has_spec())
+        hints = [
+            f"{hook!r} (did you mean {close[0]!r}?)"
+            if (close := difflib.get_close_matches(hook, known, 1))
+            else repr(hook)
+            for hook in unknown
+        ]
+        raise PluginError(
+            f"plugin {name!r} from distribution {distribution!r} implements unknown hook "
+            f"{', '.join(hints)}; crosstrain's hooks: {', '.join(known)}"
+        ) from None
 
 
 def report_failures(manager: CrosstrainPluginManager) -> None:

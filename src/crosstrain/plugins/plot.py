@@ -1,21 +1,24 @@
 """``crosstrain plot RUN_DIR [RUN_DIR ...] -o curves.png``: learning curves of finished runs.
 
 Reads what the ``metrics`` plugin wrote (metrics.jsonl, summary.json) and draws, one
-line per run, the train loss per step and the eval loss and accuracy per step. Needs
-matplotlib (``pip install 'crosstrain[plot]'``), imported only when a plot is drawn.
+line per run, the train loss per step and the eval loss and accuracy per step. A
+``crosstrain compare`` folder stands for its runs. Each line is labelled by its run's
+folder. Needs matplotlib (``pip install 'crosstrain[plot]'``), imported only when a plot
+is drawn.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from crosstrain.compare import compare_run_folders
 from crosstrain.core.errors import CrosstrainError
 from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
@@ -55,7 +58,6 @@ class RunCurves:
     """One run's curves, read from its folder."""
 
     folder: Path
-    label: str
     plan: str
     train_loss: Curve
     eval_loss: Curve
@@ -84,18 +86,20 @@ def read_run(folder: str | Path) -> RunCurves:
     folder = Path(folder)
     metrics_path = folder / METRICS_FILE
     if not metrics_path.is_file():
-        what = "is not a folder" if not folder.is_dir() else f"has no {METRICS_FILE}"
-        raise RunDirError(f"{folder}: {what}; give the output folder of a crosstrain run")
+        what = (
+            "is not a folder"
+            if not folder.is_dir()
+            else f"has no {METRICS_FILE} (the 'metrics' plugin writes it: made with -p no:metrics?)"
+        )
+        raise RunDirError(f"{folder}: {what}; give the output folder of a crosstrain run or compare")
     records = read_metrics(folder)
     train_loss = _train_curve(records)
     if not train_loss.steps:
         raise RunDirError(f"{metrics_path}: holds no training step to plot")
     summary_path = folder / SUMMARY_FILE
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-    label = f"{summary['backend']} x{summary['world_size']}" if summary else folder.name
     return RunCurves(
         folder,
-        label,
         str(summary.get("plan", "")),
         train_loss,
         _eval_curve(records, "loss"),
@@ -103,10 +107,22 @@ def read_run(folder: str | Path) -> RunCurves:
     )
 
 
-def _distinct_labels(runs: list[RunCurves]) -> list[str]:
-    """ "torch x2" for each run, plus the folder's name where two runs would read the same."""
-    counts = Counter(run.label for run in runs)
-    return [f"{run.label} ({run.folder.name})" if counts[run.label] > 1 else run.label for run in runs]
+def expand_runs(folders: Sequence[str | Path]) -> list[Path]:
+    """The run folders to draw: a compare folder stands for its runs, the reference first."""
+    runs: list[Path] = []
+    for folder in map(Path, folders):
+        members = None if (folder / METRICS_FILE).is_file() else compare_run_folders(folder)
+        runs.extend(members if members is not None else [folder])
+    return runs
+
+
+def run_labels(folders: Sequence[str | Path], runs: Sequence[Path]) -> list[str]:
+    """Each run by its folder, as a path from where the folders given lie: "x1", "x2" for
+    two runs side by side, "cmp/torch", "cmp/tf" for a compare folder's runs."""
+    if len(runs) == 1:
+        return [runs[0].name]
+    base = os.path.commonpath([Path(folder).resolve().parent for folder in folders])
+    return [os.path.relpath(run.resolve(), base) for run in runs]
 
 
 def _draw(axes: Axes, title: str, y_label: str, curves: list[tuple[str, Curve]], marker: str) -> None:
@@ -139,8 +155,9 @@ def build_figure(run_dirs: Sequence[str | Path]) -> Figure:
         ) from None
     if not run_dirs:
         raise RunDirError("crosstrain plot needs at least one run folder")
-    runs = [read_run(folder) for folder in run_dirs]
-    labels = _distinct_labels(runs)
+    folders = expand_runs(run_dirs)
+    runs = [read_run(folder) for folder in folders]
+    labels = run_labels(run_dirs, folders)
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI, layout="constrained")
     FigureCanvasAgg(figure)  # draw with Agg: no display, no pyplot global state
     plans = sorted({run.plan for run in runs if run.plan})
@@ -179,6 +196,8 @@ def _plot_command(args: argparse.Namespace, manager: CrosstrainPluginManager, co
 def add_plot_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``crosstrain plot``: called by the CLI's parser builder."""
     plot = subparsers.add_parser("plot", help="draw learning curves of runs into an image")
-    plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folders of crosstrain runs")
+    plot.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="output folders of crosstrain runs (or of a compare)"
+    )
     plot.add_argument("-o", "--output", default="curves.png", help="image to write (default: curves.png)")
     plot.set_defaults(handler=_plot_command)

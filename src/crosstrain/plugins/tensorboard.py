@@ -9,6 +9,7 @@ imports. Nothing here asks which backend runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -73,6 +74,19 @@ class TensorflowScalarWriter:
         self._writer.close()
 
 
+MISSING_WRITER = (
+    "--tensorboard needs torch with the tensorboard package (pip install 'crosstrain[tensorboard]') "
+    "or tensorflow (pip install 'crosstrain[tf]')"
+)
+
+
+def writer_installed() -> bool:
+    """Whether some writer can open, found without importing a framework: torch's writer
+    needs the tensorboard package beside torch, tf.summary needs only tensorflow."""
+    found = {module: importlib.util.find_spec(module) is not None for module in ("torch", "tensorboard")}
+    return all(found.values()) or importlib.util.find_spec("tensorflow") is not None
+
+
 #: framework module -> its writer; tried in this order among equals
 WRITERS: Mapping[str, Callable[[Path], ScalarWriter]] = {
     "torch": TorchScalarWriter,
@@ -90,10 +104,7 @@ def open_scalar_writer(log_dir: Path) -> ScalarWriter:
             return WRITERS[module](log_dir)
         except ImportError as error:
             problems.append(f"{module}: {error}")
-    raise TensorboardError(
-        "--tensorboard needs an event writer from torch (with the tensorboard package: "
-        "pip install tensorboard) or from tensorflow, and none imports (" + "; ".join(problems) + ")"
-    )
+    raise TensorboardError(f"{MISSING_WRITER}; none imports ({'; '.join(problems)})")
 
 
 def log_dir_for(context: RunContext) -> Path | None:
@@ -106,10 +117,18 @@ def log_dir_for(context: RunContext) -> Path | None:
     return Path(value)
 
 
-def _absolute(directory: str) -> str:
-    # Workers may not share the CLI's working directory: send them an absolute path.
-    # argparse passes the const ("": no DIR given) through here too; it stays "".
-    return str(Path(directory).resolve()) if directory else directory
+class _LogDirAction(argparse.Action):
+    """Stores the folder, absolute (workers may not share the CLI's working directory; "":
+    no DIR given), once a writer is known to be installed: a missing package is refused
+    here, before any process starts, not at the first step."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        if not writer_installed():
+            needs = MISSING_WRITER.removeprefix("--tensorboard ")
+            raise argparse.ArgumentError(self, f"{needs}; neither is installed")
+        setattr(namespace, self.dest, str(Path(values).resolve()) if values else "")
 
 
 class TensorboardLogger:
@@ -156,7 +175,7 @@ def crosstrain_addoption(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const="",
         default=None,
-        type=_absolute,
+        action=_LogDirAction,
         metavar="DIR",
         help="write TensorBoard event files (step loss, lr, eval metrics) to DIR "
         "(default: OUT_DIR/tensorboard); put it after the plan file",

@@ -20,8 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from crosstrain.core.errors import BackendError, PlanError
-from crosstrain.core.strategy import Job, RunResult, World
+from crosstrain import BackendError, Job, PlanError, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
 from crosstrain.launch.worker import worker_folder
 
@@ -98,7 +97,7 @@ def select_devices(choice: str, count: int) -> list[Any]:
 
 
 def _train() -> dict[str, Any]:
-    from crosstrain.core.worker import run_worker
+    from crosstrain import run_worker
 
     from crosstrain_jax.strategy import JaxStrategy
 

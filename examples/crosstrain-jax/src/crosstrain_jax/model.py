@@ -26,10 +26,9 @@ import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
-from crosstrain.core.dropout import KEEP_BITS, MASK32, MULTIPLIERS, threshold
-from crosstrain.core.graph import MODEL_INPUT, Node
-from crosstrain.core.layers import (
+from crosstrain import (
     GELU,
+    MODEL_INPUT,
     Add,
     Attention,
     AvgPool2D,
@@ -44,11 +43,13 @@ from crosstrain.core.layers import (
     Layer,
     LayerNorm,
     MaxPool2D,
+    Node,
+    Plan,
     PositionEmbedding,
     ReLU,
     Tanh,
+    dropout,
 )
-from crosstrain.core.plan import Plan
 from jax import lax
 
 from crosstrain_jax.optimizer import OptimizerState, Tree, apply_update, clip_by_global_norm
@@ -261,27 +262,27 @@ def _gelu(x: jax.Array) -> jax.Array:
 
 
 def _mix(value: jax.Array) -> jax.Array:
-    """crosstrain.core.dropout.mix in uint32: a uint32 multiply wraps around, which is the
+    """crosstrain.dropout.mix in uint32: a uint32 multiply wraps around, which is the
     reference's ``(value * c) & 0xFFFFFFFF``; shifts of unsigned values are logical."""
     value = value ^ (value >> 16)
-    value = value * np.uint32(MULTIPLIERS[0])
+    value = value * np.uint32(dropout.MULTIPLIERS[0])
     value = value ^ (value >> 15)
-    value = value * np.uint32(MULTIPLIERS[1])
+    value = value * np.uint32(dropout.MULTIPLIERS[1])
     return value ^ (value >> 16)
 
 
 def keep_mask(
     seed: int, step: jax.Array, layer: int, rows: jax.Array, features: int, rate: float
 ) -> jax.Array:
-    """bool [len(rows), features], bit for bit crosstrain.core.dropout.keep_mask; ``step``
+    """bool [len(rows), features], bit for bit crosstrain.dropout.keep_mask; ``step``
     and ``rows`` are uint32 (the host masks them to 32 bits), so a new step recompiles
     nothing."""
-    state = _mix(jnp.asarray(np.uint32(seed & MASK32)))
+    state = _mix(jnp.asarray(np.uint32(seed & dropout.MASK32)))
     state = _mix(state ^ step.astype(jnp.uint32))
-    state = _mix(state ^ np.uint32(layer & MASK32))
+    state = _mix(state ^ np.uint32(layer & dropout.MASK32))
     per_row = _mix(state ^ rows.astype(jnp.uint32)[:, None])
     hashed = _mix(per_row ^ jnp.arange(features, dtype=jnp.uint32)[None, :])
-    return (hashed >> (32 - KEEP_BITS)) >= np.uint32(threshold(rate))
+    return (hashed >> (32 - dropout.KEEP_BITS)) >= np.uint32(dropout.threshold(rate))
 
 
 def _dropout(node: Node) -> Apply:

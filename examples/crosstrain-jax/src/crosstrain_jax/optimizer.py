@@ -19,7 +19,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
-from crosstrain.core.plan import OptimizerSpec
+from crosstrain import OptimizerSpec
 
 Tree = dict[str, jax.Array]
 OptimizerState = dict[str, Tree]

@@ -6,7 +6,7 @@ jax imports, instead of failing.
 
 from __future__ import annotations
 
-from crosstrain.core.strategy import DistributedStrategy
+from crosstrain import DistributedStrategy
 from crosstrain.plugins.hookspecs import hookimpl
 
 

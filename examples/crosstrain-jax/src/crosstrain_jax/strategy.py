@@ -18,12 +18,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.dropout import MASK32
-from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
-from crosstrain.core.vocabulary import Vocabulary, check_plan_vocabulary
+from crosstrain import (
+    Batch,
+    FrameworkStatus,
+    Job,
+    Plan,
+    PlanError,
+    ReduceOp,
+    RunResult,
+    StepBatch,
+    Vocabulary,
+    World,
+    check_plan_vocabulary,
+    dropout,
+)
 
 if TYPE_CHECKING:
     import jax
@@ -254,7 +262,7 @@ def _targets(batch: Batch, plan: Plan) -> np.ndarray:
 
 def _uint32(values: np.ndarray | int) -> np.ndarray:
     """Dropout's counters as the 32-bit values its hash reads (jax holds no int64)."""
-    return (np.asarray(values, np.int64) & MASK32).astype(np.uint32)
+    return (np.asarray(values, np.int64) & dropout.MASK32).astype(np.uint32)
 
 
 def _trainable_names(plan: Plan, names: Sequence[str]) -> tuple[str, ...]:

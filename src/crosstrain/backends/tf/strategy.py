@@ -52,7 +52,7 @@ class TfState:
 
 class TfStrategy:
     name: ClassVar[str] = "tf"
-    install_hint: ClassVar[str] = "pip install 'crosstrain[tf]'"
+    install_hint: ClassVar[str] = "pip install 'crosstrain[tf]' (no GPU: 'crosstrain[tf-cpu]')"
 
     def __init__(self, world: World | None = None, distribution: Any = None) -> None:
         self.world = world or World()
