@@ -161,6 +161,29 @@ def spoken_plans(backend: str, directory: Path) -> list[str]:
     return spoken
 
 
+class WorldRuns:
+    """Each plan the backend speaks, trained at world 1 and world N when a test first asks
+    for it (then kept for the class): a test waits for its own plan's runs only."""
+
+    def __init__(self, backend: str, nproc: int, factory: pytest.TempPathFactory) -> None:
+        self.backend, self.nproc, self.factory = backend, nproc, factory
+        self.spoken = spoken_plans(backend, factory.mktemp("plans"))
+        self.runs: dict[str, tuple[Path, Path]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.spoken
+
+    def __getitem__(self, name: str) -> tuple[Path, Path]:
+        if name not in self.runs:
+            directory = self.factory.mktemp(name)
+            plan = write_plan(directory, name)
+            self.runs[name] = (
+                train(self.backend, plan, directory / "one", 1),
+                train(self.backend, plan, directory / f"x{self.nproc}", self.nproc),
+            )
+        return self.runs[name]
+
+
 class BackendConformance:
     """What every backend must satisfy; ``backend`` names the one under test."""
 
@@ -169,20 +192,12 @@ class BackendConformance:
     nproc: ClassVar[int] = 2
 
     @pytest.fixture(scope="class")
-    def world_runs(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    def world_runs(self, tmp_path_factory: pytest.TempPathFactory) -> WorldRuns:
         """Every plan the backend speaks, at world 1 and world N, trained once per class."""
-        runs = {}
-        for name in spoken_plans(self.backend, tmp_path_factory.mktemp("plans")):
-            directory = tmp_path_factory.mktemp(name)
-            plan = write_plan(directory, name)
-            runs[name] = (
-                train(self.backend, plan, directory / "one", 1),
-                train(self.backend, plan, directory / f"x{self.nproc}", self.nproc),
-            )
-        return runs
+        return WorldRuns(self.backend, self.nproc, tmp_path_factory)
 
     @pytest.mark.parametrize("plan", list(PLANS))
-    def test_world_n_trains_like_world_1(self, world_runs: dict[str, tuple[Path, Path]], plan: str) -> None:
+    def test_world_n_trains_like_world_1(self, world_runs: WorldRuns, plan: str) -> None:
         if plan not in world_runs:
             pytest.skip(f"the {self.backend} backend does not speak this plan's layers")
         one, many = world_runs[plan]
@@ -196,9 +211,7 @@ class BackendConformance:
         assert [report["rank"] for report in ranks] == list(range(summary(many)["processes"]))
         assert all(report["step_seconds"] > 0 and report["peak_host_memory_bytes"] > 0 for report in ranks)
 
-    def test_a_compiled_step_trains_like_eager(
-        self, world_runs: dict[str, tuple[Path, Path]], tmp_path: Path
-    ) -> None:
+    def test_a_compiled_step_trains_like_eager(self, world_runs: WorldRuns, tmp_path: Path) -> None:
         """``train.compile`` (torch.compile, XLA, a third party's compiler) changes how the
         step runs, not what it computes: dropout masks, loss and updates within rounding."""
         if "dropout_mlp" not in world_runs:
@@ -209,9 +222,7 @@ class BackendConformance:
         assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= WORLD_TOLERANCE
         assert_same_eval(summary(compiled)["eval"], summary(eager)["eval"], loss_tolerance=WORLD_TOLERANCE)
 
-    def test_resumes_exactly_from_its_last_checkpoint(
-        self, world_runs: dict[str, tuple[Path, Path]], tmp_path: Path
-    ) -> None:
+    def test_resumes_exactly_from_its_last_checkpoint(self, world_runs: WorldRuns, tmp_path: Path) -> None:
         """Adam's step counts, dropout's counter and the sampler's place mid-epoch all come
         back: the resumed steps equal the uninterrupted run's bit for bit."""
         uninterrupted = world_runs["dropout_mlp"][1]
