@@ -14,13 +14,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.dropout import MASK32
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary, check_plan_vocabulary
@@ -46,6 +46,7 @@ class JaxState:
     rows: NamedSharding  # [batch, ...] arrays, batch split over the devices
     micro_rows: NamedSharding  # [micro-step, batch, ...] arrays, batch split over the devices
     optimizer_steps: int = 0
+    predict_fn: Callable[..., Any] | None = None  # jitted forward, made by the first predict()
 
 
 class JaxStrategy:
@@ -55,6 +56,19 @@ class JaxStrategy:
     def __init__(self, world: World | None = None, devices: Sequence[Any] | None = None) -> None:
         self.world = world or World()
         self.devices = list(devices) if devices is not None else None
+
+    @classmethod
+    def local(cls, device: Literal["cpu", "gpu"]) -> JaxStrategy:
+        """World 1 in this process, on the first CPU or GPU device."""
+        import jax
+
+        try:
+            found = jax.devices(device)
+        except RuntimeError:
+            found = []
+        if not found:
+            raise BackendError(f"--device {device}: jax sees no {device} device")
+        return cls(World(device=f"{device}:0"), devices=found[:1])
 
     # ----------------------------------------------------------------- discovery and launch
 
@@ -159,6 +173,19 @@ class JaxStrategy:
             metrics["correct"] = float((np.asarray(hits, np.float64) * weight).sum())
         metrics["count"] = float(weight.sum()) * loss.targets_per_row(batch.y.shape)
         return metrics
+
+    def predict(self, state: JaxState, x: np.ndarray) -> np.ndarray:
+        import jax
+
+        from crosstrain_jax.model import build_forward
+
+        if state.predict_fn is None:
+            forward = build_forward(state.plan)
+            state.predict_fn = jax.jit(lambda weights, rows: forward(weights, rows, None)[0])
+        # replicated: any number of rows, whatever the device count
+        rows = jax.device_put(x, state.replicated)
+        outputs = state.predict_fn({**state.params, **state.buffers}, rows)
+        return np.asarray(outputs, np.float32)
 
     # ----------------------------------------------------------------- collectives
     # One process holds every replica, so there is nobody to reduce with: the device-level
