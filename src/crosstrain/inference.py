@@ -12,6 +12,7 @@ backend's ``build`` and ``load_state_dict``, and its optional ``predict``/``expo
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import BackendError, InputError
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
-from crosstrain.core.runfolder import read_run_plan
+from crosstrain.core.runfolder import read_run_plan, run_plan_source
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
@@ -60,10 +61,18 @@ def open_run(run: str | Path, checkpoint: str | None = None) -> TrainedModel:
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
     plan = read_run_plan(run_dir)
+    if plan.model.native is not None:
+        _import_beside(run_plan_source(run_dir))
     path = _weights_file(run_dir, checkpoint)
     with safe_open(str(path), "np") as handle:
         trained_on = (handle.metadata() or {}).get("backend", "")
     return TrainedModel(run_dir, plan, dict(load_checkpoint(path)), path, trained_on)
+
+
+def _import_beside(source: Path | None) -> None:
+    """A native model's factory module may sit next to the plan file, as in training."""
+    if source is not None and source.parent.is_dir() and str(source.parent) not in sys.path:
+        sys.path.insert(0, str(source.parent))
 
 
 def _weights_file(run_dir: Path, checkpoint: str | None) -> Path:
@@ -165,6 +174,9 @@ def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"--data {path}: no such file")
+    with path.open("rb") as handle:
+        if handle.read(6) != b"\x93NUMPY":
+            raise InputError(f"--data {path}: not a .npy file (write it with numpy.save)")
     try:
         raw = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:

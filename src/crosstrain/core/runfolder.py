@@ -105,10 +105,18 @@ def write_run_plan(out_dir: Path, plan: Plan) -> Path:
 
     path = Path(out_dir) / PLAN_FILE
     temporary = path.with_name(path.name + ".tmp")
-    document = {"source": plan.source, "plan": unstructure_plan(plan)}
+    source = str(Path(plan.source).resolve()) if plan.source else None
+    document = {"source": source, "plan": unstructure_plan(plan)}
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, path)
     return path
+
+
+def run_plan_source(run_dir: Path) -> Path | None:
+    """The plan file the run was started from (its folder holds a native model's module)."""
+    document = json.loads((Path(run_dir) / PLAN_FILE).read_text(encoding="utf-8"))
+    source = document.get("source")
+    return Path(source) if isinstance(source, str) else None
 
 
 def read_run_plan(run_dir: Path) -> Plan:
