@@ -5,8 +5,10 @@ fresh Python that cannot import crosstrain."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +53,7 @@ def _evaluate(run: Path, *args: str) -> dict[str, float]:
 
 
 def test_a_torch_run_evaluates_to_the_same_numbers_on_torch_and_tf(trained: Path) -> None:
-    on_torch, on_tf = _evaluate(trained), _evaluate(trained, "--backend", "tf")
+    on_torch, on_tf = evaluate_run(trained)["eval"], _evaluate(trained, "--backend", "tf")
     assert on_torch == pytest.approx(summary(trained)["eval"], rel=1e-12)  # what training measured
     assert on_tf["count"] == on_torch["count"] == 359 and on_tf["accuracy"] == on_torch["accuracy"]
     assert on_tf["loss"] == pytest.approx(on_torch["loss"], rel=PARITY)
@@ -65,17 +67,13 @@ def test_evaluates_a_named_checkpoint(trained: Path) -> None:
 
 
 def test_predicts_the_same_logits_on_torch_and_tf(trained: Path) -> None:
-    rows = trained.parent / "rows.npy"
-    outputs = {}
-    for backend in ("torch", "tf"):
-        out = trained.parent / f"{backend}.npy"
-        result = run_cli(
-            "predict", str(trained), "--data", str(rows), "--out", str(out), "--backend", backend
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        outputs[backend] = np.load(out)
-    assert outputs["torch"].shape == (40, 10) and outputs["torch"].dtype == np.float32
-    assert np.max(np.abs(outputs["tf"] - outputs["torch"])) <= PARITY
+    rows, out = trained.parent / "rows.npy", trained.parent / "torch.npy"
+    result = run_cli("predict", str(trained), "--data", str(rows), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    on_torch = np.load(out)
+    assert on_torch.shape == (40, 10) and on_torch.dtype == np.float32
+    on_tf = predict_run(trained, rows, trained.parent / "tf.npy", backend="tf")
+    assert np.max(np.abs(on_tf - on_torch)) <= PARITY
 
 
 _LOAD_WITHOUT_CROSSTRAIN = """
@@ -94,13 +92,11 @@ print(sorted(state)[0])
 
 def test_exports_load_without_crosstrain_and_agree_with_predict(trained: Path) -> None:
     folder = trained.parent
-    written = {}
-    for format_name in ("torch", "keras"):
-        out = folder / f"export-{format_name}"
-        result = run_cli("export", str(trained), "--format", format_name, "--out", str(out))
-        assert result.returncode == 0, result.stderr[-3000:]
-        written[format_name] = sorted(path.name for path in out.iterdir())
-    assert written == {"torch": ["model.pt2", "state_dict.pt"], "keras": ["model.keras"]}
+    torch_files = export_run(trained, "torch", folder / "export-torch")  # the CLI's own call
+    assert [path.name for path in torch_files] == ["model.pt2", "state_dict.pt"]
+    result = run_cli("export", str(trained), "--format", "keras", "--out", str(folder / "export-keras"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(path.name for path in (folder / "export-keras").iterdir()) == ["model.keras"]
     rows = folder / "rows.npy"
     predicted = predict_run(trained, rows, folder / "reference.npy")
     loaded = subprocess.run(
@@ -122,29 +118,43 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
     np.save(tmp_path / "narrow.npy", np.zeros((3, 7), np.float32))
     np.save(tmp_path / "text.npy", np.array([["a"] * 64]))
     (tmp_path / "notes.txt").write_text("not an array")
+    narrow = ("predict", str(trained), "--data", str(tmp_path / "narrow.npy"), "--out", "o.npy")
     cases = [
         (("export", str(trained), "--format", "onnx"), "--format onnx: unknown format (known: keras, torch)"),
-        (("evaluate", str(trained), "--backend", "nosuch"), "--backend nosuch: unknown backend 'nosuch'"),
-        (("evaluate", str(tmp_path / "nowhere")), f"{tmp_path / 'nowhere'}: no such run folder"),
-        (("evaluate", str(trained), "--checkpoint", "step-00000004"), "--checkpoint step-00000004: no"),
-        (
-            ("predict", str(trained), "--data", str(tmp_path / "narrow.npy"), "--out", "o.npy"),
-            "narrow.npy: rows",
-        ),
+        (narrow, "narrow.npy: rows have shape [7] (array [3, 7]), model.input_shape is [64]"),
     ]
-    for args, expected in cases:
+    for args, expected in cases:  # through the CLI: exit 2, one line
         result = run_cli(*args, timeout=120)
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
         assert expected in result.stderr, result.stderr
-    plan = read_run_plan(trained)  # the same checks in-process: each names its flag or file
-    with pytest.raises(InputError, match=r"text\.npy: dtype <U1 is not a number type"):
-        read_rows(tmp_path / "text.npy", plan)
-    with pytest.raises(InputError, match=r"notes.txt: not a \.npy file"):
-        read_rows(tmp_path / "notes.txt", plan)
-    with pytest.raises(InputError, match=r"--out .*: folder .*missing does not exist"):
-        predict_run(trained, rows, tmp_path / "missing" / "out.npy")
-    with pytest.raises(RunFolderError, match=r"plan\.json: no such file"):
-        evaluate_run(tmp_path)
-    with pytest.raises(InputError, match="already exists and is not an empty folder"):
-        export_run(trained, "torch", out=trained)
+    plan = read_run_plan(trained)  # the rest in-process: each names its flag or file
+    refused: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (InputError, "--backend nosuch: unknown backend 'nosuch'", lambda: evaluate_run(trained, "nosuch")),
+        (
+            InputError,
+            f"{tmp_path / 'nowhere'}: no such run folder",
+            lambda: evaluate_run(tmp_path / "nowhere"),
+        ),
+        (InputError, "--checkpoint 4: no complete checkpoint", lambda: evaluate_run(trained, checkpoint="4")),
+        (
+            InputError,
+            "text.npy: dtype <U1 is not a number type",
+            lambda: read_rows(tmp_path / "text.npy", plan),
+        ),
+        (InputError, "notes.txt: not a .npy file", lambda: read_rows(tmp_path / "notes.txt", plan)),
+        (
+            InputError,
+            "missing does not exist",
+            lambda: predict_run(trained, rows, tmp_path / "missing" / "o.npy"),
+        ),
+        (RunFolderError, "plan.json: no such file", lambda: evaluate_run(tmp_path)),
+        (
+            InputError,
+            "already exists and is not an empty folder",
+            lambda: export_run(trained, "torch", trained),
+        ),
+    ]
+    for error, expected, call in refused:
+        with pytest.raises(error, match=re.escape(expected)):
+            call()
