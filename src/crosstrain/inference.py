@@ -24,6 +24,8 @@ from safetensors import safe_open
 from crosstrain.core.checkpoint import MODEL_FILE, complete_checkpoints, load_checkpoint, step_folder
 from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import BackendError, InputError
+from crosstrain.core.graph import MODEL_INPUT
+from crosstrain.core.layers import Embedding
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_run_plan, run_plan_source
@@ -197,8 +199,24 @@ def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
         raise InputError(f"--data {path}: dtype {raw.dtype} is not a number type")
     rows = np.asarray(raw).reshape(len(raw), *shape)
     if plan.model.input_dtype == "int32":
+        _check_token_ids(path, rows, plan)
         return rows.astype(np.int32)
     return plan.data.scaling.apply(rows)
+
+
+def _check_token_ids(path: Path, rows: np.ndarray, plan: Plan) -> None:
+    """Token ids index the embeddings that read the model's input: out of range is refused
+    here, not met as a framework's index error."""
+    if plan.model.native is not None or rows.size == 0:
+        return
+    for node in plan.model.graph(plan.source).nodes:
+        if isinstance(node.layer, Embedding) and MODEL_INPUT in node.inputs:
+            low, high = int(rows.min()), int(rows.max())
+            if low < 0 or high >= node.layer.vocab_size:
+                raise InputError(
+                    f"--data {path}: token ids from {low} to {high}, but {node.field} has "
+                    f"vocab_size {node.layer.vocab_size}"
+                )
 
 
 def predict_rows(strategy: DistributedStrategy, state: Any, x: np.ndarray) -> np.ndarray:

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from crosstrain.core.errors import InputError
+from crosstrain.core.plan import load_plan
 from crosstrain.core.runfolder import RunFolderError, read_run_plan
 from crosstrain.inference import evaluate_run, export_run, predict_run, read_rows
-from crosstrain.testing.plans import DROPOUT_MLP_PLAN
+from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN
 from tests.conftest import run_cli
 from tests.support import summary
 
@@ -129,6 +130,9 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
         assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
         assert expected in result.stderr, result.stderr
     plan = read_run_plan(trained)  # the rest in-process: each names its flag or file
+    (tmp_path / "gpt.toml").write_text(GPT_PLAN)
+    gpt = load_plan(tmp_path / "gpt.toml")
+    np.save(tmp_path / "ids.npy", np.full((2, 16), 32))
     refused: list[tuple[type[Exception], str, Callable[[], object]]] = [
         (InputError, "--backend nosuch: unknown backend 'nosuch'", lambda: evaluate_run(trained, "nosuch")),
         (
@@ -143,6 +147,11 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
             lambda: read_rows(tmp_path / "text.npy", plan),
         ),
         (InputError, "notes.txt: not a .npy file", lambda: read_rows(tmp_path / "notes.txt", plan)),
+        (
+            InputError,
+            "to 32, but model.layers[0] has vocab_size 32",
+            lambda: read_rows(tmp_path / "ids.npy", gpt),
+        ),
         (
             InputError,
             "missing does not exist",
