@@ -14,7 +14,7 @@ from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
 from crosstrain.core.resume import check_backend_supports
-from crosstrain.core.runfolder import open_run_folder
+from crosstrain.core.runfolder import open_run_folder, write_run_plan
 from crosstrain.core.strategy import ChecksJob, DeviceChoice, DistributedStrategy, Job, PluginSelection
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
@@ -128,6 +128,7 @@ def run_job(
     check_backend_can_run(strategy, job)  # what the backend refuses writes nothing
     check_out_dir(job.out_dir)
     with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
+        write_run_plan(Path(job.out_dir), job.plan)  # what evaluate, predict and export read
         summary = dict(strategy.launch(job).summary)
     stopped = summary.get("stopped") or {}
     if stopped.get("kind") == "nonfinite":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -130,6 +131,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     backends = commands.add_parser("backends", help="list registered backends")
     backends.set_defaults(handler=_backends)
     add_plot_command(commands)
+    _add_inference_commands(commands)
     return parser
 
 
@@ -245,6 +247,90 @@ def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, consol
         cells = (name, entry.distribution, framework, ", ".join(status.devices) or "-")
         table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
+    return 0
+
+
+# --------------------------------------------------------------------------- after training
+
+_IN_PROCESS = "runs in this one process (world 1)"
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="a run folder written by crosstrain run")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="NAME",
+        help="a checkpoint of the run (step-NNNNNNNN or its step); default: the final model.safetensors",
+    )
+
+
+def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", default=None, help="registered backend name (default: the one that trained the run)"
+    )
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+
+
+def _add_inference_commands(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="the eval metrics of a run's model on any backend",
+        description=f"Eval loss, accuracy and count over the plan's eval set; {_IN_PROCESS}.",
+    )
+    _add_model_arguments(evaluate)
+    _add_backend_arguments(evaluate)
+    evaluate.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    evaluate.set_defaults(handler=_evaluate)
+    predict = commands.add_parser(
+        "predict",
+        help="a run's model outputs (logits) for the rows of a .npy file",
+        description=f"Rows scaled as in training; outputs written with np.save; {_IN_PROCESS}.",
+    )
+    _add_model_arguments(predict)
+    _add_backend_arguments(predict)
+    predict.add_argument("--data", required=True, metavar="FILE.npy", help="rows of model.input_shape")
+    predict.add_argument("--out", required=True, metavar="PRED.npy", help="where the outputs go")
+    predict.set_defaults(handler=_predict)
+    export = commands.add_parser(
+        "export",
+        help="a run's model as files its framework loads without crosstrain",
+        description="torch: model.pt2 (torch.export.load) and state_dict.pt; keras: model.keras "
+        "(keras.saving.load_model). Float32, checked against crosstrain's outputs.",
+    )
+    _add_model_arguments(export)
+    export.add_argument("--format", required=True, dest="format_name", help="torch or keras")
+    export.add_argument("--out", default=None, help="an empty or new folder (default: RUN/export-FORMAT)")
+    export.set_defaults(handler=_export)
+
+
+def _evaluate(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.inference import evaluate_run, evaluation_rows
+
+    result = evaluate_run(args.run, args.backend, args.checkpoint, args.device, manager)
+    if args.json:
+        print(json.dumps(result, indent=2), flush=True)
+        return 0
+    table = Table(title=f"{result['run']} on {result['backend']}", show_header=False)
+    for name, value in [*evaluation_rows(result["eval"]), ("weights", result["weights"])]:
+        table.add_row(name, Text(value))
+    console.print(table)
+    return 0
+
+
+def _predict(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.inference import predict_run
+
+    outputs = predict_run(args.run, args.data, args.out, args.backend, args.checkpoint, args.device, manager)
+    console.print(Text(f"{args.out}: outputs {list(outputs.shape)} ({outputs.dtype})"))
+    return 0
+
+
+def _export(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.inference import export_run
+
+    for path in export_run(args.run, args.format_name, args.out, args.checkpoint, manager):
+        console.print(Text(str(path)))
     return 0
 
 

@@ -58,3 +58,24 @@ def test_the_plans_output_dir_is_the_default_run_folder(
     plan = load_plan(write_plan(), [f"output.dir='{tmp_path / 'planned'}'"])
     assert make_job(plan, "torch").out_dir == str(tmp_path / "planned")
     assert make_job(plan, "torch", out=tmp_path / "flag").out_dir == str(tmp_path / "flag")  # --out wins
+
+
+def test_the_plan_as_run_is_kept_and_read_back(tmp_path: Path) -> None:
+    """plan.json: what evaluate, predict and export rebuild the model from; overrides and
+    absolute data paths included, and a run output that --overwrite replaces."""
+    from crosstrain.core.plan import load_plan
+    from crosstrain.core.runfolder import PLAN_FILE, RUN_OUTPUTS, read_run_plan, write_run_plan
+    from crosstrain.testing.plans import GPT_PLAN, write_tokens
+
+    write_tokens(str(tmp_path / "tokens.npy"))
+    (tmp_path / "gpt.toml").write_text(GPT_PLAN)
+    plan = load_plan(tmp_path / "gpt.toml", ["optimizer.lr=0.5"])
+    (tmp_path / "run").mkdir()
+    write_run_plan(tmp_path / "run", plan)
+    again = read_run_plan(tmp_path / "run")
+    assert again == plan and again.optimizer.lr == 0.5
+    assert again.data.path == str((tmp_path / "tokens.npy").resolve())
+    assert PLAN_FILE in RUN_OUTPUTS
+    (tmp_path / "run" / PLAN_FILE).write_text("{not json")
+    with pytest.raises(RunFolderError, match=r"plan\.json: not a crosstrain plan file"):
+        read_run_plan(tmp_path / "run")

@@ -133,3 +133,23 @@ def test_a_compiled_gpt_with_fused_adamw_trains_like_eager(tmp_path: Path) -> No
     compiled = _run_on_gpu(plan, tmp_path / "compiled", "train.max_steps=20", "train.compile=true")
     # TF32 is off by default for matmuls in torch: fp32 on both sides
     assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= WORLD_TOLERANCE
+
+
+def test_evaluate_and_predict_on_a_gpu_equal_the_cpu(tmp_path: Path) -> None:
+    """A run trained on the CPU, evaluated and predicted in one process on the GPU."""
+    from crosstrain.inference import evaluate_run, predict_run
+
+    run = tmp_path / "run"
+    result = run_cli(
+        "run", str(EXAMPLES / "digits_mlp.toml"), "--device", "cpu", "--out", str(run),
+        "--set", "train.max_steps=5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    on_gpu, on_cpu = evaluate_run(run, device="gpu"), evaluate_run(run, device="cpu")
+    assert on_gpu["eval"]["count"] == on_cpu["eval"]["count"]
+    assert abs(on_gpu["eval"]["loss"] - on_cpu["eval"]["loss"]) <= 1e-5 * on_cpu["eval"]["loss"]
+    rows = np.random.default_rng(0).uniform(0, 16, (50, 64))
+    np.save(tmp_path / "rows.npy", rows)
+    gpu = predict_run(run, tmp_path / "rows.npy", tmp_path / "gpu.npy", device="gpu")
+    cpu = predict_run(run, tmp_path / "rows.npy", tmp_path / "cpu.npy", device="cpu")
+    assert np.max(np.abs(gpu - cpu)) <= 1e-4  # TF32 may round GPU matmuls

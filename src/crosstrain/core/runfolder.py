@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -19,10 +20,15 @@ from typing import IO
 
 from crosstrain.core.checkpoint import last_checkpoint
 from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.plan import Plan, validate_plan
 
 LOCK_FILE = ".crosstrain.lock"
+#: the plan as run (overrides applied, data paths absolute): evaluate, predict and export
+#: read the model and its data from it
+PLAN_FILE = "plan.json"
 #: what a run writes into its folder (built-in plugins included)
 RUN_OUTPUTS = (
+    PLAN_FILE,
     "metrics.jsonl",
     "summary.json",
     "model.safetensors",
@@ -91,3 +97,40 @@ def _locked(out_dir: Path) -> Iterator[None]:
         yield
     finally:
         handle.close()
+
+
+def write_run_plan(out_dir: Path, plan: Plan) -> Path:
+    """The plan as run, as JSON, replaced atomically (a resumed run may change its output)."""
+    from crosstrain.core.convert import unstructure_plan
+
+    path = Path(out_dir) / PLAN_FILE
+    temporary = path.with_name(path.name + ".tmp")
+    source = str(Path(plan.source).resolve()) if plan.source else None
+    document = {"source": source, "plan": unstructure_plan(plan)}
+    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return path
+
+
+def run_plan_source(run_dir: Path) -> Path | None:
+    """The plan file the run was started from (its folder holds a native model's module)."""
+    document = json.loads((Path(run_dir) / PLAN_FILE).read_text(encoding="utf-8"))
+    source = document.get("source")
+    return Path(source) if isinstance(source, str) else None
+
+
+def read_run_plan(run_dir: Path) -> Plan:
+    """The plan a run folder was trained with; a missing or unreadable file names itself."""
+    from crosstrain.core.convert import structure_plan
+
+    path = Path(run_dir) / PLAN_FILE
+    if not path.is_file():
+        raise RunFolderError(f"{path}: no such file (a run folder written by crosstrain run holds it)")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        raw = document["plan"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RunFolderError(f"{path}: not a crosstrain plan file ({error})") from None
+    plan = structure_plan(raw, source=str(path))
+    validate_plan(plan)
+    return plan

@@ -8,6 +8,7 @@ class registered through the ``crosstrain`` entry-point group (see
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -199,6 +200,47 @@ class RestartsWorkers(Protocol):
 
     def restarts_workers(self) -> bool:
         """True: ``job.max_restarts`` is honoured by ``launch``."""
+        ...
+
+
+@runtime_checkable
+class Predicts(Protocol):
+    """Optional capability, needed by ``crosstrain predict`` and ``crosstrain export``: the
+    model's outputs for some rows, in inference mode (dropout off, batch norm's moving
+    statistics), in this process (world 1). Every backend of the conformance suite has it."""
+
+    def predict(self, state: Any, x: np.ndarray) -> np.ndarray:
+        """Float32 outputs (logits) for ``x``: rows of ``model.input_shape``, already scaled
+        as the plan asks (float32; int32 token ids for an ``int32`` model)."""
+        ...
+
+
+@runtime_checkable
+class RunsLocally(Protocol):
+    """Optional capability, needed by ``crosstrain evaluate/predict --device``: a strategy of
+    world 1 in this process on the CPU or the first GPU (without it: the backend's
+    default construction, on the CPU only)."""
+
+    @classmethod
+    def local(cls, device: Literal["cpu", "gpu"]) -> DistributedStrategy:
+        """A world-1 strategy on ``device``; raises
+        :class:`~crosstrain.core.errors.BackendError` when there is no such device."""
+        ...
+
+
+@runtime_checkable
+class Exports(Protocol):
+    """Optional capability, needed by ``crosstrain export``: write a trained model as files
+    its framework loads without crosstrain."""
+
+    def export_formats(self) -> tuple[str, ...]:
+        """The ``--format`` names this backend writes (e.g. ``("torch",)``)."""
+        ...
+
+    def export(self, state: Any, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
+        """Write ``state``'s model in ``format_name`` under ``out`` (a folder) and return the
+        files written. ``sample`` is a few rows of input (scaled as the model sees them):
+        the export checks that what it wrote computes :meth:`Predicts.predict`'s outputs."""
         ...
 
 

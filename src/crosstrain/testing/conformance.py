@@ -13,8 +13,9 @@ Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of e
 per-token loss), eval counts every row once, the backend agrees step by step with the
 torch reference (when torch is installed), a failing rank ends the run naming it, a run
 resumed from its last checkpoint after a failure takes exactly the uninterrupted run's
-steps, a non-finite loss stops the run at its step (or is skipped), and a plan the backend
-cannot build is refused before launch.
+steps, a non-finite loss stops the run at its step (or is skipped), a plan the backend
+cannot build is refused before launch, and a finished run evaluates and predicts in one
+process to the metrics training measured.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ import numpy as np
 import pytest
 
 from crosstrain.core.checkpoint import complete_checkpoints
-from crosstrain.core.data import GlobalSampler
+from crosstrain.core.data import GlobalSampler, load_datasets
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import load_plan
-from crosstrain.core.strategy import SkipsNonFiniteSteps
+from crosstrain.core.strategy import Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.plans import (
@@ -297,6 +298,45 @@ class BackendConformance:
             "RuntimeError: injected failure at step 3"
         )
         assert len(step_losses(tmp_path / "run")) >= 2  # what was written is kept
+
+    def test_predicts_what_it_evaluates(self, tmp_path: Path) -> None:
+        """``crosstrain evaluate`` in one process gives training's own eval metrics, and
+        ``crosstrain predict`` (the backend's ``predict``) gives logits whose loss and
+        accuracy over the eval rows are those metrics."""
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        assert isinstance(strategy, Predicts), "implement predict() for crosstrain predict and export"
+        plan = write_plan(tmp_path, "dropout_mlp")
+        run = train(self.backend, plan, tmp_path / "run", 1)
+        trained = summary(run)["eval"]
+        evaluated = run_cli("evaluate", str(run), "--backend", self.backend, "--json")
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        assert_same_eval(json.loads(evaluated.stdout)["eval"], trained, loss_tolerance=WORLD_TOLERANCE)
+        rows = load_datasets(load_plan(plan)).eval
+        assert rows is not None
+        np.save(tmp_path / "rows.npy", np.asarray(rows.x[np.arange(len(rows))]))
+        out = tmp_path / "logits.npy"
+        predicted = run_cli(
+            "predict",
+            str(run),
+            "--backend",
+            self.backend,
+            "--data",
+            str(tmp_path / "rows.npy"),
+            "--out",
+            str(out),
+        )
+        assert predicted.returncode == 0, predicted.stderr[-3000:]
+        logits = np.load(out).astype(np.float64)
+        labels = np.asarray(rows.y[np.arange(len(rows))])
+        assert logits.shape == (len(rows), 10)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        losses = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(rows)), labels]
+        from_logits = {
+            "loss": float(losses.mean()),
+            "accuracy": float((logits.argmax(axis=1) == labels).mean()),
+            "count": float(len(rows)),
+        }
+        assert_same_eval(from_logits, trained, loss_tolerance=WORLD_TOLERANCE, flips=1)
 
     def test_declares_a_vocabulary_of_core_names(self) -> None:
         strategy = get_backend(make_plugin_manager(), self.backend)()

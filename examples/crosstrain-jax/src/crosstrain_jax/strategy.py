@@ -14,11 +14,12 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
 from crosstrain import (
+    BackendError,
     Batch,
     FrameworkStatus,
     Job,
@@ -54,6 +55,7 @@ class JaxState:
     rows: NamedSharding  # [batch, ...] arrays, batch split over the devices
     micro_rows: NamedSharding  # [micro-step, batch, ...] arrays, batch split over the devices
     optimizer_steps: int = 0
+    predict_fn: Callable[..., Any] | None = None  # jitted forward, made by the first predict()
 
 
 class JaxStrategy:
@@ -63,6 +65,19 @@ class JaxStrategy:
     def __init__(self, world: World | None = None, devices: Sequence[Any] | None = None) -> None:
         self.world = world or World()
         self.devices = list(devices) if devices is not None else None
+
+    @classmethod
+    def local(cls, device: Literal["cpu", "gpu"]) -> JaxStrategy:
+        """World 1 in this process, on the first CPU or GPU device."""
+        import jax
+
+        try:
+            found = jax.devices(device)
+        except RuntimeError:
+            found = []
+        if not found:
+            raise BackendError(f"--device {device}: jax sees no {device} device")
+        return cls(World(device=f"{device}:0"), devices=found[:1])
 
     # ----------------------------------------------------------------- discovery and launch
 
@@ -167,6 +182,19 @@ class JaxStrategy:
             metrics["correct"] = float((np.asarray(hits, np.float64) * weight).sum())
         metrics["count"] = float(weight.sum()) * loss.targets_per_row(batch.y.shape)
         return metrics
+
+    def predict(self, state: JaxState, x: np.ndarray) -> np.ndarray:
+        import jax
+
+        from crosstrain_jax.model import build_forward
+
+        if state.predict_fn is None:
+            forward = build_forward(state.plan)
+            state.predict_fn = jax.jit(lambda weights, rows: forward(weights, rows, None)[0])
+        # replicated: any number of rows, whatever the device count
+        rows = jax.device_put(x, state.replicated)
+        outputs = state.predict_fn({**state.params, **state.buffers}, rows)
+        return np.asarray(outputs, np.float32)
 
     # ----------------------------------------------------------------- collectives
     # One process holds every replica, so there is nobody to reduce with: the device-level

@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
@@ -27,7 +28,7 @@ from crosstrain.backends.tf.optimizer import (
     update_rule,
 )
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import OPTIMIZER_SLOTS, FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
@@ -48,6 +49,7 @@ class TfState:
     eval_function: Any  # tf.function: (x, y, weight, rows) -> float64 [loss_sum, (correct,) count]
     optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
     loss_scale: DynamicLossScale | None = None
+    predict_function: Any = None  # tf.function: x -> outputs, made by the first predict()
 
 
 class TfStrategy:
@@ -66,6 +68,18 @@ class TfStrategy:
 
             self._distribution = tf.distribute.get_strategy()
         return self._distribution
+
+    @classmethod
+    def local(cls, device: Literal["cpu", "gpu"]) -> TfStrategy:
+        """World 1 in this process: one replica on the CPU or on the first GPU."""
+        for name, value in TF_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+        import tensorflow as tf
+
+        if device == "gpu" and not tf.config.list_physical_devices("GPU"):
+            raise BackendError("--device gpu: tensorflow sees no GPU")
+        name = "/gpu:0" if device == "gpu" else "/cpu:0"
+        return cls(World(device=name.lstrip("/")), tf.distribute.OneDeviceStrategy(name))
 
     # ----------------------------------------------------------------- discovery and launch
 
@@ -154,6 +168,21 @@ class TfStrategy:
         sums = state.eval_function(batch.x, batch.y, batch.weight, rows).numpy()
         names = ["loss_sum", "correct", "count"] if len(sums) == 3 else ["loss_sum", "count"]
         return {name: float(value) for name, value in zip(names, sums, strict=True)}
+
+    def predict(self, state: TfState, x: np.ndarray) -> np.ndarray:
+        if state.predict_function is None:
+            state.predict_function = self._predict_function(state.model)
+        return np.asarray(state.predict_function(x).numpy(), np.float32)
+
+    def export_formats(self) -> tuple[str, ...]:
+        return ("keras",)
+
+    def export(self, state: TfState, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
+        from crosstrain.backends.tf.export import export_keras
+
+        expected = self.predict(state, sample)
+        weights = self.state_dict(state)
+        return export_keras(state.model, state.plan, weights, out, expected, sample)
 
     # ----------------------------------------------------------------- collectives
 
@@ -357,6 +386,22 @@ class TfStrategy:
             return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return tf.function(eval_function)
+
+    def _predict_function(self, model: Any) -> Any:
+        """Inference outputs as float32, on this process's (one) replica."""
+        import tensorflow as tf
+
+        from crosstrain.backends.tf.model import forward
+
+        distribution = self.distribution
+
+        def predict_function(x: Any) -> Any:
+            outputs = distribution.run(
+                lambda rows: tf.cast(forward(model, rows, training=False), tf.float32), args=(x,)
+            )
+            return distribution.experimental_local_results(outputs)[0]
+
+        return tf.function(predict_function, reduce_retracing=True)
 
     def _gather_from_processes(self, values: np.ndarray) -> np.ndarray:
         """Every process's ``values``, stacked in process order, on every process."""

@@ -10,12 +10,14 @@ import contextlib
 import importlib.util
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
 
 from crosstrain.core.data import Batch, Datasets, StepBatch
+from crosstrain.core.errors import BackendError
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import GpuUtilisation
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
@@ -66,6 +68,17 @@ class TorchStrategy:
     def __init__(self, world: World | None = None, device: str = "cpu") -> None:
         self.world = world or World()
         self.device = device
+
+    @classmethod
+    def local(cls, device: Literal["cpu", "gpu"]) -> TorchStrategy:
+        """World 1 in this process, on the CPU or the first CUDA device."""
+        if device == "cpu":
+            return cls(World(device="cpu"), "cpu")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BackendError("--device gpu: torch sees no CUDA device")
+        return cls(World(device="cuda:0"), "cuda:0")
 
     # ----------------------------------------------------------------- discovery and launch
 
@@ -232,6 +245,23 @@ class TorchStrategy:
             totals = self._sum_across(torch.stack(sums)).tolist()
         names = ["loss_sum", "correct", "count"] if len(totals) == 3 else ["loss_sum", "count"]
         return dict(zip(names, totals, strict=True))
+
+    def predict(self, state: TorchState, x: np.ndarray) -> np.ndarray:
+        import torch
+
+        state.set_training(False)
+        inputs = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        with torch.no_grad(), self._autocast(state.plan):
+            outputs = self._forward(state, state.module, inputs, None, None, 0)
+        return np.asarray(outputs.float().cpu().numpy())
+
+    def export_formats(self) -> tuple[str, ...]:
+        return ("torch",)
+
+    def export(self, state: TorchState, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
+        from crosstrain.backends.torch.export import export_torch
+
+        return export_torch(state.module, out, sample)
 
     def device_report(self, state: TorchState) -> dict[str, float | None]:
         import torch
