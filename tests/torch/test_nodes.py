@@ -1,0 +1,72 @@
+"""torch across machines, on loopback: two launchers as two "machines" (torchrun's c10d
+rendezvous through the elastic agent), and the processes srun or Kubeflow would start,
+each running the CLI. World 2 from two machines equals world 2 on one, step for step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crosstrain.backends.common import free_port
+from tests.conftest import run_cli, run_cli_together, worker_env
+from tests.support import step_losses, summary
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+STEPS = ["--set", "train.max_steps=8", "--device", "cpu"]
+
+
+@pytest.fixture
+def one_machine(write_plan: Callable[..., Path], tmp_path: Path) -> np.ndarray:
+    """Per-step losses of world 2 started by one launcher on one machine."""
+    result = run_cli("run", str(write_plan()), "--nproc", "2", "--out", str(tmp_path / "one"), *STEPS)
+    assert result.returncode == 0, result.stderr
+    return step_losses(tmp_path / "one")
+
+
+def test_two_machines_train_as_one_with_the_same_world(
+    write_plan: Callable[..., Path], tmp_path: Path, one_machine: np.ndarray
+) -> None:
+    out, endpoint = tmp_path / "two", f"127.0.0.1:{free_port()}"
+    node = ["run", str(write_plan()), "--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    results = run_cli_together(
+        *(([*node, "--node-rank", str(rank), "--out", str(out), *STEPS], worker_env()) for rank in (0, 1))
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    assert (summary(out)["world_size"], summary(out)["processes"]) == (2, 2)
+    np.testing.assert_allclose(step_losses(out), one_machine, rtol=0, atol=1e-6)
+
+
+def test_srun_tasks_join_one_group(write_plan: Callable[..., Path], tmp_path: Path, one_machine: np.ndarray) -> None:
+    """As `srun --ntasks 2 crosstrain run ...` starts them: SLURM's variables, no flag."""
+    out, port = tmp_path / "slurm", str(free_port())
+    slurm = {"SLURM_NTASKS": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "77", "MASTER_PORT": port}
+    tasks = [
+        {**worker_env(), **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)} for rank in (0, 1)
+    ]
+    results = run_cli_together(*((["run", str(write_plan()), "--out", str(out), *STEPS], env) for env in tasks))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    assert summary(out)["world_size"] == 2
+    np.testing.assert_allclose(step_losses(out), one_machine, rtol=0, atol=1e-6)
+
+
+def test_a_machine_count_that_does_not_divide_nproc_is_refused(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    endpoint = "127.0.0.1:29400"
+    result = run_cli(
+        "run", str(write_plan()), "--nproc", "3", "--nnodes", "2", "--rdzv-endpoint", endpoint,
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "crosstrain: error: --nproc 3 is not a multiple of --nnodes 2 (--nproc counts the replicas on all machines)"
+    )
+    assert not (tmp_path / "o").exists()
