@@ -43,14 +43,18 @@ def test_two_machines_train_as_one_with_the_same_world(
     np.testing.assert_allclose(step_losses(out), one_machine, rtol=0, atol=1e-6)
 
 
-def test_srun_tasks_join_one_group(write_plan: Callable[..., Path], tmp_path: Path, one_machine: np.ndarray) -> None:
+def test_srun_tasks_join_one_group(
+    write_plan: Callable[..., Path], tmp_path: Path, one_machine: np.ndarray
+) -> None:
     """As `srun --ntasks 2 crosstrain run ...` starts them: SLURM's variables, no flag."""
     out, port = tmp_path / "slurm", str(free_port())
     slurm = {"SLURM_NTASKS": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "77", "MASTER_PORT": port}
     tasks = [
         {**worker_env(), **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)} for rank in (0, 1)
     ]
-    results = run_cli_together(*((["run", str(write_plan()), "--out", str(out), *STEPS], env) for env in tasks))
+    results = run_cli_together(
+        *((["run", str(write_plan()), "--out", str(out), *STEPS], env) for env in tasks)
+    )
     for result in results:
         assert result.returncode == 0, result.stderr
     assert summary(out)["world_size"] == 2
@@ -67,6 +71,7 @@ def test_a_machine_count_that_does_not_divide_nproc_is_refused(
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "crosstrain: error: --nproc 3 is not a multiple of --nnodes 2 (--nproc counts the replicas on all machines)"
+        "crosstrain: error: --nproc 3 is not a multiple of --nnodes 2 "
+        "(--nproc counts the replicas on all machines)"
     )
     assert not (tmp_path / "o").exists()
