@@ -68,11 +68,12 @@ def test_several_machines_or_an_outside_launchers_group_are_refused_before_anyth
     assert (result.returncode, result.stderr.strip().splitlines()[-1]) == (
         2, "crosstrain: error: --nnodes 2: the jax backend runs on one machine"
     )
-    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "5", "SLURM_JOB_NAME": "train"}
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "5",
+             "SLURM_JOB_NAME": "train"}
     result = run_cli("run", plan, "--backend", "jax", "--out", out, env=slurm)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "crosstrain: error: the SLURM environment (SLURM_NTASKS=2), but the jax backend runs on one "
-        "machine in one launch: run it once, outside that launcher"
+        "crosstrain: error: the SLURM environment (SLURM_NTASKS=2), but the jax backend runs "
+        "on one machine in one launch: run it once, outside that launcher"
     )
     assert not (tmp_path / "run").exists()
