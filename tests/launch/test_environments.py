@@ -171,7 +171,7 @@ def test_nproc_defaults_to_one_per_machine_or_to_what_the_launcher_started() -> 
         # backend can; torch refuses it, one process per replica: tests/torch/test_cli.py)
         (
             SLURM,
-            {"nproc": 8, "nnodes": 2, "rdzv_endpoint": "h:1"},
+            {"nproc": 8, "nnodes": 2},
             r"--nnodes 2, but the SLURM environment \(SLURM_NTASKS=8\): it starts the processes",
         ),
     ],

@@ -54,6 +54,8 @@ def check_cluster(
 ) -> int:
     """The replicas in all (``--nproc``, or what the environment started), after holding
     the flags against each other and against the environment."""
+    if not environment.starts_processes:
+        return _check_outside(environment, nproc, nnodes)
     if nnodes < 1:
         raise InputError(f"--nnodes {nnodes}: the number of machines must be at least 1")
     if not 0 <= node_rank < nnodes:
@@ -62,8 +64,6 @@ def check_cluster(
         raise InputError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")
     if rdzv_endpoint:
         parse_endpoint(rdzv_endpoint)
-    if not environment.starts_processes:
-        return _check_outside(environment, nproc, nnodes)
     replicas = nnodes if nproc is None else nproc
     if replicas % nnodes:
         raise InputError(
@@ -76,7 +76,7 @@ def check_cluster(
 def _check_outside(environment: ClusterEnvironment, nproc: int | None, nnodes: int) -> int:
     """Under an outside launcher every process runs the CLI; it, not the flags, sets the world."""
     processes = environment.world_size()
-    if nnodes > 1:
+    if nnodes != 1:
         raise InputError(
             f"--nnodes {nnodes}, but {environment.describe()}: it starts the processes on every "
             f"machine, so leave --nnodes, --node-rank and --rdzv-endpoint out"
