@@ -4,6 +4,8 @@ the flags held against it. No framework, no process."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +190,30 @@ def test_an_endpoint_is_host_and_port() -> None:
     assert parse_endpoint("[::1]:29400") == ("::1", 29400)
     with pytest.raises(InputError, match="--rdzv-endpoint 'h:0'"):
         parse_endpoint("h:0")
+
+
+@pytest.mark.parametrize(
+    ("environ", "node_rank", "owns"),
+    [
+        ({}, 0, True),
+        ({}, 1, False),  # another machine's launcher: node 0's minds the folder
+        (SLURM, 0, False),  # task 5 of 8
+        ({**SLURM, "SLURM_PROCID": "0"}, 0, True),
+        (TFJOB, 0, False),
+    ],
+)
+def test_only_rank_0_minds_the_run_folder(
+    monkeypatch: pytest.MonkeyPatch,
+    write_plan: Callable[..., Path],
+    environ: dict[str, str],
+    node_rank: int,
+    owns: bool,
+) -> None:
+    from crosstrain.api import owns_run_folder
+    from crosstrain.core.plan import load_plan
+    from crosstrain.core.strategy import Job
+
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    job = Job(plan=load_plan(write_plan()), backend="torch", nnodes=2, node_rank=node_rank)
+    assert owns_run_folder(job) is owns
