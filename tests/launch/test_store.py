@@ -43,9 +43,7 @@ def test_a_participant_that_never_comes_is_named_within_the_deadline() -> None:
 
 def test_no_store_at_all_is_an_error_not_a_hang() -> None:
     port = free_port()
-    with pytest.raises(
-        InputError, match=f"address exchange at 127.0.0.1:{port}: cannot reach it within 0.3 s"
-    ):
+    with pytest.raises(InputError, match=f"address exchange at 127.0.0.1:{port}: cannot reach it"):
         exchange("127.0.0.1", port, "rank-1", ["a:1"], ["rank-0", "rank-1"], timeout_seconds=0.3)
 
 

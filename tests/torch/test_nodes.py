@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.common import free_port
-from tests.conftest import run_cli, run_cli_together, worker_env
+from tests.conftest import MLP_PLAN, run_cli, run_cli_together, worker_env
 from tests.support import step_losses, summary
 
 pytest.importorskip("torch")
@@ -21,12 +21,14 @@ pytestmark = pytest.mark.torch
 STEPS = ["--set", "train.max_steps=8", "--device", "cpu"]
 
 
-@pytest.fixture
-def one_machine(write_plan: Callable[..., Path], tmp_path: Path) -> np.ndarray:
-    """Per-step losses of world 2 started by one launcher on one machine."""
-    result = run_cli("run", str(write_plan()), "--nproc", "2", "--out", str(tmp_path / "one"), *STEPS)
+@pytest.fixture(scope="module")
+def one_machine(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """Per-step losses of world 2 started by one launcher on one machine (once per module)."""
+    folder = tmp_path_factory.mktemp("one")
+    (folder / "plan.toml").write_text(MLP_PLAN)
+    result = run_cli("run", str(folder / "plan.toml"), "--nproc", "2", "--out", str(folder / "run"), *STEPS)
     assert result.returncode == 0, result.stderr
-    return step_losses(tmp_path / "one")
+    return step_losses(folder / "run")
 
 
 def test_two_machines_train_as_one_with_the_same_world(
@@ -75,3 +77,20 @@ def test_a_machine_count_that_does_not_divide_nproc_is_refused(
         "(--nproc counts the replicas on all machines)"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_a_machine_that_never_comes_ends_the_rendezvous_with_one_line(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Node 1 alone: no store at the endpoint; the wait ends at --timeout, naming the endpoint."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    result = run_cli(
+        "run", str(write_plan()), "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
+        "--rdzv-endpoint", endpoint, "--timeout", "2", "--out", str(tmp_path / "o"), "--device", "cpu",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"crosstrain: error: --rdzv-endpoint {endpoint}: the machines did not meet")
+    )

@@ -78,9 +78,9 @@ def _request(host: str, port: int, message: dict[str, Any], deadline: float) -> 
                 connection.sendall(json.dumps(message).encode() + b"\n")
                 reply = connection.makefile("rb").readline()
             return dict(json.loads(reply)), own_address
-        except (OSError, ValueError):
+        except (OSError, ValueError) as error:
             if time.monotonic() > deadline:
-                raise
+                raise InputError(f"address exchange at {host}:{port}: cannot reach it ({error})") from None
             time.sleep(_POLL_SECONDS)
 
 
@@ -91,27 +91,22 @@ def exchange(
     of ``keys`` has a value and return them. Raises :class:`InputError` naming the missing
     keys when ``timeout_seconds`` pass first: never a hang."""
     deadline = time.monotonic() + timeout_seconds
-    try:
-        _request(host, port, {"op": "set", "key": key, "value": value}, deadline)
-        found: dict[str, Any] = {}
-        while True:
-            for wanted in keys:
-                if wanted not in found:
-                    reply, _ = _request(host, port, {"op": "get", "key": wanted}, deadline)
-                    if reply.get("value") is not None:
-                        found[wanted] = reply["value"]
-            if len(found) == len(keys):
-                return found
-            if time.monotonic() > deadline:
-                missing = ", ".join(wanted for wanted in keys if wanted not in found)
-                raise InputError(
-                    f"address exchange at {host}:{port}: no word from {missing} within {timeout_seconds:g} s"
-                )
-            time.sleep(_POLL_SECONDS)
-    except OSError as error:
-        raise InputError(
-            f"address exchange at {host}:{port}: cannot reach it within {timeout_seconds:g} s ({error})"
-        ) from None
+    _request(host, port, {"op": "set", "key": key, "value": value}, deadline)
+    found: dict[str, Any] = {}
+    while True:
+        for wanted in keys:
+            if wanted not in found:
+                reply, _ = _request(host, port, {"op": "get", "key": wanted}, deadline)
+                if reply.get("value") is not None:
+                    found[wanted] = reply["value"]
+        if len(found) == len(keys):
+            return found
+        if time.monotonic() > deadline:
+            missing = ", ".join(wanted for wanted in keys if wanted not in found)
+            raise InputError(
+                f"address exchange at {host}:{port}: no word from {missing} within {timeout_seconds:g} s"
+            )
+        time.sleep(_POLL_SECONDS)
 
 
 def reachable_address(host: str, port: int, timeout_seconds: float) -> str:

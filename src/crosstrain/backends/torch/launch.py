@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from crosstrain.backends.common import free_port
@@ -107,13 +108,20 @@ def launch(job: Job) -> RunResult:
             raise (stalls[0] if stalls else _worker_error(failure)) from None
         except SignalException as signalled:
             raise Interrupted(int(signalled.sigval)) from None
+        except RendezvousError as error:  # a machine that never came, an endpoint nobody serves
+            cause = f" ({error.__cause__})" if error.__cause__ else ""
+            raise InputError(
+                f"--rdzv-endpoint {job.rdzv_endpoint}: the machines did not meet: {error}{cause}"
+            ) from None
     return RunResult(results[min(results)], job.out_dir)  # this machine's first rank
 
 
 def _config(job: Job, folder: Path) -> LaunchConfig:
     """torchrun's c10d rendezvous, as ``torchrun --nnodes N --node-rank R --rdzv-endpoint``
     configures it: every machine's agent joins at the endpoint; node 0 hosts the store."""
-    rdzv_configs: dict[str, Any] = {"timeout": max(1, math.ceil(job.timeout_seconds))}
+    seconds = max(1, math.ceil(job.timeout_seconds))
+    # the c10d handler's names: the wait for every machine, and for the store at the endpoint
+    rdzv_configs: dict[str, Any] = {"join_timeout": seconds, "read_timeout": seconds}
     if job.nnodes > 1:
         host, port = parse_endpoint(job.rdzv_endpoint)
         endpoint, run_id = f"{host}:{port}", f"crosstrain-{port}"  # the same on every machine
