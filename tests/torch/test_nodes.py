@@ -4,6 +4,7 @@ each running the CLI. World 2 from two machines equals world 2 on one, step for 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,18 +46,34 @@ def test_two_machines_train_as_one_with_the_same_world(
     np.testing.assert_allclose(step_losses(out), one_machine, rtol=0, atol=1e-6)
 
 
-def test_srun_tasks_join_one_group(
-    write_plan: Callable[..., Path], tmp_path: Path, one_machine: np.ndarray
+@pytest.mark.parametrize("launcher", ["srun", "tfjob"])
+def test_an_outside_launchers_processes_join_one_group(
+    tmp_path: Path, one_machine: np.ndarray, launcher: str
 ) -> None:
-    """As `srun --ntasks 2 crosstrain run ...` starts them: SLURM's variables, no flag."""
-    out, port = tmp_path / "slurm", str(free_port())
-    slurm = {"SLURM_NTASKS": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "77", "MASTER_PORT": port}
-    tasks = [
-        {**worker_env(), **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)} for rank in (0, 1)
-    ]
-    results = run_cli_together(
-        *((["run", str(write_plan()), "--out", str(out), *STEPS], env) for env in tasks)
-    )
+    """As `srun --ntasks 2 crosstrain run ...` or a TFJob's two pods start them: no flag."""
+    out, port = tmp_path / launcher, free_port()
+    if launcher == "srun":
+        shared = {
+            "SLURM_NTASKS": "2",
+            "SLURM_NODELIST": "127.0.0.1",
+            "SLURM_JOB_ID": "77",
+            "MASTER_PORT": str(port),
+        }
+        ranks = [{"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)} for rank in (0, 1)]
+    else:  # torch meets at the first task's address
+        hosts = [f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"]
+        shared = {}
+        ranks = [
+            {
+                "TF_CONFIG": json.dumps(
+                    {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": rank}}
+                )
+            }
+            for rank in (0, 1)
+        ]
+    (tmp_path / "plan.toml").write_text(MLP_PLAN)
+    arguments = ["run", str(tmp_path / "plan.toml"), "--out", str(out), *STEPS]
+    results = run_cli_together(*((arguments, {**worker_env(), **shared, **rank}) for rank in ranks))
     for result in results:
         assert result.returncode == 0, result.stderr
     assert summary(out)["world_size"] == 2
