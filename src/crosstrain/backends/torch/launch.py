@@ -120,9 +120,10 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
     """torchrun's c10d rendezvous, as ``torchrun --nnodes N --node-rank R --rdzv-endpoint``
     configures it: every machine's agent joins at the endpoint; node 0 hosts the store."""
     seconds = max(1, math.ceil(job.timeout_seconds))
-    # the c10d handler's names: the wait for every machine, and for the store at the endpoint
-    rdzv_configs: dict[str, Any] = {"join_timeout": seconds, "read_timeout": seconds}
+    rdzv_configs: dict[str, Any] = {"timeout": seconds}
     if job.nnodes > 1:
+        # the c10d handler's names: the wait for every machine, and for the store at the endpoint
+        rdzv_configs.update(join_timeout=seconds, read_timeout=seconds)
         host, port = parse_endpoint(job.rdzv_endpoint)
         endpoint, run_id = f"{host}:{port}", f"crosstrain-{port}"  # the same on every machine
         # torchrun guesses the store's host from the machine's names; two "machines" on one
