@@ -18,7 +18,7 @@ from crosstrain.launch.environments.kubeflow import KubeflowEnvironment
 from crosstrain.launch.environments.local import LocalEnvironment
 from crosstrain.launch.environments.slurm import SlurmEnvironment, first_host
 from crosstrain.launch.environments.tf_config import TF_CONFIG, TfConfigEnvironment
-from crosstrain.launch.environments.torchelastic import TORCHRUN_VARIABLES, TorchElasticEnvironment
+from crosstrain.launch.environments.torchrun import TORCHRUN_VARIABLES, TorchElasticEnvironment
 
 #: tried in this order; torchrun first (it may run inside a SLURM job), local last
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
