@@ -23,6 +23,7 @@ from crosstrain.core.errors import InputError
 
 _POLL_SECONDS = 0.1
 _REQUEST_SECONDS = 10.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -55,8 +56,11 @@ class _StoreServer(socketserver.ThreadingTCPServer):
 def serve_store(host: str, port: int) -> Iterator[None]:
     """Serve the store at ``host:port`` for the block (the whole launch: a late peer may
     still be reading)."""
+    # on loopback, loopback only; else every interface: the name the peers use (a Kubeflow
+    # service, a SLURM node name) need not be an address this machine can bind
+    bind = host if host in _LOOPBACK else "0.0.0.0"
     try:
-        server = _StoreServer((host, port))
+        server = _StoreServer((bind, port))
     except OSError as error:
         raise InputError(f"cannot serve the address exchange at {host}:{port}: {error.strerror}") from None
     thread = threading.Thread(target=server.serve_forever, args=(_POLL_SECONDS,), daemon=True)
