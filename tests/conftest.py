@@ -94,3 +94,33 @@ def json_from_fresh_process(entry: str, *args: str, timeout: float = 300) -> dic
     )
     assert result.returncode == 0, result.stderr
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def run_cli_together(
+    *runs: tuple[list[str], dict[str, str]], timeout: float = 120
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run several `crosstrain` CLIs at once (the launchers of several "machines", or the
+    processes an outside launcher such as srun starts), each with its arguments and
+    environment; wait for all, and kill the rest when one overruns the timeout."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "crosstrain.cli", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for args, env in runs
+    ]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [
+        subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        for process, (stdout, stderr) in zip(processes, outputs, strict=True)
+    ]

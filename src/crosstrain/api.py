@@ -11,12 +11,20 @@ from typing import Any
 
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
-from crosstrain.core.errors import CrosstrainError, InputError
+from crosstrain.core.errors import BackendError, CrosstrainError, InputError
 from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import open_run_folder, write_run_plan
-from crosstrain.core.strategy import ChecksJob, DeviceChoice, DistributedStrategy, Job, PluginSelection
+from crosstrain.core.strategy import (
+    ChecksJob,
+    DeviceChoice,
+    DistributedStrategy,
+    Job,
+    PluginSelection,
+    SpansNodes,
+)
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
+from crosstrain.launch.environments import check_cluster, detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
 
 
@@ -42,7 +50,7 @@ def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
 def make_job(
     plan: Plan,
     backend: str,
-    replicas: int = 1,
+    replicas: int | None = None,
     workers: int | None = None,
     device: DeviceChoice = "auto",
     out: str | Path | None = None,
@@ -51,9 +59,14 @@ def make_job(
     timeout_seconds: float = 300.0,
     resume: bool = False,
     max_restarts: int = 0,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str = "",
 ) -> Job:
     """Check everything that can be checked before a process starts, then describe the job.
-    The run folder is ``out``, else the plan's ``output.dir``, else a new one under runs/."""
+    The run folder is ``out``, else the plan's ``output.dir``, else a new one under runs/.
+    ``replicas`` None: one per machine, or what an outside launcher (torchrun, SLURM) started."""
+    replicas = check_cluster(detect_environment(), replicas, nnodes, node_rank, rdzv_endpoint)
     check_numbers(replicas, workers, timeout_seconds)
     check_world_fits(plan, replicas)
     load_datasets(plan)  # the data must load and fit the model before any worker starts
@@ -74,6 +87,9 @@ def make_job(
         timeout_seconds=timeout_seconds,
         resume=resume,
         max_restarts=max_restarts,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
     )
 
 
@@ -115,6 +131,29 @@ def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
     if isinstance(strategy, ChecksJob):
         strategy.check_job(job)
     check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
+    check_backend_spans(strategy, job)
+
+
+def check_backend_spans(strategy: DistributedStrategy, job: Job) -> None:
+    """A backend that runs on one machine is refused more machines, and an outside
+    launcher's group (which would otherwise run as that many separate jobs)."""
+    if isinstance(strategy, SpansNodes) and strategy.spans_nodes():
+        return
+    if job.nnodes > 1:
+        raise BackendError(f"--nnodes {job.nnodes}: the {job.backend} backend runs on one machine")
+    environment = detect_environment()
+    if not environment.starts_processes and environment.world_size() > 1:
+        raise BackendError(
+            f"{environment.describe()}, but the {job.backend} backend runs on one machine "
+            f"in one launch: run it once, outside that launcher"
+        )
+
+
+def owns_run_folder(job: Job) -> bool:
+    """Whether this process checks, clears and locks the run folder. Under an outside
+    launcher every process runs the CLI, and on ``--nnodes`` machines every node's
+    launcher does: rank 0's (node 0's) minds the folder, the others leave it to it."""
+    return job.node_rank == 0 and detect_environment().rank() == 0
 
 
 def run_job(
@@ -127,8 +166,11 @@ def run_job(
     strategy = get_backend(manager, job.backend)()
     check_backend_can_run(strategy, job)  # what the backend refuses writes nothing
     check_out_dir(job.out_dir)
-    with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
-        write_run_plan(Path(job.out_dir), job.plan)  # what evaluate, predict and export read
+    if owns_run_folder(job):
+        with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
+            write_run_plan(Path(job.out_dir), job.plan)  # what evaluate, predict and export read
+            summary = dict(strategy.launch(job).summary)
+    else:
         summary = dict(strategy.launch(job).summary)
     stopped = summary.get("stopped") or {}
     if stopped.get("kind") == "nonfinite":
@@ -142,7 +184,7 @@ def run_job(
 def fit(
     plan: Plan | str | Path,
     backend: str = "torch",
-    nproc: int = 1,
+    nproc: int | None = None,
     *,
     workers: int | None = None,
     device: DeviceChoice = "auto",
@@ -154,8 +196,13 @@ def fit(
     resume: bool = False,
     overwrite: bool = False,
     max_restarts: int = 0,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str = "",
 ) -> dict[str, Any]:
-    """Train ``plan`` on ``backend`` with ``nproc`` replicas; return the run's summary.
+    """Train ``plan`` on ``backend`` with ``nproc`` replicas (default: one per machine, or
+    what an outside launcher started); return the run's summary. ``nnodes``, ``node_rank``
+    and ``rdzv_endpoint`` spread them over machines, as the CLI's flags do.
     ``resume`` continues ``out``'s last checkpoint; ``overwrite`` replaces an earlier run
     there; ``max_restarts`` restarts a failed worker group from its last checkpoint."""
     prepared = prepare_plan(plan, overrides)
@@ -173,5 +220,8 @@ def fit(
         timeout_seconds,
         resume,
         max_restarts,
+        nnodes,
+        node_rank,
+        rdzv_endpoint,
     )
     return run_job(job, manager, overwrite)

@@ -39,6 +39,9 @@ _RUN_ARGUMENTS = {
     "resume",
     "overwrite",
     "max_restarts",
+    "nnodes",
+    "node_rank",
+    "rdzv_endpoint",
     "command",
     "handler",
 }
@@ -56,7 +59,12 @@ def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = Tru
     parser.add_argument("plan", help="plan file (.toml or .py)")
     if with_backend:
         parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
-    parser.add_argument("--nproc", type=int, default=1, help="replicas (model copies) in all")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="replicas (model copies) on all machines; default: 1 per machine, or what torchrun/srun started",
+    )
     parser.add_argument(
         "--workers", type=int, default=None, help="processes; default: the backend's natural layout"
     )
@@ -92,6 +100,20 @@ def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """torchrun's names: the same command on each machine, only --node-rank differs."""
+    parser.add_argument("--nnodes", type=int, default=1, metavar="N", help="machines (default: 1)")
+    parser.add_argument(
+        "--node-rank", type=int, default=0, metavar="R", help="this machine's index, 0 to N-1"
+    )
+    parser.add_argument(
+        "--rdzv-endpoint",
+        default="",
+        metavar="HOST:PORT",
+        help="where the machines meet: a free port on node 0 (needed with --nnodes > 1)",
+    )
+
+
 def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crosstrain", description=__doc__)
     parser.add_argument(
@@ -106,6 +128,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="train a plan")
     _add_run_arguments(run)
     _add_run_folder_arguments(run)
+    _add_node_arguments(run)
     manager.hook.crosstrain_addoption(parser=run)
     run.set_defaults(handler=_run)
     compare = commands.add_parser("compare", help="run a plan on several backends and compare")
@@ -154,6 +177,9 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
         args.timeout,
         args.resume,
         args.max_restarts,
+        args.nnodes,
+        args.node_rank,
+        args.rdzv_endpoint,
     )
     summary = run_job(job, manager, args.overwrite)
     print_summary(console, summary, job.out_dir)
@@ -164,7 +190,7 @@ def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console
     from crosstrain.compare import compare_pair, print_comparison, run_backends
 
     plan = prepare_plan(args.plan, args.overrides)
-    out_root = Path(args.out) if args.out else default_out_dir(plan, "compare", args.nproc)
+    out_root = Path(args.out) if args.out else default_out_dir(plan, "compare", args.nproc or 1)
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
     runs = run_backends(
         plan,

@@ -86,7 +86,7 @@ def run_backends(
     backends: Sequence[str],
     manager: CrosstrainPluginManager,
     out_root: Path,
-    replicas: int = 1,
+    replicas: int | None = 1,
     workers: int | None = None,
     device: DeviceChoice = "auto",
     plugins: PluginSelection = PluginSelection(),

@@ -55,3 +55,25 @@ def test_several_workers_are_refused_before_anything_starts(
     assert "multi-process jax (jax.distributed) is not supported" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
+
+
+def test_several_machines_or_an_outside_launchers_group_are_refused_before_anything_starts(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The example backend runs on one machine: --nnodes 2, or two srun tasks that would
+    otherwise train as two separate jobs, is one line and exit 2 (crosstrain's SpansNodes)."""
+    plan, out = str(write_plan()), str(tmp_path / "run")
+    result = run_cli("run", plan, "--backend", "jax", "--nproc", "2", "--nnodes", "2",
+                     "--rdzv-endpoint", "127.0.0.1:29400", "--out", out)
+    assert (result.returncode, result.stderr.strip().splitlines()[-1]) == (
+        2, "crosstrain: error: --nnodes 2: the jax backend runs on one machine"
+    )
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "5",
+             "SLURM_JOB_NAME": "train"}
+    result = run_cli("run", plan, "--backend", "jax", "--out", out, env=slurm)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "crosstrain: error: the SLURM environment (SLURM_NTASKS=2), but the jax backend runs "
+        "on one machine in one launch: run it once, outside that launcher"
+    )
+    assert not (tmp_path / "run").exists()

@@ -77,6 +77,12 @@ class Job:
     #: how many times a launcher that can restart its workers (torch's elastic agent)
     #: restarts the whole group after a failure; each restart resumes
     max_restarts: int = 0
+    #: machines crosstrain launches on (``--nnodes``), this one's index (``--node-rank``)
+    #: and where they meet (``--rdzv-endpoint HOST:PORT``, node 0's); ``replicas`` counts
+    #: the replicas on all of them
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
 
 
 @attrs.frozen
@@ -189,6 +195,18 @@ class ReportsDevice(Protocol):
     def device_report(self, state: Any) -> dict[str, float | None]:
         """``peak_device_memory_bytes`` and ``gpu_utilisation_percent`` (mean while
         training), each None where it cannot be measured."""
+        ...
+
+
+@runtime_checkable
+class SpansNodes(Protocol):
+    """Optional capability, needed by ``--nnodes`` > 1 and by an outside launcher's group
+    (torchrun, SLURM, Kubeflow, TF_CONFIG) of more than one process: ``launch`` honours
+    ``job.nnodes``/``node_rank``/``rdzv_endpoint`` and joins the detected environment
+    (:mod:`crosstrain.launch.environments`). Without it the backend runs on one machine."""
+
+    def spans_nodes(self) -> bool:
+        """True: ``launch`` runs across machines and under outside launchers."""
         ...
 
 

@@ -6,17 +6,24 @@ processes: one holding every replica (MirroredStrategy), one per worker with a
 TF_CONFIG written here (MultiWorkerMirroredStrategy on 127.0.0.1), or, when TF_CONFIG
 is already set, one that joins that cluster as its task.
 
+Across machines (``--nnodes``) and under an outside launcher that starts one process per
+worker (torchrun, srun, Kubeflow: :mod:`crosstrain.launch.environments`), the TF_CONFIG
+is built from the same facts: node 0 (rank 0) serves a small address exchange
+(:mod:`crosstrain.launch.store`), every machine puts its workers' ``host:port`` there
+and reads everyone's, so one cluster forms instead of N separate jobs.
+
 The workers run under crosstrain's shared launcher (:mod:`crosstrain.launch`): error
 files, heartbeat, stopping the others on the first failure, dying with the launcher.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +35,16 @@ from crosstrain.core.errors import BackendError
 from crosstrain.core.heartbeat import collective_timeout
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
+from crosstrain.launch.environments import (
+    TF_CONFIG,
+    ClusterEnvironment,
+    TfConfigEnvironment,
+    detect_environment,
+    parse_endpoint,
+)
+from crosstrain.launch.store import exchange, reachable_address, serve_store
 from crosstrain.launch.worker import worker_folder, worker_rank
 
-TF_CONFIG = "TF_CONFIG"
 JOB_FILE = "job.pkl"
 
 
@@ -45,31 +59,24 @@ class Layout:
 
 @attrs.frozen
 class Cluster:
-    """A TF_CONFIG this process was started with: the cluster to join and our place in it."""
+    """An outside launcher's group this process belongs to (torchrun, srun, Kubeflow, a
+    TF_CONFIG): its processes are the workers, and this one is ``rank``."""
 
     workers: int
     rank: int
+    #: how errors name it, e.g. "TF_CONFIG describes 3 workers"
+    described: str = attrs.field(default="", eq=False)
 
 
 # --------------------------------------------------------------------------- layout
 
 
-def cluster_from_environment(environ: Mapping[str, str] = os.environ) -> Cluster | None:
-    """The user's TF_CONFIG as a Cluster; chief (if any) is rank 0, then the workers."""
-    text = environ.get(TF_CONFIG)
-    if not text:
+def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluster | None:
+    """The outside launcher's group, or None when crosstrain starts the workers."""
+    environment = detect_environment(environ)
+    if environment.starts_processes:
         return None
-    try:
-        config = json.loads(text)
-        spec, task = config["cluster"], config["task"]
-        task_type, task_index = str(task["type"]), int(task["index"])
-    except (ValueError, KeyError, TypeError) as error:
-        raise BackendError(f"TF_CONFIG is not a valid cluster description: {error}") from None
-    if task_type not in ("chief", "worker"):
-        raise BackendError(f"TF_CONFIG task type {task_type!r}: crosstrain joins as chief or worker")
-    chiefs, workers = len(spec.get("chief", [])), len(spec.get("worker", []))
-    rank = task_index if task_type == "chief" else chiefs + task_index
-    return Cluster(workers=chiefs + workers, rank=rank)
+    return Cluster(environment.world_size(), environment.rank(), environment.describe())
 
 
 def physical_gpus() -> int:
@@ -80,13 +87,17 @@ def physical_gpus() -> int:
 
 def plan_layout(job: Job, cluster: Cluster | None, gpus: int) -> Layout:
     """Workers, replicas per worker and device kind; refuses layouts that cannot run."""
-    workers = cluster.workers if cluster else (job.workers or 1)
-    if job.workers is not None and job.workers != workers:
-        raise BackendError(f"--workers {job.workers}, but TF_CONFIG describes {workers} workers")
+    # on several machines, one worker per replica by default (as torch), at least one each
+    workers = cluster.workers if cluster else (job.workers or (job.replicas if job.nnodes > 1 else 1))
+    if cluster is not None and job.workers is not None and job.workers != workers:
+        raise BackendError(f"--workers {job.workers}, but {cluster.described}")
+    if workers % job.nnodes:
+        raise BackendError(f"--workers {workers} is not a multiple of --nnodes {job.nnodes}")
     if job.replicas % workers:
         raise BackendError(f"--nproc {job.replicas} replicas do not split evenly over {workers} workers")
     local = job.replicas // workers
-    needed = local if cluster else job.replicas  # a joined worker only sees its own host
+    # a joined worker only sees its own host, a machine its own workers'
+    needed = local if cluster else job.replicas // job.nnodes
     device = "gpu" if job.device == "gpu" or (job.device == "auto" and gpus > 0) else "cpu"
     if job.device == "gpu" and gpus == 0:
         raise BackendError("--device gpu, but TensorFlow sees no GPU")
@@ -104,36 +115,95 @@ def plan_layout(job: Job, cluster: Cluster | None, gpus: int) -> Layout:
     return Layout(workers=workers, local_replicas=local, device=device)
 
 
+def cluster_config(hosts: Sequence[str], rank: int) -> str:
+    """TF_CONFIG for worker ``rank`` of the workers at ``hosts`` (``host:port``, by rank)."""
+    return json.dumps({"cluster": {"worker": list(hosts)}, "task": {"type": "worker", "index": rank}})
+
+
 def local_cluster_config(ports: Sequence[int], rank: int) -> str:
-    hosts = [f"127.0.0.1:{port}" for port in ports]
-    return json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": rank}})
+    return cluster_config([f"127.0.0.1:{port}" for port in ports], rank)
 
 
 # --------------------------------------------------------------------------- launcher
 
 
 def launch(job: Job) -> RunResult:
+    environment = detect_environment()
     cluster = cluster_from_environment()
     layout = plan_layout(job, cluster, physical_gpus() if job.device != "cpu" else 0)
-    with launch_folder("tf") as run_dir:
+    with launch_folder("tf") as run_dir, _exchange_served(job, environment):
         with open(run_dir / JOB_FILE, "wb") as handle:
             pickle.dump((job, layout), handle)
-        if cluster is not None:
-            ranks, environments = [cluster.rank], [_environment(run_dir, dict(os.environ))]
-        else:
-            ranks = list(range(layout.workers))
-            ports = [free_port() for _ in ranks]
-            environments = [_environment(run_dir, _local_config(layout, ports, rank)) for rank in ranks]
+        ranks, variables = _workers_here(job, layout, environment)
         specs = [
-            WorkerSpec(rank, _worker_command(local_index, len(ranks)), environment)
-            for local_index, (rank, environment) in enumerate(zip(ranks, environments, strict=True))
+            WorkerSpec(rank, _worker_command(local_index, len(ranks)), _environment(run_dir, values))
+            for local_index, (rank, values) in enumerate(zip(ranks, variables, strict=True))
         ]
         results = run_workers(specs, run_dir, job.timeout_seconds)
         return RunResult(results[ranks[0]], job.out_dir)
 
 
+def _workers_here(
+    job: Job, layout: Layout, environment: ClusterEnvironment
+) -> tuple[list[int], list[dict[str, str]]]:
+    """The ranks of the workers this launcher starts, and each one's environment."""
+    if isinstance(environment, TfConfigEnvironment):  # the user's TF_CONFIG, as it is
+        return [environment.rank()], [dict(os.environ)]
+    if not environment.starts_processes:  # torchrun, srun, Kubeflow: this process is one worker
+        rank = environment.rank()
+        if layout.workers == 1:
+            return [rank], [_without_tf_config()]
+        host, port = environment.main_address(), environment.exchange_port()
+        hosts = _agree_on_hosts(host, port, f"rank-{rank}", 1, layout.workers, job.timeout_seconds)
+        return [rank], [{**_without_tf_config(), TF_CONFIG: cluster_config(hosts, rank)}]
+    if job.nnodes > 1:  # this machine's share of the workers, after agreeing on everyone's
+        local = layout.workers // job.nnodes
+        host, port = parse_endpoint(job.rdzv_endpoint)
+        hosts = _agree_on_hosts(host, port, f"node-{job.node_rank}", local, job.nnodes, job.timeout_seconds)
+        ranks = [job.node_rank * local + index for index in range(local)]
+        return ranks, [{**_without_tf_config(), TF_CONFIG: cluster_config(hosts, rank)} for rank in ranks]
+    ranks = list(range(layout.workers))
+    ports = [free_port() for _ in ranks]
+    return ranks, [_local_config(layout, ports, rank) for rank in ranks]
+
+
+@contextlib.contextmanager
+def _exchange_served(job: Job, environment: ClusterEnvironment) -> Iterator[None]:
+    """Rank 0 (node 0) serves the address exchange for the whole launch."""
+    if job.nnodes > 1 and job.node_rank == 0:
+        with serve_store(*parse_endpoint(job.rdzv_endpoint)):
+            yield
+    elif _exchanges(environment) and environment.rank() == 0:
+        with serve_store(environment.main_address(), environment.exchange_port()):
+            yield
+    else:
+        yield
+
+
+def _exchanges(environment: ClusterEnvironment) -> bool:
+    outside = not environment.starts_processes and not isinstance(environment, TfConfigEnvironment)
+    return outside and environment.world_size() > 1
+
+
+def _agree_on_hosts(
+    host: str, port: int, key: str, local: int, participants: int, timeout_seconds: float
+) -> list[str]:
+    """Every worker's ``host:port``, by rank: this participant's ``local`` free ports put
+    under ``key`` (``node-R`` or ``rank-R``), the others' read from the store."""
+    own = reachable_address(host, port, timeout_seconds)
+    mine = [f"{own}:{free_port(own)}" for _ in range(local)]
+    prefix = key.rsplit("-", 1)[0]
+    keys = [f"{prefix}-{index}" for index in range(participants)]
+    found = exchange(host, port, key, mine, keys, timeout_seconds)
+    return [address for wanted in keys for address in found[wanted]]
+
+
+def _without_tf_config() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name != TF_CONFIG}
+
+
 def _local_config(layout: Layout, ports: Sequence[int], rank: int) -> dict[str, str]:
-    environment = {name: value for name, value in os.environ.items() if name != TF_CONFIG}
+    environment = _without_tf_config()
     if layout.workers > 1:
         environment[TF_CONFIG] = local_cluster_config(ports, rank)
     return environment

@@ -115,6 +115,10 @@ class TfStrategy:
         plan_layout(job, cluster_from_environment(), physical_gpus() if job.device != "cpu" else 0)
         check_compilable(job.plan)
 
+    def spans_nodes(self) -> bool:
+        """--nnodes and outside launchers (torchrun, SLURM, Kubeflow, TF_CONFIG): see launch.py."""
+        return True
+
     def launch(self, job: Job) -> RunResult:
         from crosstrain.backends.tf.launch import launch
 

@@ -18,15 +18,15 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from crosstrain.backends.common import free_port
@@ -44,17 +44,20 @@ from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
+from crosstrain.launch.environments import (
+    LocalEnvironment,
+    TorchElasticEnvironment,
+    detect_environment,
+    mismatch,
+    parse_endpoint,
+)
 from crosstrain.launch.reports import describe_exit
 
 _LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
 #: errors of bad input, by the name torch's error file gives them, and their exit codes
 _BAD_INPUT = {error.__name__: error.exit_code for error in (PlanError, BackendError, InputError)}
 _MONITOR_SECONDS = 0.2
-_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def launched_by_torchrun() -> bool:
-    return all(name in os.environ for name in _TORCHRUN_VARIABLES)
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def resolve_device(choice: str) -> str:
@@ -67,58 +70,79 @@ def resolve_device(choice: str) -> str:
 
 def check_layout(job: Job) -> None:
     """One process per replica, and one GPU per process when training on GPUs."""
-    if launched_by_torchrun():
-        world_size = int(os.environ["WORLD_SIZE"])
-        if job.replicas not in (1, world_size):  # 1 is --nproc's default: torchrun's world rules
-            raise BackendError(
-                f"--nproc {job.replicas}, but the torchrun environment says WORLD_SIZE={world_size} "
-                f"(unset RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT left over from another run)"
-            )
-        check_world_fits(job.plan, world_size)
-        return  # torchrun already chose the processes; each process has its own device
+    environment = detect_environment()
+    if not environment.starts_processes:
+        if job.replicas != environment.world_size():
+            raise BackendError(mismatch(environment, job.replicas) + "; torch runs one process per replica")
+        check_world_fits(job.plan, job.replicas)
+        return  # the outside launcher chose the processes; each process has its own device
     processes = job.workers or job.replicas
     if processes != job.replicas:
         raise BackendError(
             f"the torch backend runs one process per replica: --workers ({processes}) "
             f"must equal --nproc ({job.replicas})"
         )
-    if resolve_device(job.device) == "cuda" and torch.cuda.device_count() < processes:
+    local = processes // job.nnodes
+    if resolve_device(job.device) == "cuda" and torch.cuda.device_count() < local:
         gpus = torch.cuda.device_count()
-        raise BackendError(f"--nproc {processes} needs {processes} GPUs; torch sees {gpus}")
+        raise BackendError(f"--nproc {processes} needs {local} GPUs on each machine; torch sees {gpus}")
 
 
 def launch(job: Job) -> RunResult:
     check_layout(job)
-    if launched_by_torchrun():
-        # torchrun already chose the world; --nproc cannot be passed through its own parser
-        world_size = int(os.environ["WORLD_SIZE"])
-        return RunResult(_worker(attrs.evolve(job, replicas=world_size)) or {}, job.out_dir)
-    processes = job.replicas
+    if not detect_environment().starts_processes:
+        # torchrun, srun or Kubeflow started this process: it is one worker of the group
+        return RunResult(_worker(job) or {}, job.out_dir)
+    local = job.replicas // job.nnodes
     if job.max_restarts > 0:
         # A restarted group on the agent's shared store can read the dead workers' gloo
         # addresses (measured: "Connection refused" in connectFullMesh, 1 restart in 2);
         # without sharing, each round's rank 0 hosts a fresh store. Read by the agent here.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _quiet_elastic_logs()
-    with launch_folder("torch") as folder, _watched(folder, processes, job.timeout_seconds) as stalls:
+    ranks = range(local) if job.nnodes == 1 else None  # on many machines: known after the rendezvous
+    with launch_folder("torch") as folder, _watched(folder, local, ranks, job.timeout_seconds) as stalls:
         try:
             results = elastic_launch(_config(job, folder), _worker)(job)
         except ChildFailedError as failure:
             raise (stalls[0] if stalls else _worker_error(failure)) from None
         except SignalException as signalled:
             raise Interrupted(int(signalled.sigval)) from None
-    return RunResult(results[0], job.out_dir)
+        except RendezvousError as error:  # a machine that never came, an endpoint nobody serves
+            cause = f" ({error.__cause__})" if error.__cause__ else ""
+            raise InputError(
+                f"--rdzv-endpoint {job.rdzv_endpoint}: the machines did not meet: {error}{cause}"
+            ) from None
+    return RunResult(results[min(results)], job.out_dir)  # this machine's first rank
 
 
 def _config(job: Job, folder: Path) -> LaunchConfig:
+    """torchrun's c10d rendezvous, as ``torchrun --nnodes N --node-rank R --rdzv-endpoint``
+    configures it: every machine's agent joins at the endpoint; node 0 hosts the store."""
+    seconds = max(1, math.ceil(job.timeout_seconds))
+    rdzv_configs: dict[str, Any] = {"timeout": seconds}
+    if job.nnodes > 1:
+        # the c10d handler's names: the wait for every machine, and for the store at the endpoint
+        rdzv_configs.update(join_timeout=seconds, read_timeout=seconds)
+        host, port = parse_endpoint(job.rdzv_endpoint)
+        endpoint, run_id = f"{host}:{port}", f"crosstrain-{port}"  # the same on every machine
+        # torchrun guesses the store's host from the machine's names; two "machines" on one
+        # host (or a multi-homed one) make that guess ambiguous, the node rank does not
+        rdzv_configs["is_host"] = job.node_rank == 0
+    else:
+        endpoint, run_id = f"127.0.0.1:{free_port()}", f"crosstrain-{uuid.uuid4().hex[:8]}"
+        host = "127.0.0.1"
     return LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=job.replicas,
-        run_id=f"crosstrain-{uuid.uuid4().hex[:8]}",
+        min_nodes=job.nnodes,
+        max_nodes=job.nnodes,
+        nproc_per_node=job.replicas // job.nnodes,
+        run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        rdzv_configs={"timeout": max(1, math.ceil(job.timeout_seconds))},
+        rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_configs,
+        # the address the other machines reach this one's workers at: torchrun's
+        # --local-addr; on loopback every "machine" is this host
+        local_addr="127.0.0.1" if host in _LOOPBACK else None,
         max_restarts=job.max_restarts,  # each restart resumes (see _worker)
         monitor_interval=0.1,
         start_method="spawn",
@@ -129,18 +153,27 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
 
 
 @contextlib.contextmanager
-def _watched(folder: Path, ranks: int, timeout_seconds: float) -> Iterator[list[WorkerStalled]]:
+def _watched(
+    folder: Path, local: int, ranks: Iterable[int] | None, timeout_seconds: float
+) -> Iterator[list[WorkerStalled]]:
     """The workers write heartbeats into ``folder`` (spawned workers inherit os.environ);
     a thread watches them and, on a stall, kills every worker so that the agent stops, and
-    leaves the stall in the yielded list for the launch to report."""
+    leaves the stall in the yielded list for the launch to report. ``ranks`` None: this
+    machine's ranks are known once its ``local`` workers have beaten."""
     heartbeats = folder / "heartbeat"
     heartbeats.mkdir()
-    monitor = StallMonitor(heartbeats, range(ranks), timeout_seconds)
+    monitors = [StallMonitor(heartbeats, ranks, timeout_seconds)] if ranks is not None else []
     stalls: list[WorkerStalled] = []
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(_MONITOR_SECONDS):
+            if not monitors:
+                found = _beating_ranks(heartbeats)
+                if len(found) < local:
+                    continue
+                monitors.append(StallMonitor(heartbeats, found, timeout_seconds))
+            monitor = monitors[0]
             stall = monitor.check()
             if stall is not None:
                 stalls.append(stall)
@@ -163,6 +196,11 @@ def _watched(folder: Path, ranks: int, timeout_seconds: float) -> Iterator[list[
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _beating_ranks(heartbeats: Path) -> list[int]:
+    names = (path.name.removeprefix("rank-") for path in heartbeats.glob("rank-*"))
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def _quiet_elastic_logs() -> None:
@@ -222,9 +260,19 @@ def _die_with_launcher() -> None:
 
 
 def _join_group(job: Job) -> tuple[World, str]:
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Under the agent, torchrun or an outside launcher, the environment says where this
+    process stands (:mod:`crosstrain.launch.environments`)."""
+    environment = detect_environment()
+    rank, world_size, local_rank = environment.rank(), environment.world_size(), environment.local_rank()
+    if not isinstance(environment, (TorchElasticEnvironment, LocalEnvironment)):
+        # srun, Kubeflow or a TF_CONFIG: torch's env:// reads torchrun's names
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(local_rank),
+            MASTER_ADDR=environment.main_address(),
+            MASTER_PORT=str(environment.main_port()),
+        )
     device = resolve_device(job.device)
     if device == "cuda":
         torch.cuda.set_device(local_rank)

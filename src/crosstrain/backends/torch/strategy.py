@@ -106,6 +106,10 @@ class TorchStrategy:
 
         check_layout(job)
 
+    def spans_nodes(self) -> bool:
+        """--nnodes and outside launchers (torchrun, SLURM, Kubeflow, TF_CONFIG): see launch.py."""
+        return True
+
     def launch(self, job: Job) -> RunResult:
         from crosstrain.backends.torch.launch import launch
 
