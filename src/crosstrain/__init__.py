@@ -69,6 +69,7 @@ from crosstrain.core.strategy import (
     RunsLocally,
     SavesOptimizerState,
     SkipsNonFiniteSteps,
+    SpansNodes,
     World,
 )
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
@@ -131,6 +132,7 @@ __all__ = [
     "SavesOptimizerState",
     "ScheduleSpec",
     "SkipsNonFiniteSteps",
+    "SpansNodes",
     "SpeaksVocabulary",
     "StepBatch",
     "Tanh",
