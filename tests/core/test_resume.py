@@ -186,7 +186,7 @@ def test_a_non_finite_loss_stops_at_its_step(write_plan: Callable[..., Path], tm
     assert not (tmp_path / "model.safetensors").exists()  # no NaN model saved
 
 
-def test_a_backend_that_cannot_save_its_optimizer_is_refused_before_launch(
+def test_what_a_backend_cannot_do_is_refused_before_launch(
     write_plan: Callable[..., Path],
 ) -> None:
     class NoOptimizerState:
@@ -200,3 +200,7 @@ def test_a_backend_that_cannot_save_its_optimizer_is_refused_before_launch(
         check_backend_supports(NoOptimizerState(), skip, "bare")  # type: ignore[arg-type]
     with pytest.raises(BackendError, match="--max-restarts: the bare backend cannot restart"):
         check_backend_supports(NoOptimizerState(), load_plan(write_plan()), "bare", 1)  # type: ignore[arg-type]
+    placed = load_plan(write_plan(), ["data.placement='device'"])
+    with pytest.raises(BackendError, match=r"data\.placement = 'device': the bare backend keeps the data"):
+        check_backend_supports(NoOptimizerState(), placed, "bare")  # type: ignore[arg-type]
+    check_backend_supports(NoOptimizerState(), load_plan(write_plan(), ["data.placement='host'"]), "bare")  # type: ignore[arg-type]

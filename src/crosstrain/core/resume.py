@@ -31,6 +31,7 @@ from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import (
     DistributedStrategy,
     Job,
+    PlacesData,
     RestartsWorkers,
     SavesOptimizerState,
     SkipsNonFiniteSteps,
@@ -59,6 +60,12 @@ def check_backend_supports(
         raise BackendError(
             f"output.checkpoint_every_steps: the {backend} backend cannot save its optimizer's "
             f"state (it does not implement SavesOptimizerState), so it cannot write resumable checkpoints"
+        )
+    if plan.data.placement == "device" and not isinstance(strategy, PlacesData):
+        # on a GPU the rows would silently stay on the host: say so instead
+        raise BackendError(
+            f"data.placement = 'device': the {backend} backend keeps the data on the host "
+            f"(it does not implement PlacesData); use 'auto' or 'host'"
         )
     if plan.train.on_nonfinite == "skip" and not (
         isinstance(strategy, SkipsNonFiniteSteps) and strategy.skips_nonfinite_steps()
