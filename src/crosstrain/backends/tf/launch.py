@@ -7,11 +7,13 @@ TF_CONFIG written here (MultiWorkerMirroredStrategy on 127.0.0.1), or, when TF_C
 is already set, one that joins that cluster as its task.
 
 The workers run under crosstrain's shared launcher (:mod:`crosstrain.launch`): error
-files, heartbeat, stopping the others on the first failure, dying with the launcher.
+files, heartbeat, stopping the others on the first failure, dying with the launcher, and
+``--max-restarts`` (the whole group started again on fresh ports, resuming).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -28,7 +30,7 @@ from crosstrain.core.errors import BackendError
 from crosstrain.core.heartbeat import collective_timeout
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
-from crosstrain.launch.worker import worker_folder, worker_rank
+from crosstrain.launch.worker import restart_count, worker_folder, worker_rank
 
 TF_CONFIG = "TF_CONFIG"
 JOB_FILE = "job.pkl"
@@ -118,18 +120,25 @@ def launch(job: Job) -> RunResult:
     with launch_folder("tf") as run_dir:
         with open(run_dir / JOB_FILE, "wb") as handle:
             pickle.dump((job, layout), handle)
-        if cluster is not None:
-            ranks, environments = [cluster.rank], [_environment(run_dir, dict(os.environ))]
-        else:
-            ranks = list(range(layout.workers))
-            ports = [free_port() for _ in ranks]
-            environments = [_environment(run_dir, _local_config(layout, ports, rank)) for rank in ranks]
-        specs = [
-            WorkerSpec(rank, _worker_command(local_index, len(ranks)), environment)
-            for local_index, (rank, environment) in enumerate(zip(ranks, environments, strict=True))
-        ]
-        results = run_workers(specs, run_dir, job.timeout_seconds)
+        specs = functools.partial(_group_specs, run_dir, layout, cluster)
+        results = run_workers(specs, run_dir, job.timeout_seconds, job.max_restarts, Path(job.out_dir))
+        ranks = [cluster.rank] if cluster is not None else list(range(layout.workers))
         return RunResult(results[ranks[0]], job.out_dir)
+
+
+def _group_specs(run_dir: Path, layout: Layout, cluster: Cluster | None, restart: int) -> list[WorkerSpec]:
+    """The workers of one (re)start of the group (``restart``: which): a cluster of our own
+    gets fresh ports each time, since the last group's may not be free yet."""
+    if cluster is not None:
+        ranks, environments = [cluster.rank], [_environment(run_dir, dict(os.environ))]
+    else:
+        ranks = list(range(layout.workers))
+        ports = [free_port() for _ in ranks]
+        environments = [_environment(run_dir, _local_config(layout, ports, rank)) for rank in ranks]
+    return [
+        WorkerSpec(rank, _worker_command(local_index, len(ranks)), environment)
+        for local_index, (rank, environment) in enumerate(zip(ranks, environments, strict=True))
+    ]
 
 
 def _local_config(layout: Layout, ports: Sequence[int], rank: int) -> dict[str, str]:
@@ -168,8 +177,11 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
     local_text, local_workers = list(sys.argv[1:] if argv is None else argv)
 
     def train() -> dict[str, Any]:
+        from crosstrain.core.worker import attempt_job
+
         with open(worker_folder() / JOB_FILE, "rb") as handle:
             job, layout = pickle.load(handle)
+        job = attempt_job(job, restart_count())  # a restarted group resumes
         return _train(job, layout, worker_rank(), int(local_text), int(local_workers))
 
     serve(train)
