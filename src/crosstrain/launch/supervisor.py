@@ -43,6 +43,8 @@ from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK, RESTART_COUNT
 
 POLL_SECONDS = 0.1
 EXIT_GRACE_SECONDS = 30.0  # a worker that reported its result but does not exit is stopped
+#: a worker's PlanError, InputError or BackendError: bad input, which a restart cannot mend
+BAD_INPUT_EXIT_CODE = 2
 _FOLDER = re.compile(r"crosstrain-[\w.]+-(\d+)-")
 
 
@@ -109,7 +111,7 @@ def run_workers(
             try:
                 return _run_group(make_specs(restart), folder, timeout_seconds, restart)
             except WorkerError as failure:
-                if failure.exit_code == 2 or restart == max_restarts:  # bad input: again is no use
+                if failure.exit_code == BAD_INPUT_EXIT_CODE or restart == max_restarts:
                     raise
                 restart += 1
                 _announce_restart(failure, restart, max_restarts, run_folder)

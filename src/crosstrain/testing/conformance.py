@@ -387,7 +387,7 @@ class FaultConformance:
     #: ("raise" on the default layout is BackendConformance's failing-rank check)
     rank_faults: ClassVar[tuple[str, ...]] = ("kill", "hang")
     launcher_signals: ClassVar[tuple[str, ...]] = ("SIGINT", "SIGTERM", "SIGKILL")
-    #: the faults that, once, ``--max-restarts 1`` recovers from
+    #: the faults that, once, ``--max-restarts 1`` recovers from ("hang": the stall is found)
     restart_faults: ClassVar[tuple[str, ...]] = ("kill",)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -456,13 +456,13 @@ class FaultConformance:
     def test_a_rank_killed_once_restarts_the_group_and_the_run_finishes(
         self, tmp_path: Path, restart_fault: str
     ) -> None:
-        """``--max-restarts 1``: the rank dies (SIGKILL) once at the fault step; the whole
-        group restarts from the checkpoint before it and the run ends normally, each step
-        logged once, nothing left running."""
+        """``--max-restarts 1``: the rank dies (SIGKILL) or hangs once at the fault step; the
+        whole group restarts from the checkpoint before it and the run ends normally, each
+        step logged once, nothing left running."""
         once = tmp_path / "failed-once"
         every = self.fault_step - 1
         process, tag = self._start(
-            tmp_path, restart_fault, 120, "--max-restarts", "1", "--set", f"train.max_steps={STEPS}",
+            tmp_path, restart_fault, self.timeout, "--max-restarts", "1", "--set", f"train.max_steps={STEPS}",
             "--set", f"output.checkpoint_every_steps={every}",
             extra_env={"CROSSTRAIN_TEST_FAIL_ONCE": str(once)},
         )  # fmt: skip

@@ -104,7 +104,7 @@ def launch(job: Job) -> RunResult:
         try:
             results = elastic_launch(_config(job, folder), _worker)(job)
         except ChildFailedError as failure:
-            raise (stalls[0] if stalls else _worker_error(failure)) from None
+            raise (stalls[-1] if stalls else _worker_error(failure)) from None
         except SignalException as signalled:
             raise Interrupted(int(signalled.sigval)) from None
     return RunResult(results[0], job.out_dir)
@@ -131,23 +131,29 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
 @contextlib.contextmanager
 def _watched(folder: Path, ranks: int, timeout_seconds: float) -> Iterator[list[WorkerStalled]]:
     """The workers write heartbeats into ``folder`` (spawned workers inherit os.environ);
-    a thread watches them and, on a stall, kills every worker so that the agent stops, and
-    leaves the stall in the yielded list for the launch to report."""
+    a thread watches them and, on a stall, kills every worker so that the agent stops (or,
+    under --max-restarts, restarts the group, which is then watched afresh), and leaves the
+    stall in the yielded list for the launch to report, until a restarted group beats."""
     heartbeats = folder / "heartbeat"
     heartbeats.mkdir()
-    monitor = StallMonitor(heartbeats, range(ranks), timeout_seconds)
     stalls: list[WorkerStalled] = []
     done = threading.Event()
 
     def watch() -> None:
+        monitor = StallMonitor(heartbeats, range(ranks), timeout_seconds)
         while not done.wait(_MONITOR_SECONDS):
             stall = monitor.check()
-            if stall is not None:
-                stalls.append(stall)
-                for pid in monitor.pids().values():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                return
+            if stall is None:
+                if stalls and monitor.pids():  # a restarted group runs: its own end counts
+                    stalls.clear()
+                continue
+            stalls.append(stall)
+            for pid in monitor.pids().values():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            for path in heartbeats.glob("rank-*"):  # the stopped group's beats
+                path.unlink(missing_ok=True)
+            monitor = StallMonitor(heartbeats, range(ranks), timeout_seconds)
 
     saved = {name: os.environ.get(name) for name in (HEARTBEAT_DIR, _LAUNCHER_PID)}
     os.environ.update({HEARTBEAT_DIR: str(heartbeats), _LAUNCHER_PID: str(os.getpid())})
