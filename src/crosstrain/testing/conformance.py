@@ -373,7 +373,8 @@ class FaultConformance:
     hangs at step 3, and SIGINT, SIGTERM or SIGKILL to the launcher. Each ends within ``--timeout``
     + 10 s of the fault, non-zero, with one line naming the rank (and for a hang its last
     step), leaves no process of the run behind, and keeps every logged step. With
-    ``--max-restarts 1``, a rank killed once is restarted with its group and the run finishes."""
+    ``--max-restarts 1``, a rank killed (or hung) once is restarted with its group and the run
+    finishes."""
 
     backend: ClassVar[str]
     nproc: ClassVar[int] = 2
@@ -453,7 +454,7 @@ class FaultConformance:
             assert not leftover, f"temporary folders left behind: {leftover}"
         return stderr or ""
 
-    def test_a_rank_killed_once_restarts_the_group_and_the_run_finishes(
+    def test_a_rank_that_dies_or_hangs_once_restarts_the_group(
         self, tmp_path: Path, restart_fault: str
     ) -> None:
         """``--max-restarts 1``: the rank dies (SIGKILL) or hangs once at the fault step; the
