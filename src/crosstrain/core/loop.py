@@ -206,8 +206,11 @@ def _save_resumable(
     hook.crosstrain_checkpoint_saved(context=context, path=path, step=progress.step)
 
 
-def _agree_stop(strategy: DistributedStrategy, context: RunContext) -> None:
+def _agree_stop(strategy: DistributedStrategy, context: RunContext, heartbeat: Heartbeat) -> None:
     """Every rank calls this at the same points: any rank's request stops them all."""
+    # a beat before the collective: a rank hung in the hooks just before (step_end, epoch_end)
+    # is then one beat behind the peers waiting here, so the launcher names it, not them
+    heartbeat.beat("agree")
     asked = np.array([1.0 if context.stop.reason is not None else 0.0])
     if float(strategy.all_reduce(asked, op="max")[0]) > 0:
         raise _StopRequested
@@ -252,7 +255,7 @@ def _train_epoch(
             progress.step += 1
             heartbeat.beat("idle", progress.step)
             if log.add(_PendingStep(progress.step, epoch, lr, batch.global_real_rows, metrics)):
-                _agree_stop(strategy, context)
+                _agree_stop(strategy, context, heartbeat)
             ends_epoch = index + 1 == sampler.steps_per_epoch or progress.step >= context.total_steps
             if every and progress.step % every == 0 and not ends_epoch:  # an epoch's end saves after eval
                 log.flush()  # no checkpoint of weights a non-finite step has touched
@@ -287,7 +290,7 @@ def _train_epoch(
     every = plan.output.checkpoint_every_steps
     if every and (progress.step % every == 0 or (evaluated and plan.output.keep_best)):
         _save_resumable(strategy, state, context, progress, schedule, hook)
-    _agree_stop(strategy, context)
+    _agree_stop(strategy, context, heartbeat)
 
 
 def _epoch_steps(
