@@ -73,7 +73,7 @@ from crosstrain.core.strategy import (
     World,
 )
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
-from crosstrain.core.worker import run_worker
+from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.plugins.hookspecs import hookimpl
 from crosstrain.plugins.manager import PluginError
 
@@ -140,6 +140,7 @@ __all__ = [
     "Vocabulary",
     "WorkerError",
     "World",
+    "attempt_job",
     "check_plan_vocabulary",
     "dropout",
     "fit",

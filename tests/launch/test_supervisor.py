@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -125,11 +126,12 @@ def _signal_once_started(folder: Path, number: int) -> threading.Thread:
 
 
 def test_sigterm_stops_the_workers_and_raises_interrupted() -> None:
+    """Even with restarts left: a signal to the launcher is the user's, never retried."""
     spec = WorkerSpec(0, [sys.executable, "-c", _STARTED_WORKER], dict(os.environ))
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as raised, launch_folder("unit") as folder:
         _signal_once_started(folder, signal.SIGTERM)
-        run_workers([spec], folder, timeout_seconds=60)
+        run_workers([spec], folder, timeout_seconds=60, max_restarts=2)
     assert raised.value.exit_code == 143 and str(raised.value) == "interrupted"
     assert not folder.exists()  # the temporary folder is removed on this exit too
     assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
@@ -143,3 +145,108 @@ def test_folders_of_launchers_that_were_killed_are_removed(tmp_path: Path) -> No
     orphan.mkdir(), mine.mkdir()
     remove_orphaned_folders(tmp_path)
     assert not orphan.exists() and mine.exists()
+
+
+# --------------------------------------------------------------------------- --max-restarts
+
+#: rank 1 fails (as FAULT says) in the group's first start (in every start: "always"),
+#: while rank 0 waits forever; in a restart both report the restart count they were given
+_FAIL_ONCE_WORKER = """
+import os, pathlib, signal, time
+from crosstrain.core.heartbeat import Heartbeat
+from crosstrain.launch import serve
+from crosstrain.launch.worker import restart_count, worker_rank
+
+def train():
+    rank, restart = worker_rank(), restart_count()
+    marker = pathlib.Path(os.environ["MARKER"])
+    if restart == 0 and rank == 0:
+        beat = Heartbeat(rank)  # ahead of rank 1: rank 1 is the one a stall is blamed on
+        beat.beat("step"), beat.beat("idle", 8)
+        time.sleep(600)  # stopped with the group when its peer fails
+    if rank == 1 and (not marker.exists() or os.environ["FAULT"] == "always"):
+        marker.touch()
+        if os.environ["FAULT"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if os.environ["FAULT"] == "hang":
+            Heartbeat(rank).beat("idle", 7)
+            time.sleep(600)
+        raise RuntimeError(f"rank {rank} failed in start {restart}")
+    return {"rank": rank, "restart": restart, "pid": os.getpid()}
+
+serve(train)
+"""
+
+
+def _fail_once_specs(tmp_path: Path, fault: str, made: list[int]) -> Callable[[int], list[WorkerSpec]]:
+    def specs(restart: int) -> list[WorkerSpec]:
+        made.append(restart)
+        environment = dict(os.environ, MARKER=str(tmp_path / "failed"), FAULT=fault)
+        return [WorkerSpec(rank, [sys.executable, "-c", _FAIL_ONCE_WORKER], environment) for rank in (0, 1)]
+
+    return specs
+
+
+@pytest.mark.parametrize("fault", ["raise", "kill", "hang"])
+def test_a_failed_or_stalled_rank_restarts_the_whole_group(
+    tmp_path: Path, fault: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made: list[int] = []
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000040").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000040" / "state.json").write_text("{}")
+    with launch_folder("unit") as folder:
+        results = run_workers(
+            _fail_once_specs(tmp_path, fault, made), folder, 1.0, max_restarts=1, run_folder=run
+        )
+        assert sorted(path.name for path in folder.glob("heartbeat-*")) == ["heartbeat-0", "heartbeat-1"]
+    assert made == [0, 1]  # fresh specs (ports) for the restart
+    assert [results[rank]["restart"] for rank in (0, 1)] == [1, 1]  # rank 0 was restarted too
+    why = {
+        "raise": "rank 1 failed: RuntimeError: rank 1 failed in start 0",
+        "kill": "rank 1 failed: killed by signal SIGKILL",
+        "hang": "rank 1 made no progress for 1 s after step 7 (--timeout 1); every worker was stopped",
+    }[fault]
+    assert capsys.readouterr().err == f"crosstrain: {why}; restarting the group (1 of 1) from step 40\n"
+
+
+def test_the_last_failure_is_the_error_once_restarts_run_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made: list[int] = []
+    with pytest.raises(WorkerError) as raised, launch_folder("unit") as folder:
+        run_workers(_fail_once_specs(tmp_path, "always", made), folder, 60.0, max_restarts=2)
+    assert str(raised.value) == "rank 1 failed: RuntimeError: rank 1 failed in start 2"
+    assert raised.value.exit_code == 1 and made == [0, 1, 2]
+    assert capsys.readouterr().err.splitlines() == [
+        f"crosstrain: rank 1 failed: RuntimeError: rank 1 failed in start {restart - 1}; "
+        f"restarting the group ({restart} of 2) from the start"
+        for restart in (1, 2)
+    ]
+    assert not folder.exists()
+
+
+_BAD_INPUT_WORKER = """
+from crosstrain.core.errors import PlanError
+from crosstrain.launch import serve
+
+def train():
+    raise PlanError("no such file", field="data.path")
+
+serve(train)
+"""
+
+
+def test_bad_input_found_in_a_worker_is_never_restarted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made: list[int] = []
+
+    def specs(restart: int) -> list[WorkerSpec]:
+        made.append(restart)
+        return [WorkerSpec(0, [sys.executable, "-c", _BAD_INPUT_WORKER], dict(os.environ))]
+
+    with pytest.raises(WorkerError, match=r"rank 0 failed: data\.path: no such file") as raised:
+        run_workers(specs, tmp_path, 60.0, max_restarts=3)
+    assert raised.value.exit_code == 2 and made == [0]
+    assert capsys.readouterr().err == ""

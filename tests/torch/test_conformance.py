@@ -18,3 +18,4 @@ class TestTorchConformance(BackendConformance):
 class TestTorchFaults(FaultConformance):
     backend = "torch"
     processes = 2
+    restart_faults = ("kill", "hang")  # a stall under the elastic agent: crosstrain's watcher

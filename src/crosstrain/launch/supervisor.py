@@ -9,6 +9,10 @@ any third-party backend that trains in subprocesses describe their workers
 - on a failure, a stall (no heartbeat for ``timeout_seconds``), SIGINT or SIGTERM, stops
   every worker (SIGTERM, then SIGKILL) and raises :class:`WorkerError`,
   :class:`WorkerStalled` or :class:`Interrupted`;
+- with ``max_restarts``, after a worker's failure or stall, stops the group and starts it
+  again (fresh specs, so fresh ports; fresh heartbeats; :data:`RESTART_COUNT` set, so each
+  worker resumes through :func:`crosstrain.core.worker.attempt_job`), up to that many times;
+  bad input (exit code 2) and a signal to the launcher end the job at once;
 - removes its temporary folder on every exit it sees, and the folders of launchers that
   were killed outright (SIGKILL leaves nobody to clean up) the next time one starts.
 """
@@ -20,22 +24,27 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from crosstrain.core.checkpoint import complete_checkpoints
+from crosstrain.core.errors import WorkerError
 from crosstrain.core.heartbeat import HEARTBEAT_DIR
 from crosstrain.launch.monitor import StallMonitor
 from crosstrain.launch.process import interrupts_raise, start_process, stop_processes
-from crosstrain.launch.reports import first_failure, read_result, result_path
-from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK
+from crosstrain.launch.reports import error_path, first_failure, read_result, result_path
+from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK, RESTART_COUNT
 
 POLL_SECONDS = 0.1
 EXIT_GRACE_SECONDS = 30.0  # a worker that reported its result but does not exit is stopped
+#: a worker's PlanError, InputError or BackendError: bad input, which a restart cannot mend
+BAD_INPUT_EXIT_CODE = 2
 _FOLDER = re.compile(r"crosstrain-[\w.]+-(\d+)-")
 
 
@@ -79,27 +88,70 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: the workers of one (re)start, made afresh for each: restart number -> specs
+SpecFactory = Callable[[int], Sequence[WorkerSpec]]
+
+
 def run_workers(
-    specs: Sequence[WorkerSpec], folder: Path, timeout_seconds: float
+    specs: Sequence[WorkerSpec] | SpecFactory,
+    folder: Path,
+    timeout_seconds: float,
+    max_restarts: int = 0,
+    run_folder: Path | None = None,
 ) -> dict[int, dict[str, Any]]:
-    """Run the workers to the end; return each rank's result (the dict its train returned)."""
-    heartbeats = folder / "heartbeat"
+    """Run the workers to the end; return each rank's result (the dict its train returned).
+
+    ``specs`` may be a function of the restart number (0 for the first start), for workers
+    that need something fresh each time, such as free ports. ``run_folder`` (the job's
+    output folder) only names, in the restart line, the checkpoint the group resumes from."""
+    make_specs: SpecFactory = specs if callable(specs) else (lambda restart: specs)
+    restart = 0
+    with interrupts_raise():  # a signal raises Interrupted, which no restart catches
+        while True:
+            try:
+                return _run_group(make_specs(restart), folder, timeout_seconds, restart)
+            except WorkerError as failure:
+                if failure.exit_code == BAD_INPUT_EXIT_CODE or restart == max_restarts:
+                    raise
+                restart += 1
+                _announce_restart(failure, restart, max_restarts, run_folder)
+
+
+def _run_group(
+    specs: Sequence[WorkerSpec], folder: Path, timeout_seconds: float, restart: int
+) -> dict[int, dict[str, Any]]:
+    """One start of the whole group, with the reports of an earlier start removed."""
+    heartbeats = folder / f"heartbeat-{restart}"
     heartbeats.mkdir(exist_ok=True)
+    for spec in specs:
+        for path in (result_path(folder, spec.rank), error_path(folder, spec.rank)):
+            path.unlink(missing_ok=True)
     processes: dict[int, subprocess.Popen[bytes]] = {}
-    with interrupts_raise():
-        try:
-            for spec in specs:
-                environment = {
-                    **spec.environment,
-                    LAUNCH_DIR: str(folder),
-                    LAUNCH_RANK: str(spec.rank),
-                    HEARTBEAT_DIR: str(heartbeats),
-                }
-                processes[spec.rank] = start_process(spec.command, environment)
-            supervise(processes, folder, StallMonitor(heartbeats, processes, timeout_seconds))
-        finally:
-            stop_processes(list(processes.values()))
+    try:
+        for spec in specs:
+            environment = {
+                **spec.environment,
+                LAUNCH_DIR: str(folder),
+                LAUNCH_RANK: str(spec.rank),
+                HEARTBEAT_DIR: str(heartbeats),
+                RESTART_COUNT: str(restart),
+            }
+            processes[spec.rank] = start_process(spec.command, environment)
+        supervise(processes, folder, StallMonitor(heartbeats, processes, timeout_seconds))
+    finally:
+        stop_processes(list(processes.values()))
     return {rank: read_result(folder, rank) for rank in processes}
+
+
+def _announce_restart(failure: WorkerError, restart: int, max_restarts: int, run_folder: Path | None) -> None:
+    """One line on stderr per restart; the last failure is the job's error, reported once."""
+    checkpoints = complete_checkpoints(run_folder) if run_folder is not None else []
+    where = f"from step {checkpoints[-1][0]}" if checkpoints else "from the start"
+    print(
+        f"crosstrain: {failure}; restarting the group ({restart} of {max_restarts}) {where}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def supervise(

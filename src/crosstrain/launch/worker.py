@@ -2,7 +2,9 @@
 
 A worker started by :func:`crosstrain.launch.run_workers` finds its folder and rank in its
 environment (:data:`LAUNCH_DIR`, :data:`LAUNCH_RANK`) and calls :func:`serve` with the
-function that trains; every failure, even SystemExit, reaches the launcher once.
+function that trains; every failure, even SystemExit, reaches the launcher once. A worker
+of a restarted group (:data:`RESTART_COUNT` > 0) runs
+``crosstrain.core.worker.attempt_job(job, restart_count())``, which resumes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from crosstrain.launch.reports import error_path, error_report, result_path, wri
 
 LAUNCH_DIR = "CROSSTRAIN_LAUNCH_DIR"
 LAUNCH_RANK = "CROSSTRAIN_LAUNCH_RANK"
+#: how many times the launcher has restarted this worker's group (torch's agent says
+#: TORCHELASTIC_RESTART_COUNT)
+RESTART_COUNT = "CROSSTRAIN_RESTART_COUNT"
 
 
 def worker_folder() -> Path:
@@ -28,6 +33,11 @@ def worker_folder() -> Path:
 
 def worker_rank() -> int:
     return int(os.environ[LAUNCH_RANK])
+
+
+def restart_count() -> int:
+    """0 in a first start; n in the group's n-th restart (the worker then resumes)."""
+    return int(os.environ.get(RESTART_COUNT, "0"))
 
 
 def serve(train: Callable[[], dict[str, Any]]) -> None:

@@ -12,10 +12,11 @@ Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of e
 (:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
 per-token loss), eval counts every row once, the backend agrees step by step with the
 torch reference (when torch is installed), a failing rank ends the run naming it, a run
-resumed from its last checkpoint after a failure takes exactly the uninterrupted run's
-steps, a non-finite loss stops the run at its step (or is skipped), a plan the backend
-cannot build is refused before launch, and a finished run evaluates and predicts in one
-process to the metrics training measured.
+resumed from its last checkpoint after a failure (by ``--resume``, or by the launcher
+under ``--max-restarts``) takes exactly the uninterrupted run's steps, a non-finite loss
+stops the run at its step (or is skipped), a plan the backend cannot build is refused
+before launch, and a finished run evaluates and predicts in one process to the metrics
+training measured.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -234,6 +236,29 @@ class BackendConformance:
         assert summary(resumed)["eval"] == summary(uninterrupted)["eval"]
         assert summary(resumed)["train"] == summary(uninterrupted)["train"]
 
+    def test_a_restarted_group_trains_like_an_uninterrupted_run(
+        self, world_runs: dict[str, tuple[Path, Path]], tmp_path: Path
+    ) -> None:
+        """``--max-restarts 1``: a rank fails once at FAIL_STEP; the backend's launcher stops
+        and restarts the whole group, which resumes from the last checkpoint and ends with
+        exactly the uninterrupted run's steps."""
+        uninterrupted = world_runs["dropout_mlp"][1]
+        once = tmp_path / "failed-once"
+        result = run_cli(
+            "-p", "no:progress", "-p", "crosstrain.testing.faults", "run",
+            str(write_plan(tmp_path, "dropout_mlp")), "--backend", self.backend, "--nproc", str(self.nproc),
+            "--device", "cpu", "--out", str(tmp_path / "run"), "--set", f"train.max_steps={STEPS}",
+            *RESUME_SETTINGS, "--max-restarts", "1",
+            env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP), "CROSSTRAIN_TEST_FAIL_ONCE": str(once)},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert once.exists()  # a rank did fail
+        assert (
+            summary(tmp_path / "run")["resumed_from_step"] == FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+        )
+        assert np.array_equal(step_losses(tmp_path / "run"), step_losses(uninterrupted))  # each step once
+        assert summary(tmp_path / "run")["eval"] == summary(uninterrupted)["eval"]
+
     def test_a_non_finite_loss_stops_the_run_at_its_step(self, tmp_path: Path) -> None:
         """A corrupt row makes one step's loss non-finite: the run stops there with one line naming the
         step, exit 1, the checkpoints before it intact and no NaN model saved; with
@@ -398,7 +423,9 @@ class FaultConformance:
     """The fault matrix every launch layout must pass: a rank that raises, dies (SIGKILL) or
     hangs at step 3, and SIGINT, SIGTERM or SIGKILL to the launcher. Each ends within ``--timeout``
     + 10 s of the fault, non-zero, with one line naming the rank (and for a hang its last
-    step), leaves no process of the run behind, and keeps every logged step."""
+    step), leaves no process of the run behind, and keeps every logged step. With
+    ``--max-restarts 1``, a rank killed (or hung) once is restarted with its group and the run
+    finishes."""
 
     backend: ClassVar[str]
     nproc: ClassVar[int] = 2
@@ -412,25 +439,36 @@ class FaultConformance:
     #: ("raise" on the default layout is BackendConformance's failing-rank check)
     rank_faults: ClassVar[tuple[str, ...]] = ("kill", "hang")
     launcher_signals: ClassVar[tuple[str, ...]] = ("SIGINT", "SIGTERM", "SIGKILL")
+    #: the faults that, once, ``--max-restarts 1`` recovers from ("hang": the stall is found)
+    restart_faults: ClassVar[tuple[str, ...]] = ("kill",)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "fault" in metafunc.fixturenames:
             metafunc.parametrize("fault", self.rank_faults)
+        if "restart_fault" in metafunc.fixturenames:
+            metafunc.parametrize("restart_fault", self.restart_faults)
         if "signal_name" in metafunc.fixturenames:
             metafunc.parametrize("signal_name", self.launcher_signals)
 
-    def _start(self, tmp_path: Path, fault: str, timeout: int) -> tuple[subprocess.Popen[str], str]:
+    def _start(
+        self,
+        tmp_path: Path,
+        fault: str,
+        timeout: int,
+        *flags: str,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> tuple[subprocess.Popen[str], str]:
         tag = uuid.uuid4().hex
         env = dict(
             os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0",
             CROSSTRAIN_RUN_TAG=tag, CROSSTRAIN_TEST_FAULT=fault,
-            CROSSTRAIN_TEST_FAIL_STEP=str(self.fault_step),
+            CROSSTRAIN_TEST_FAIL_STEP=str(self.fault_step), **(extra_env or {}),
         )  # fmt: skip
         command = [
             sys.executable, "-m", "crosstrain.cli", "-p", "no:progress", "-p", "crosstrain.testing.faults",
             "run", str(write_plan(tmp_path, "dropout_mlp")), "--backend", self.backend,
             "--nproc", str(self.nproc), *self.layout, "--device", "cpu", "--out", str(tmp_path / "run"),
-            "--set", "output.log_every_steps=1", "--timeout", str(timeout),
+            "--set", "output.log_every_steps=1", "--timeout", str(timeout), *flags,
         ]  # fmt: skip
         process = subprocess.Popen(
             command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
@@ -441,13 +479,22 @@ class FaultConformance:
         """Wait for the end (within ``within`` seconds of the fault); check that nothing of
         the run is left running or lost; return stderr."""
         started = time.monotonic()
+        stderr = self._wait_and_check_cleanup(process, tag, timeout=within + 60)
+        took = time.monotonic() - started
+        assert took <= within, f"ended {took:.0f} s after the fault, more than {within} s"
+        assert not (tmp_path / "run" / "summary.json").exists()  # a stopped run never looks finished
+        assert len(step_losses(tmp_path / "run")) >= self.fault_step  # every step logged is kept
+        return stderr or ""
+
+    @staticmethod
+    def _wait_and_check_cleanup(process: subprocess.Popen[str], tag: str, timeout: float) -> str:
+        """Wait for the launcher; check that no process of the run outlives it and (unless
+        it was killed outright) that it removed its temporary folders; return stderr."""
         try:
-            _, stderr = process.communicate(timeout=within + 60)
+            _, stderr = process.communicate(timeout=timeout)
         finally:
             if process.poll() is None:
                 process.kill()
-        took = time.monotonic() - started
-        assert took <= within, f"ended {took:.0f} s after the fault, more than {within} s"
         for _ in range(50):  # a worker killed with its launcher may take a moment to be reaped
             if not _tagged_processes(tag):
                 break
@@ -456,9 +503,26 @@ class FaultConformance:
         if process.returncode != -signal.SIGKILL:  # (after SIGKILL the next launch removes them)
             leftover = list(Path(tempfile.gettempdir()).glob(f"crosstrain-*-{process.pid}-*"))
             assert not leftover, f"temporary folders left behind: {leftover}"
-        assert not (tmp_path / "run" / "summary.json").exists()  # a stopped run never looks finished
-        assert len(step_losses(tmp_path / "run")) >= self.fault_step  # every step logged is kept
         return stderr or ""
+
+    def test_a_rank_that_dies_or_hangs_once_restarts_the_group(
+        self, tmp_path: Path, restart_fault: str
+    ) -> None:
+        """``--max-restarts 1``: the rank dies (SIGKILL) or hangs once at the fault step; the
+        whole group restarts from the checkpoint before it and the run ends normally, each
+        step logged once, nothing left running."""
+        once = tmp_path / "failed-once"
+        every = self.fault_step - 1
+        process, tag = self._start(
+            tmp_path, restart_fault, self.timeout, "--max-restarts", "1", "--set", f"train.max_steps={STEPS}",
+            "--set", f"output.checkpoint_every_steps={every}",
+            extra_env={"CROSSTRAIN_TEST_FAIL_ONCE": str(once)},
+        )  # fmt: skip
+        stderr = self._wait_and_check_cleanup(process, tag, timeout=240)
+        assert process.returncode == 0, stderr[-3000:]
+        assert once.exists() and summary(tmp_path / "run")["resumed_from_step"] == every
+        records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [record["step"] for record in records if "loss" in record] == list(range(1, STEPS + 1))
 
     def test_a_rank_that_dies_or_hangs_ends_the_run_naming_it(self, tmp_path: Path, fault: str) -> None:
         process, tag = self._start(tmp_path, fault, self.timeout)

@@ -8,7 +8,8 @@ so the training always runs in a spawned python with the flag in its environment
 
 :func:`crosstrain.launch.run_workers` watches the worker (its heartbeat, its exit, its
 error file) exactly as it watches tf's, so failures, hangs and interrupts end the same
-way with the same exit codes. This module imports jax only in the worker.
+way with the same exit codes, and ``--max-restarts`` starts it again (it then resumes).
+This module imports jax only in the worker.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import os
 import pickle
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from crosstrain import BackendError, Job, PlanError, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
-from crosstrain.launch.worker import worker_folder
+from crosstrain.launch.worker import restart_count, worker_folder
 
 _JOB_FILE, _PATH_FILE = "job.pickle", "sys_path.json"
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -35,9 +37,9 @@ def launch(job: Job) -> RunResult:
         # like multiprocessing's spawn: the worker imports what this process can import
         (work / _PATH_FILE).write_text(json.dumps(sys.path), encoding="utf-8")
         command = [sys.executable, "-m", "crosstrain_jax.launch"]
-        results = run_workers(
-            [WorkerSpec(0, command, worker_environment(job))], work, job.timeout_seconds
-        )
+        specs = [WorkerSpec(0, command, worker_environment(job))]
+        out = Path(job.out_dir)
+        results = run_workers(specs, work, job.timeout_seconds, job.max_restarts, out)
         return RunResult(results[0], job.out_dir)
 
 
@@ -97,13 +99,13 @@ def select_devices(choice: str, count: int) -> list[Any]:
 
 
 def _train() -> dict[str, Any]:
-    from crosstrain import run_worker
+    from crosstrain import attempt_job, run_worker
 
     from crosstrain_jax.strategy import JaxStrategy
 
     work = worker_folder()
     sys.path[:] = json.loads((work / _PATH_FILE).read_text(encoding="utf-8"))
-    job: Job = pickle.loads((work / _JOB_FILE).read_bytes())
+    job: Job = attempt_job(pickle.loads((work / _JOB_FILE).read_bytes()), restart_count())
     devices = select_devices(job.device, job.replicas)
     world = World(
         process_index=0,

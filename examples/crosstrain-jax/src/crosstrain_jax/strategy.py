@@ -104,6 +104,11 @@ class JaxStrategy:
 
         return launch(job)
 
+    def restarts_workers(self) -> bool:
+        """crosstrain's shared launcher restarts the worker (``run_workers(max_restarts=...)``),
+        which then resumes from the last checkpoint (see ``launch._train``)."""
+        return True
+
     # ----------------------------------------------------------------- model
 
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> JaxState:

@@ -13,12 +13,14 @@ is built from the same facts: node 0 (rank 0) serves a small address exchange
 and reads everyone's, so one cluster forms instead of N separate jobs.
 
 The workers run under crosstrain's shared launcher (:mod:`crosstrain.launch`): error
-files, heartbeat, stopping the others on the first failure, dying with the launcher.
+files, heartbeat, stopping the others on the first failure, dying with the launcher, and
+``--max-restarts`` (the whole group started again on fresh ports, resuming).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -43,7 +45,7 @@ from crosstrain.launch.environments import (
     parse_endpoint,
 )
 from crosstrain.launch.store import exchange, reachable_address, serve_store
-from crosstrain.launch.worker import worker_folder, worker_rank
+from crosstrain.launch.worker import restart_count, worker_folder, worker_rank
 
 JOB_FILE = "job.pkl"
 
@@ -134,13 +136,37 @@ def launch(job: Job) -> RunResult:
     with launch_folder("tf") as run_dir, _exchange_served(job, environment):
         with open(run_dir / JOB_FILE, "wb") as handle:
             pickle.dump((job, layout), handle)
+        first = _workers_here(job, layout, environment)
+        specs = functools.partial(_group_specs, job, run_dir, layout, environment, first)
+        results = run_workers(specs, run_dir, job.timeout_seconds, job.max_restarts, Path(job.out_dir))
+        return RunResult(results[first[0][0]], job.out_dir)
+
+
+def _group_specs(
+    job: Job,
+    run_dir: Path,
+    layout: Layout,
+    environment: ClusterEnvironment,
+    first: tuple[list[int], list[dict[str, str]]],
+    restart: int,
+) -> list[WorkerSpec]:
+    """The workers of one (re)start of the group (``restart``: which). A group this launcher
+    owns whole (one machine, its own cluster) gets fresh ports each time, since the last
+    group's may not be free yet; a cluster agreed with other machines or given by the user
+    keeps its addresses."""
+    ranks, variables = first
+    if restart > 0 and _owns_whole_cluster(job, environment):
         ranks, variables = _workers_here(job, layout, environment)
-        specs = [
-            WorkerSpec(rank, _worker_command(local_index, len(ranks)), _environment(run_dir, values))
-            for local_index, (rank, values) in enumerate(zip(ranks, variables, strict=True))
-        ]
-        results = run_workers(specs, run_dir, job.timeout_seconds)
-        return RunResult(results[ranks[0]], job.out_dir)
+    return [
+        WorkerSpec(rank, _worker_command(local_index, len(ranks)), _environment(run_dir, values))
+        for local_index, (rank, values) in enumerate(zip(ranks, variables, strict=True))
+    ]
+
+
+def _owns_whole_cluster(job: Job, environment: ClusterEnvironment) -> bool:
+    return (
+        environment.starts_processes and job.nnodes == 1 and not isinstance(environment, TfConfigEnvironment)
+    )
 
 
 def _workers_here(
@@ -238,8 +264,11 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
     local_text, local_workers = list(sys.argv[1:] if argv is None else argv)
 
     def train() -> dict[str, Any]:
+        from crosstrain.core.worker import attempt_job
+
         with open(worker_folder() / JOB_FILE, "rb") as handle:
             job, layout = pickle.load(handle)
+        job = attempt_job(job, restart_count())  # a restarted group resumes
         return _train(job, layout, worker_rank(), int(local_text), int(local_workers))
 
     serve(train)

@@ -259,6 +259,11 @@ class TfStrategy:
     def skips_nonfinite_steps(self) -> bool:
         return True
 
+    def restarts_workers(self) -> bool:
+        """The shared launcher restarts the group (``run_workers(max_restarts=...)``), and
+        each restarted worker resumes (see ``launch.worker_main``)."""
+        return True
+
     def _named_slots(self, state: TfState) -> list[tuple[str, str, Any]]:
         """(neutral weight name, neutral slot name, slot variable) for every slot."""
         from crosstrain.backends.tf.model import neutral_variables

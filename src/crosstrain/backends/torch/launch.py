@@ -105,7 +105,7 @@ def launch(job: Job) -> RunResult:
         try:
             results = elastic_launch(_config(job, folder), _worker)(job)
         except ChildFailedError as failure:
-            raise (stalls[0] if stalls else _worker_error(failure)) from None
+            raise (stalls[-1] if stalls else _worker_error(failure)) from None
         except SignalException as signalled:
             raise Interrupted(int(signalled.sigval)) from None
         except RendezvousError as error:  # a machine that never came, an endpoint nobody serves
@@ -157,12 +157,14 @@ def _watched(
     folder: Path, local: int, ranks: Iterable[int] | None, timeout_seconds: float
 ) -> Iterator[list[WorkerStalled]]:
     """The workers write heartbeats into ``folder`` (spawned workers inherit os.environ);
-    a thread watches them and, on a stall, kills every worker so that the agent stops, and
-    leaves the stall in the yielded list for the launch to report. ``ranks`` None: this
-    machine's ranks are known once its ``local`` workers have beaten."""
+    a thread watches them and, on a stall, kills every worker so that the agent stops (or,
+    under --max-restarts, restarts the group, which is then watched afresh), and leaves the
+    stall in the yielded list for the launch to report, until a restarted group beats.
+    ``ranks`` None: this machine's ranks are known once its ``local`` workers have beaten."""
     heartbeats = folder / "heartbeat"
     heartbeats.mkdir()
-    monitors = [StallMonitor(heartbeats, ranks, timeout_seconds)] if ranks is not None else []
+    known = list(ranks) if ranks is not None else None
+    monitors = [StallMonitor(heartbeats, known, timeout_seconds)] if known is not None else []
     stalls: list[WorkerStalled] = []
     done = threading.Event()
 
@@ -175,12 +177,19 @@ def _watched(
                 monitors.append(StallMonitor(heartbeats, found, timeout_seconds))
             monitor = monitors[0]
             stall = monitor.check()
-            if stall is not None:
-                stalls.append(stall)
-                for pid in monitor.pids().values():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                return
+            if stall is None:
+                if stalls and monitor.pids():  # a restarted group runs: its own end counts
+                    stalls.clear()
+                continue
+            stalls.append(stall)
+            for pid in monitor.pids().values():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            for path in heartbeats.glob("rank-*"):  # the stopped group's beats
+                path.unlink(missing_ok=True)
+            monitors.clear()  # the restarted group's ranks are watched afresh
+            if known is not None:
+                monitors.append(StallMonitor(heartbeats, known, timeout_seconds))
 
     saved = {name: os.environ.get(name) for name in (HEARTBEAT_DIR, _LAUNCHER_PID)}
     os.environ.update({HEARTBEAT_DIR: str(heartbeats), _LAUNCHER_PID: str(os.getpid())})
