@@ -255,7 +255,7 @@ def run_crosstrain(
 ) -> tuple[float, dict[str, Any]]:
     """samples/s over epochs 2..N, read from the progress plugin's epoch lines; and rank 0's
     time split (data_seconds, step_seconds) from summary.json. ``one_thread`` (tf on CPU):
-    TensorFlow's op pool in the worker gets one thread (``one_thread/sitecustomize.py``)."""
+    TensorFlow's op pools in the worker get one thread each, as the native loops'."""
     command = [sys.executable, "-m", "crosstrain.cli", "run", str(plan), "--out", str(out)]
     command += ["--backend", backend, "--device", "gpu" if device == "cuda" else "cpu"]
     environment = dict(os.environ)
@@ -264,6 +264,10 @@ def run_crosstrain(
     if backend == "tf":
         environment |= TF_ENVIRONMENT
         if device == "cpu" and one_thread:
+            # the inter-op pool (which crosstrain leaves at TensorFlow's default, one thread
+            # per core) from TensorFlow's own variables; the intra-op pool, which crosstrain
+            # sizes from os.cpu_count(), from the shim
+            environment |= {"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
             shim = str(Path(__file__).resolve().parent / "one_thread")
             environment["PYTHONPATH"] = os.pathsep.join(
                 [shim, *filter(None, [environment.get("PYTHONPATH")])]
