@@ -272,16 +272,27 @@ def run_crosstrain(
             environment["PYTHONPATH"] = os.pathsep.join(
                 [shim, *filter(None, [environment.get("PYTHONPATH")])]
             )
+    before = children_cpu_seconds()
     result = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
+    cpu_seconds = children_cpu_seconds() - before
     rates = [float(line.split()[-2]) for line in result.stdout.splitlines() if line.startswith("epoch ")]
     summary = json.loads((out / "summary.json").read_text())
-    return rates[1:] or rates, (summary.get("ranks") or [{}])[0]
+    return rates[1:] or rates, (summary.get("ranks") or [{}])[0] | {"cpu_seconds": cpu_seconds}
+
+
+def children_cpu_seconds() -> float:
+    """CPU time (user + system) of the finished subprocesses and all their descendants."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_native(
     config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs: int, kind: str
-) -> list[float]:
-    """samples/s of the hand-written loop in each epoch 2..N (epoch 1 warms up)."""
+) -> tuple[list[float], list[float]]:
+    """samples/s of the hand-written loop in each epoch 2..N (epoch 1 warms up), by the
+    wall clock and per CPU second of this process."""
     import torch
     from torch import nn
 
@@ -307,10 +318,10 @@ def run_native(
         backward = accelerator.backward
     autocast = kind in ("ideal", "read") and config["precision"] == "bf16"
     batch, rows = config["batch"], len(x)
-    rates = []
+    rates, cpu_rates = [], []
     for _ in range(epochs):
         torch.cuda.synchronize(device) if device.type == "cuda" else None
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         order = torch.randperm(rows, device=device)
         for start in range(0, rows, batch):
             index = order[start : start + batch]
@@ -326,7 +337,8 @@ def run_native(
                 loss.item()
         torch.cuda.synchronize(device) if device.type == "cuda" else None
         rates.append(rows / (time.perf_counter() - started))
-    return rates[1:]
+        cpu_rates.append(rows / (time.process_time() - cpu_started))
+    return rates[1:], cpu_rates[1:]
 
 
 def configure_tf() -> Any:
@@ -343,7 +355,7 @@ def configure_tf() -> Any:
 
 def run_native_tf(
     config: dict[str, Any], x: np.ndarray, y: np.ndarray, epochs: int, kind: str
-) -> list[float]:
+) -> tuple[list[float], list[float]]:
     """The TensorFlow 2 loop: a ``tf.function`` step (gather the rows, GradientTape, Adam)
     over the data held in tf tensors; samples/s of each epoch 2..N (epoch 1 traces).
     ``ideal`` reads the loss only at the end, ``read`` every step."""
@@ -370,9 +382,9 @@ def run_native_tf(
         return loss
 
     batch, rows = config["batch"], len(x)
-    rates, loss = [], None
+    rates, cpu_rates, loss = [], [], None
     for _ in range(epochs):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         order = tf.random.shuffle(tf.range(rows))
         for start in range(0, rows, batch):
             loss = step(order[start : start + batch])
@@ -380,8 +392,9 @@ def run_native_tf(
                 float(loss)
         # a tf.function call on the CPU returns once its ops have run: the clock is fair
         rates.append(rows / (time.perf_counter() - started))
+        cpu_rates.append(rows / (time.process_time() - cpu_started))
     float(loss)  # the ideal loop's only read
-    return rates[1:]
+    return rates[1:], cpu_rates[1:]
 
 
 def _fabric_precision(precision: str) -> str:
@@ -420,8 +433,9 @@ def _available(module: str) -> bool:
 
 def benchmark(
     name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None, one_thread: bool
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """samples/s of each timed epoch per side, and crosstrain's time split (summary.json)."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
+    """samples/s of each timed epoch per side by the wall clock; on the CPU, samples per CPU
+    second per side; and crosstrain's time split (summary.json)."""
     config = CONFIGS[name]()
     config["rows"] = rows or config["rows"]
     directory = root / name
@@ -441,11 +455,19 @@ def benchmark(
     plan = directory / "plan.toml"
     plan.write_text(plan_text(name, config, epochs, directory))
     rates, split = run_crosstrain(plan, directory / "run", device, backend, one_thread)
-    results = {"crosstrain": rates}
+    results, cpu_results = {"crosstrain": rates}, {}
+    if device == "cpu" and epochs > 1:
+        # CPU seconds per epoch of the whole run (launcher, worker, plugins), start-up and the
+        # first epoch taken out by a 1-epoch run: a figure others' load hardly moves
+        short = directory / "plan-1-epoch.toml"
+        short.write_text(plan_text(name, config, 1, directory))
+        _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend, one_thread)
+        per_epoch = (split["cpu_seconds"] - one_epoch["cpu_seconds"]) / (epochs - 1)
+        cpu_results["crosstrain"] = [config["rows"] / per_epoch]
     if backend == "tf":
         for kind in ("ideal", "read"):
-            results[kind] = run_native_tf(config, x, y, epochs, kind)
-        return results, split
+            results[kind], cpu_results[kind] = run_native_tf(config, x, y, epochs, kind)
+        return results, cpu_results, split
     import torch
 
     x_device, y_device = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
@@ -455,8 +477,10 @@ def benchmark(
     ]
     # Fabric and Accelerate against the eager loops only (their compile paths differ)
     for kind in kinds if device == "cuda" and not config.get("compile") else kinds[:2]:
-        results[kind] = run_native(config, x_device, y_device, epochs, kind)
-    return results, split
+        results[kind], cpu_rates = run_native(config, x_device, y_device, epochs, kind)
+        if cpu_results:
+            cpu_results[kind] = cpu_rates
+    return results, cpu_results, split
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -521,13 +545,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(args.out or temporary)
         for config in names:
-            epochs, split = benchmark(
+            epochs, cpu_epochs, split = benchmark(
                 config, args.device, args.backend, args.epochs, root, args.rows, args.tf_threads == "one"
             )
             # the mean over the timed epochs; on a shared machine also the best epoch of each
-            # side, the one least slowed by others' work
-            for label, statistic in (("", harmonic_mean), ("best epoch", max)):
-                results = {kind: statistic(rates) for kind, rates in epochs.items()}
+            # side and, on the CPU, samples per CPU second
+            for label, source, statistic in (
+                ("", epochs, harmonic_mean),
+                ("best epoch", epochs, max),
+                ("per cpu s", cpu_epochs, harmonic_mean),
+            ):
+                if not source:
+                    continue
+                results = {kind: statistic(rates) for kind, rates in source.items()}
                 crosstrain = results["crosstrain"]
                 ratios = "  ".join(
                     f"{kind} {value:,.0f} ({crosstrain / value:.2f}x)"
