@@ -3,6 +3,7 @@ in one invocation, on the same model and the same data.
 
     python benchmarks/bench_e2e.py [--configs mlp1024-fp32,mlp1024-bf16,mlp4096-bf16,cnn-bf16]
                                    [--device cuda] [--epochs 4] [--out DIR]
+    python benchmarks/bench_e2e.py --device cpu --backend torch|tf --configs cpu-mlp256,cpu-cnn
 
 Per config it writes the data set once as .npy files and trains, each for the same epochs:
 
@@ -16,74 +17,125 @@ Per config it writes the data set once as .npy files and trains, each for the sa
 
 The native sides skip their first epoch (warm-up) and time the rest. Prints samples/s per
 side and crosstrain's ratio to each. Speed is measured here, never asserted in tests.
+
+``--backend tf`` (CPU only) runs ``crosstrain run --backend tf`` against the same two native
+loops written in TensorFlow 2: a ``tf.function`` step with a ``GradientTape`` over Keras
+layers of the same architecture, the data in tf tensors, Adam at 1e-4. On CPU every side
+runs on one thread (torch, TensorFlow's op pools, ``OMP_NUM_THREADS`` of the subprocess).
+Only the chosen backend's framework is imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
-Loop = Callable[[nn.Module, torch.optim.Optimizer, Callable[[torch.Tensor], None]], None]
+if TYPE_CHECKING:  # imported where used: a tf run never loads torch, a torch run never tf
+    import torch
+    from torch import nn
+
+#: before TensorFlow is imported: quiet logs, no oneDNN (as crosstrain's tf workers)
+TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_BACKEND": "tensorflow"}
 
 
 # --------------------------------------------------------------------------- configs
 
 
-def mlp(width: int, batch: int, precision: str, rows: int) -> dict[str, Any]:
+def mlp(width: int, batch: int, precision: str, rows: int, features: int | None = None) -> dict[str, Any]:
+    """4 hidden layers of ``width``, 10 classes; ``features`` inputs (default: ``width``)."""
+    features = features or width
     layers = ", ".join([f'{{ type = "dense", units = {width} }}, {{ type = "relu" }}'] * 4)
+
+    def native() -> nn.Module:
+        from torch import nn
+
+        sizes = [features] + [width] * 4
+        hidden = [m for a, b in itertools.pairwise(sizes) for m in (nn.Linear(a, b), nn.ReLU())]
+        return nn.Sequential(*hidden, nn.Linear(width, 10))
+
+    def native_tf() -> Any:
+        import keras
+
+        hidden = [m for _ in range(4) for m in (keras.layers.Dense(width), keras.layers.ReLU())]
+        return keras.Sequential([keras.Input((features,)), *hidden, keras.layers.Dense(10)])
+
     return {
-        "input_shape": [width],
+        "input_shape": [features],
         "layers": f'[{layers}, {{ type = "dense", units = 10 }}]',
         "batch": batch,
         "precision": precision,
         "rows": rows,
-        "native": lambda: nn.Sequential(
-            *[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())], nn.Linear(width, 10)
-        ),
+        "native": native,
+        "native_tf": native_tf,
     }
 
 
-def cnn(batch: int, precision: str, rows: int) -> dict[str, Any]:
-    layers = """[
-  { type = "conv2d", filters = 64, kernel_size = 3, padding = "same" }, { type = "relu" },
-  { type = "maxpool2d", pool_size = 2 },
-  { type = "conv2d", filters = 128, kernel_size = 3, padding = "same" }, { type = "relu" },
-  { type = "maxpool2d", pool_size = 2 },
-  { type = "conv2d", filters = 256, kernel_size = 3, padding = "same" }, { type = "relu" },
-  { type = "global_avg_pool2d" }, { type = "dense", units = 10 },
+def cnn(
+    batch: int,
+    precision: str,
+    rows: int,
+    shape: tuple[int, int, int] = (32, 32, 3),
+    filters: tuple[int, int, int] = (64, 128, 256),
+) -> dict[str, Any]:
+    """Three 3x3 convolutions (pooled after the first two), global average pool, 10 classes."""
+    one, two, three = filters
+    layers = f"""[
+  {{ type = "conv2d", filters = {one}, kernel_size = 3, padding = "same" }}, {{ type = "relu" }},
+  {{ type = "maxpool2d", pool_size = 2 }},
+  {{ type = "conv2d", filters = {two}, kernel_size = 3, padding = "same" }}, {{ type = "relu" }},
+  {{ type = "maxpool2d", pool_size = 2 }},
+  {{ type = "conv2d", filters = {three}, kernel_size = 3, padding = "same" }}, {{ type = "relu" }},
+  {{ type = "global_avg_pool2d" }}, {{ type = "dense", units = 10 }},
 ]"""
 
-    class NativeCNN(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = nn.Sequential(
-                nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(),
-            )  # fmt: skip
-            self.head = nn.Linear(256, 10)
+    def native() -> nn.Module:
+        from torch import nn
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # NHWC in, like crosstrain's data
-            features = self.body(x.permute(0, 3, 1, 2).contiguous())
-            return self.head(features.mean(dim=(2, 3)))  # type: ignore[no-any-return]
+        class NativeCNN(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.body = nn.Sequential(
+                    nn.Conv2d(shape[2], one, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Conv2d(one, two, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Conv2d(two, three, 3, padding=1), nn.ReLU(),
+                )  # fmt: skip
+                self.head = nn.Linear(three, 10)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:  # NHWC in, like crosstrain's data
+                features = self.body(x.permute(0, 3, 1, 2).contiguous())
+                return self.head(features.mean(dim=(2, 3)))  # type: ignore[no-any-return]
+
+        return NativeCNN()
+
+    def native_tf() -> Any:  # Keras is NHWC already
+        import keras
+        from keras import layers as k
+
+        return keras.Sequential([
+            k.Input(shape), k.Conv2D(one, 3, padding="same"), k.ReLU(), k.MaxPooling2D(2),
+            k.Conv2D(two, 3, padding="same"), k.ReLU(), k.MaxPooling2D(2),
+            k.Conv2D(three, 3, padding="same"), k.ReLU(), k.GlobalAveragePooling2D(), k.Dense(10),
+        ])  # fmt: skip
 
     return {
-        "input_shape": [32, 32, 3],
+        "input_shape": list(shape),
         "layers": layers,
         "batch": batch,
         "precision": precision,
         "rows": rows,
-        "native": NativeCNN,
+        "native": native,
+        "native_tf": native_tf,
     }
 
 
@@ -102,31 +154,37 @@ layers = [
   {{ type = "dense", units = {width}, name = "mlp" }}, {{ type = "add", inputs = ["mid", "mlp"] }},
 ]"""
 
-    class NativeGPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(256, width)
-            self.position = nn.Parameter(torch.zeros(length, width))
-            self.blocks = nn.ModuleList(
-                nn.TransformerEncoderLayer(
-                    width,
-                    width // 64,
-                    4 * width,
-                    dropout=0.0,
-                    activation="gelu",
-                    batch_first=True,
-                    norm_first=True,
-                )
-                for _ in range(depth)
-            )
-            self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, 256)
-            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(length))
+    def native() -> nn.Module:
+        import torch
+        from torch import nn
 
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            hidden = self.embed(ids) + self.position
-            for block in self.blocks:
-                hidden = block(hidden, src_mask=self.mask, is_causal=True)
-            return self.head(self.norm(hidden))  # type: ignore[no-any-return]
+        class NativeGPT(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(256, width)
+                self.position = nn.Parameter(torch.zeros(length, width))
+                self.blocks = nn.ModuleList(
+                    nn.TransformerEncoderLayer(
+                        width,
+                        width // 64,
+                        4 * width,
+                        dropout=0.0,
+                        activation="gelu",
+                        batch_first=True,
+                        norm_first=True,
+                    )
+                    for _ in range(depth)
+                )
+                self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, 256)
+                self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(length))
+
+            def forward(self, ids: torch.Tensor) -> torch.Tensor:
+                hidden = self.embed(ids) + self.position
+                for block in self.blocks:
+                    hidden = block(hidden, src_mask=self.mask, is_causal=True)
+                return self.head(self.norm(hidden))  # type: ignore[no-any-return]
+
+        return NativeGPT()
 
     return {
         "input_shape": [length],
@@ -136,7 +194,7 @@ layers = [
         "precision": "bf16",
         "rows": rows,
         "tokens": True,
-        "native": NativeGPT,
+        "native": native,
     }
 
 
@@ -151,6 +209,9 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     # data kept on the host (placement = "host"): rows gathered by the prefetch thread and
     # copied on a side stream, against the native loop whose data sits on the GPU
     "mlp4096-bf16-host": lambda: mlp(4096, 4096, "bf16", 65536) | {"placement": "host"},
+    # sized for one CPU thread (~10-30 s a side over 4 epochs); torch or tf (--backend)
+    "cpu-mlp256": lambda: mlp(256, 256, "fp32", 32768, features=64),
+    "cpu-cnn": lambda: cnn(128, "fp32", 12288, shape=(16, 16, 3), filters=(16, 32, 64)),
 }
 #: bf16 dense peak of one H200 (NVIDIA's figure), for MFU = 6 N T / time / peak
 PEAK_FLOPS = 989e12
@@ -189,18 +250,52 @@ checkpoint = false
 # --------------------------------------------------------------------------- sides
 
 
-def run_crosstrain(plan: Path, out: Path, device: str) -> float:
-    """samples/s over epochs 2..N, read from the progress plugin's epoch lines."""
+def run_crosstrain(
+    plan: Path, out: Path, device: str, backend: str, one_thread: bool = True
+) -> tuple[list[float], dict[str, Any]]:
+    """samples/s of each epoch 2..N, read from the progress plugin's epoch lines; and rank 0's
+    time split (data_seconds, step_seconds) from summary.json. ``one_thread`` (tf on CPU):
+    TensorFlow's op pools in the worker get one thread each, as the native loops'."""
     command = [sys.executable, "-m", "crosstrain.cli", "run", str(plan), "--out", str(out)]
-    command += ["--device", "gpu" if device == "cuda" else "cpu"]
-    result = subprocess.run(command, check=True, capture_output=True, text=True)
+    command += ["--backend", backend, "--device", "gpu" if device == "cuda" else "cpu"]
+    environment = dict(os.environ)
+    if device == "cpu":  # one thread, as the native sides
+        environment |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if backend == "tf":
+        environment |= TF_ENVIRONMENT
+        if device == "cpu" and one_thread:
+            # the inter-op pool (which crosstrain leaves at TensorFlow's default, one thread
+            # per core) from TensorFlow's own variables; the intra-op pool, which crosstrain
+            # sizes from os.cpu_count(), from the shim
+            environment |= {"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
+            shim = str(Path(__file__).resolve().parent / "one_thread")
+            environment["PYTHONPATH"] = os.pathsep.join(
+                [shim, *filter(None, [environment.get("PYTHONPATH")])]
+            )
+    before = children_cpu_seconds()
+    result = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
+    cpu_seconds = children_cpu_seconds() - before
     rates = [float(line.split()[-2]) for line in result.stdout.splitlines() if line.startswith("epoch ")]
-    steady = rates[1:] or rates
-    return len(steady) / sum(1 / rate for rate in steady)  # equal rows per epoch: harmonic mean
+    summary = json.loads((out / "summary.json").read_text())
+    return rates[1:] or rates, (summary.get("ranks") or [{}])[0] | {"cpu_seconds": cpu_seconds}
 
 
-def run_native(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs: int, kind: str) -> float:
-    """samples/s of the hand-written loop over epochs 2..N (epoch 1 warms up)."""
+def children_cpu_seconds() -> float:
+    """CPU time (user + system) of the finished subprocesses and all their descendants."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_native(
+    config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs: int, kind: str
+) -> tuple[list[float], list[float]]:
+    """samples/s of the hand-written loop in each epoch 2..N (epoch 1 warms up), by the
+    wall clock and per CPU second of this process."""
+    import torch
+    from torch import nn
+
     device = x.device
     model = config["native"]().to(device)
     compiled = bool(config.get("compile"))
@@ -223,11 +318,10 @@ def run_native(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs:
         backward = accelerator.backward
     autocast = kind in ("ideal", "read") and config["precision"] == "bf16"
     batch, rows = config["batch"], len(x)
-    timed_rows, started = 0, 0.0
-    for epoch in range(epochs):
-        if epoch == 1:
-            torch.cuda.synchronize(device) if device.type == "cuda" else None
-            started = time.perf_counter()
+    rates, cpu_rates = [], []
+    for _ in range(epochs):
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        started, cpu_started = time.perf_counter(), time.process_time()
         order = torch.randperm(rows, device=device)
         for start in range(0, rows, batch):
             index = order[start : start + batch]
@@ -241,14 +335,75 @@ def run_native(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor, epochs:
             optimizer.zero_grad(set_to_none=True)
             if kind == "read":
                 loss.item()
-            if epoch >= 1:
-                timed_rows += len(index)
-    torch.cuda.synchronize(device) if device.type == "cuda" else None
-    return timed_rows / (time.perf_counter() - started)
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        rates.append(rows / (time.perf_counter() - started))
+        cpu_rates.append(rows / (time.process_time() - cpu_started))
+    return rates[1:], cpu_rates[1:]
+
+
+def configure_tf() -> Any:
+    """TensorFlow on one CPU thread, no GPU; before any TensorFlow op. Returns the module."""
+    os.environ.update(TF_ENVIRONMENT)
+    os.environ.setdefault("KERAS_HOME", os.path.join(tempfile.gettempdir(), "crosstrain-bench-keras"))
+    import tensorflow as tf
+
+    tf.config.set_visible_devices([], "GPU")
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def run_native_tf(
+    config: dict[str, Any], x: np.ndarray, y: np.ndarray, epochs: int, kind: str
+) -> tuple[list[float], list[float]]:
+    """The TensorFlow 2 loop: a ``tf.function`` step (gather the rows, GradientTape, Adam)
+    over the data held in tf tensors; samples/s of each epoch 2..N (epoch 1 traces).
+    ``ideal`` reads the loss only at the end, ``read`` every step."""
+    import keras
+    import tensorflow as tf
+
+    if config["precision"] != "fp32":
+        raise SystemExit(f"--backend tf: the native tf loop is fp32 only, not {config['precision']}")
+    model = config["native_tf"]()
+    optimizer = keras.optimizers.Adam(learning_rate=1e-4)
+    optimizer.build(model.trainable_variables)
+    inputs, targets = tf.constant(x), tf.constant(y)
+
+    @tf.function
+    def step(index: Any) -> Any:
+        rows, labels = tf.gather(inputs, index), tf.gather(targets, index)
+        with tf.GradientTape() as tape:
+            logits = model(rows, training=True)
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+            )
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    batch, rows = config["batch"], len(x)
+    rates, cpu_rates, loss = [], [], None
+    for _ in range(epochs):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        order = tf.random.shuffle(tf.range(rows))
+        for start in range(0, rows, batch):
+            loss = step(order[start : start + batch])
+            if kind == "read":
+                float(loss)
+        # a tf.function call on the CPU returns once its ops have run: the clock is fair
+        rates.append(rows / (time.perf_counter() - started))
+        cpu_rates.append(rows / (time.process_time() - cpu_started))
+    float(loss)  # the ideal loop's only read
+    return rates[1:], cpu_rates[1:]
 
 
 def _fabric_precision(precision: str) -> str:
     return {"fp32": "32-true", "bf16": "bf16-mixed"}[precision]
+
+
+def harmonic_mean(rates: list[float]) -> float:
+    """Equal rows per epoch: total rows over total time."""
+    return len(rates) / sum(1 / rate for rate in rates)
 
 
 def mfu(config: dict[str, Any], samples_per_second: float) -> float:
@@ -276,7 +431,11 @@ def _available(module: str) -> bool:
 # --------------------------------------------------------------------------- main
 
 
-def benchmark(name: str, device: str, epochs: int, root: Path, rows: int | None) -> dict[str, float]:
+def benchmark(
+    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None, one_thread: bool
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
+    """samples/s of each timed epoch per side by the wall clock; on the CPU, samples per CPU
+    second per side; and crosstrain's time split (summary.json)."""
     config = CONFIGS[name]()
     config["rows"] = rows or config["rows"]
     directory = root / name
@@ -295,7 +454,22 @@ def benchmark(name: str, device: str, epochs: int, root: Path, rows: int | None)
         np.save(directory / "y.npy", y)
     plan = directory / "plan.toml"
     plan.write_text(plan_text(name, config, epochs, directory))
-    results = {"crosstrain": run_crosstrain(plan, directory / "run", device)}
+    rates, split = run_crosstrain(plan, directory / "run", device, backend, one_thread)
+    results, cpu_results = {"crosstrain": rates}, {}
+    if device == "cpu" and epochs > 1:
+        # CPU seconds per epoch of the whole run (launcher, worker, plugins), start-up and the
+        # first epoch taken out by a 1-epoch run: a figure others' load hardly moves
+        short = directory / "plan-1-epoch.toml"
+        short.write_text(plan_text(name, config, 1, directory))
+        _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend, one_thread)
+        per_epoch = (split["cpu_seconds"] - one_epoch["cpu_seconds"]) / (epochs - 1)
+        cpu_results["crosstrain"] = [config["rows"] / per_epoch]
+    if backend == "tf":
+        for kind in ("ideal", "read"):
+            results[kind], cpu_results[kind] = run_native_tf(config, x, y, epochs, kind)
+        return results, cpu_results, split
+    import torch
+
     x_device, y_device = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     kinds = ["ideal", "read"]
     kinds += [
@@ -303,35 +477,101 @@ def benchmark(name: str, device: str, epochs: int, root: Path, rows: int | None)
     ]
     # Fabric and Accelerate against the eager loops only (their compile paths differ)
     for kind in kinds if device == "cuda" and not config.get("compile") else kinds[:2]:
-        results[kind] = run_native(config, x_device, y_device, epochs, kind)
-    return results
+        results[kind], cpu_rates = run_native(config, x_device, y_device, epochs, kind)
+        if cpu_results:
+            cpu_results[kind] = cpu_rates
+    return results, cpu_results, split
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The configs to run; refuses a bad choice before anything is written or started."""
+    names = args.configs.split(",")
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    if args.backend == "tf":
+        if args.device != "cpu":
+            parser.error("--backend tf runs on --device cpu only")
+        torch_only = [name for name in names if "native_tf" not in CONFIGS[name]()]
+        if torch_only:
+            parser.error(f"--backend tf: no native tf loop for {', '.join(torch_only)}")
+    return names
+
+
+def header(device: str, backend: str) -> str:
+    """The device and framework version; imports only the chosen backend's framework."""
+    if backend == "tf":
+        tf = configure_tf()
+        return f"cpu (1 thread), tensorflow {tf.__version__}"
+    import torch
+
+    if device == "cpu":
+        torch.set_num_threads(1)
+        return f"cpu (1 thread), torch {torch.__version__}"
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--configs", default=",".join(name for name in CONFIGS if not name.startswith("cpu-"))
+    )
+    parser.add_argument("--backend", default="torch", choices=("torch", "tf"))
+    parser.add_argument(
+        "--device", default=None, choices=("cuda", "cpu"), help="default: cuda if torch sees one"
+    )
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument(
+        "--tf-threads",
+        default="one",
+        choices=("one", "shipped"),
+        help="crosstrain's tf worker on CPU: one op thread like the native loops (default), or "
+        "as shipped (cores / local workers)",
+    )
     parser.add_argument(
         "--out", default=None, help="where the data and runs go (default: a temporary folder)"
     )
     parser.add_argument("--rows", type=int, default=None, help="rows of data (default: each config's)")
     args = parser.parse_args()
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"device {name}, torch {torch.__version__}, {args.epochs} epochs per side (samples/s)")
+    if args.device is None:
+        if args.backend == "tf":
+            args.device = "cpu"
+        else:
+            import torch
+
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    names = check_arguments(parser, args)
+    print(f"device {header(args.device, args.backend)}, {args.epochs} epochs per side (samples/s)")
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(args.out or temporary)
-        for config in args.configs.split(","):
-            results = benchmark(config, args.device, args.epochs, root, args.rows)
-            crosstrain = results["crosstrain"]
-            ratios = "  ".join(
-                f"{kind} {value:,.0f} ({crosstrain / value:.2f}x)"
-                for kind, value in results.items()
-                if kind != "crosstrain"
+        for config in names:
+            epochs, cpu_epochs, split = benchmark(
+                config, args.device, args.backend, args.epochs, root, args.rows, args.tf_threads == "one"
             )
-            print(f"{config:14s} crosstrain {crosstrain:,.0f}  |  {ratios}", flush=True)
+            # the mean over the timed epochs; on a shared machine also the best epoch of each
+            # side and, on the CPU, samples per CPU second
+            for label, source, statistic in (
+                ("", epochs, harmonic_mean),
+                ("best epoch", epochs, max),
+                ("per cpu s", cpu_epochs, harmonic_mean),
+            ):
+                if not source:
+                    continue
+                results = {kind: statistic(rates) for kind, rates in source.items()}
+                crosstrain = results["crosstrain"]
+                ratios = "  ".join(
+                    f"{kind} {value:,.0f} ({crosstrain / value:.2f}x)"
+                    for kind, value in results.items()
+                    if kind != "crosstrain"
+                )
+                print(f"{label or config:14s} crosstrain {crosstrain:,.0f}  |  {ratios}", flush=True)
+            results = {kind: harmonic_mean(rates) for kind, rates in epochs.items()}
+            if "step_seconds" in split:  # all epochs, epoch 1 included
+                print(
+                    f"{'':14s} crosstrain rank 0: data {split['data_seconds']:.2f} s, "
+                    f"steps {split['step_seconds']:.2f} s",
+                    flush=True,
+                )
             if config.startswith("gpt") and args.device == "cuda":
                 print(
                     f"{'':14s} MFU (6 N T / {PEAK_FLOPS / 1e12:.0f} TFLOP/s): "
