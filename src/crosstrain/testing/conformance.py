@@ -411,12 +411,15 @@ def _tagged_processes(tag: str) -> list[int]:
 
 
 def _wait_for_steps(run: Path, steps: int, process: subprocess.Popen[str], deadline: float) -> None:
+    """Until the run has logged ``steps`` steps, or has already ended (the fault came first:
+    what it left is checked after)."""
     metrics = run / "metrics.jsonl"
     while time.monotonic() < deadline and process.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
             return
         time.sleep(0.1)
-    raise AssertionError(f"the run did not reach step {steps}")
+    if process.poll() is None:
+        raise AssertionError(f"the run did not reach step {steps} in time")
 
 
 class FaultConformance:
@@ -483,7 +486,10 @@ class FaultConformance:
         took = time.monotonic() - started
         assert took <= within, f"ended {took:.0f} s after the fault, more than {within} s"
         assert not (tmp_path / "run" / "summary.json").exists()  # a stopped run never looks finished
-        assert len(step_losses(tmp_path / "run")) >= self.fault_step  # every step logged is kept
+        # every step logged is kept: the steps before the fault at least. Rank 0 writes the log
+        # and may be stopped between finishing the fault's step and writing it, when a peer
+        # died or failed at that step (measured: 1 run in ~10 of tf --workers 2 under load)
+        assert len(step_losses(tmp_path / "run")) >= self.fault_step - 1
         return stderr or ""
 
     @staticmethod
