@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from crosstrain.testing.conformance import BackendConformance, FaultConformance
+from crosstrain.testing.conformance import BackendConformance
+from crosstrain.testing.fault_matrix import FaultConformance
 
 pytest.importorskip("tensorflow")
 
