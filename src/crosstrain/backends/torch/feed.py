@@ -41,6 +41,7 @@ class Feed:
         self.timeout_seconds = timeout_seconds
         self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
         self._prefetcher: _Prefetcher | None = None
+        self._masks: dict[int, torch.Tensor] = {}  # rows -> a mask of ones
 
     @property
     def placed(self) -> bool:
@@ -77,20 +78,30 @@ class Feed:
                 return prefetched
         source = batch.source
         if source is not None and id(source.dataset) in self._placed:
-            # one small host-to-device copy a step: row indices, positions and the row mask
-            packed = torch.from_numpy(np.stack([source.indices, batch.rows, batch.weight.astype(np.int64)]))
+            # one small host-to-device copy a step: row indices, positions, and the row mask
+            # when the batch has padding (a mask of ones is made once per batch size)
+            padded = not batch.weight.all()
+            arrays = [source.indices, batch.rows] + ([batch.weight.astype(np.int64)] if padded else [])
+            packed = torch.from_numpy(np.stack(arrays))
             if self.device.type == "cuda":
                 # from pageable memory a copy waits for the stream to drain, so the host
                 # could never run ahead of the GPU; from pinned memory it is queued
                 packed = packed.pin_memory()
-            indices, rows, mask = packed.to(self.device, non_blocking=True)
+            indices, rows, *mask = packed.to(self.device, non_blocking=True)
             gather_x, gather_y = self._placed[id(source.dataset)]
-            return gather_x(indices), gather_y(indices), mask.to(torch.float32), rows
+            weight = mask[0].to(torch.float32) if padded else self._ones(len(batch.weight))
+            return gather_x(indices), gather_y(indices), weight, rows
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
         rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
         x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         return x, y, weight, rows
+
+    def _ones(self, rows: int) -> torch.Tensor:
+        """The row mask of a batch without padding, on the device (never written to)."""
+        if rows not in self._masks:
+            self._masks[rows] = torch.ones(rows, dtype=torch.float32, device=self.device)
+        return self._masks[rows]
 
     # ----------------------------------------------------------------- placement
 

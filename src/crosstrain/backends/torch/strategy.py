@@ -46,6 +46,18 @@ class TorchState:
             self.model.train(training)
 
 
+@attrs.frozen
+class DeviceMean:
+    """A step's metric still on the device: a sum and the count that divides it, in float64
+    once read (:meth:`TorchStrategy.resolve_metrics` reads a chunk of them at once)."""
+
+    total: torch.Tensor
+    count: int
+
+    def __float__(self) -> float:
+        return float(self.total.double()) / self.count
+
+
 #: core precision -> the autocast dtype (None: plain fp32)
 PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
@@ -180,8 +192,9 @@ class TorchStrategy:
                 micro_sum = (per_row_loss(state.plan.loss.name, outputs, y) * weight).sum()
                 scaled = micro_sum * scale
                 (state.scaler.scale(scaled) if state.scaler else scaled).backward()  # type: ignore[no-untyped-call]
-            micro_sum = micro_sum.detach().double()
-            loss_sum = micro_sum if loss_sum is None else loss_sum + micro_sum
+            micro_sum = micro_sum.detach()
+            # several micro-batches add up in float64; one is widened when it is read
+            loss_sum = micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
         if self._skip_nonfinite(state):
             state.optimizer.zero_grad(set_to_none=True)
         else:
@@ -189,19 +202,29 @@ class TorchStrategy:
             state.optimizer_steps += 1
         assert loss_sum is not None  # a step has at least one micro-batch
         # stays on the device: NCCL's all-reduce does not block the host, and the loop reads
-        # a chunk of steps at once (resolve_metrics)
-        return {"loss": self._sum_across(loss_sum) / step.global_real_targets}
+        # a chunk of steps at once (resolve_metrics), dividing there: no kernel a step for it
+        return {"loss": DeviceMean(self._sum_across(loss_sum), step.global_real_targets)}
 
     def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         """One device-to-host copy for a chunk of steps' metrics."""
         import torch
 
         names = list(pending[0])
-        stacked = torch.stack(
-            [torch.as_tensor(metrics[name]).double() for metrics in pending for name in names]
-        )
-        values = stacked.reshape(len(pending), len(names)).tolist()
-        return [dict(zip(names, row, strict=True)) for row in values]
+        values = [metrics[name] for metrics in pending for name in names]
+        totals = [
+            value.total if isinstance(value, DeviceMean) else torch.as_tensor(value) for value in values
+        ]
+        if len({(total.dtype, total.device) for total in totals}) > 1:
+            totals = [total.double().cpu() for total in totals]
+        read = torch.stack(totals).double().tolist()
+        means = [
+            total / value.count if isinstance(value, DeviceMean) else total
+            for total, value in zip(read, values, strict=True)
+        ]
+        return [
+            dict(zip(names, means[row * len(names) : (row + 1) * len(names)], strict=True))
+            for row in range(len(pending))
+        ]
 
     def _forward(
         self, state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int
@@ -396,6 +419,6 @@ class TorchStrategy:
         import torch.distributed as dist
 
         if self._distributed():
-            tensor = tensor.clone()
+            tensor = tensor.double()  # a new tensor, summed in float64 as every backend does
             dist.all_reduce(tensor)
         return tensor
