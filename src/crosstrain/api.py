@@ -67,11 +67,9 @@ def make_job(
     The run folder is ``out``, else the plan's ``output.dir``, else a new one under runs/.
     ``replicas`` None: one per machine, or what an outside launcher (torchrun, SLURM) started."""
     replicas = check_cluster(detect_environment(), replicas, nnodes, node_rank, rdzv_endpoint)
-    check_numbers(replicas, workers, timeout_seconds)
+    check_numbers(replicas, workers, timeout_seconds, max_restarts)
     check_world_fits(plan, replicas)
     load_datasets(plan)  # the data must load and fit the model before any worker starts
-    if max_restarts < 0:
-        raise CrosstrainError(f"--max-restarts must be >= 0, got {max_restarts}")
     if out is None and plan.output.dir is not None:
         out = plan.output.dir
     out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
@@ -93,7 +91,7 @@ def make_job(
     )
 
 
-def check_numbers(replicas: int, workers: int | None, timeout_seconds: float) -> None:
+def check_numbers(replicas: int, workers: int | None, timeout_seconds: float, max_restarts: int = 0) -> None:
     """The layout and timeout numbers, refused with the flag's name before anything starts."""
     if replicas < 1:
         raise InputError(f"--nproc {replicas}: the number of replicas must be at least 1")
@@ -101,6 +99,8 @@ def check_numbers(replicas: int, workers: int | None, timeout_seconds: float) ->
         raise InputError(f"--workers {workers}: the number of processes must be at least 1")
     if not math.isfinite(timeout_seconds) or timeout_seconds <= 0:
         raise InputError(f"--timeout {timeout_seconds:g}: must be a positive number of seconds")
+    if max_restarts < 0:
+        raise InputError(f"--max-restarts {max_restarts}: must be 0 or more")
 
 
 def check_out_dir(out_dir: str | Path) -> None:

@@ -222,6 +222,7 @@ def test_a_native_language_model_returns_per_position_logits(tmp_path: Path) -> 
         (["--nproc", "-1"], "--nproc -1: the number of replicas must be at least 1"),
         (["--workers", "0"], "--workers 0: the number of processes must be at least 1"),
         (["--timeout", "0"], "--timeout 0: must be a positive number of seconds"),
+        (["--max-restarts", "-1"], "--max-restarts -1: must be 0 or more"),
         (["--out", "FILE"], "--out FILE: is a file, not a folder"),
         (["--out", "FILE/run"], "--out FILE/run: cannot create the folder: Not a directory"),
     ],
