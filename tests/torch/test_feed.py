@@ -4,12 +4,14 @@ and training gives the same losses whatever the placement."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from crosstrain.core.data import Batch, load_datasets
+from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
 from tests.conftest import run_cli
@@ -17,7 +19,7 @@ from tests.support import step_losses, summary
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.feed import Feed  # noqa: E402
+from crosstrain.backends.torch.feed import Feed, gather_rows, gatherable  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -40,6 +42,29 @@ def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: 
         x, y, _, _ = feed.tensors(batch)
         assert x.dtype == torch.from_numpy(batch.x).dtype and y.dtype == torch.from_numpy(batch.y).dtype
         assert np.array_equal(x.numpy(), batch.x) and np.array_equal(y.numpy(), batch.y)
+
+
+def test_the_prefetch_threads_gather_a_batchs_rows_straight_into_its_buffer(tmp_path: Path) -> None:
+    """What the GPU's host prefetch does (its pinned buffers and side stream need a GPU):
+    rows of an in-memory array, or of a memory-mapped file in a reordered view, gathered by
+    chunks into one buffer equal numpy's own read of them."""
+    rng = np.random.default_rng(0)
+    array = rng.normal(size=(1000, 3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", array.reshape(1000, 12))
+    mapped = MappedRows(
+        np.load(tmp_path / "x.npy", mmap_mode="r"), (3, 4), np.float32, np.arange(999, -1, -1)
+    )
+    indices = rng.integers(0, 1000, 333)  # not a multiple of the threads, with repeats
+    with ThreadPoolExecutor(4) as pool:
+        for rows in (array, mapped):
+            found = gatherable(rows, indices)
+            assert found is not None
+            source, file_indices, shape = found
+            out = np.full((len(file_indices), *source.shape[1:]), np.nan, source.dtype)
+            gather_rows(pool, source, file_indices, out)
+            assert np.array_equal(out.reshape(shape), rows[indices])
+    # a cast on reading is more than a gather: those rows are read by numpy, then staged
+    assert gatherable(MappedRows(file, (3, 4), np.float64), indices) is None
 
 
 def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[..., Path]) -> None:
