@@ -51,9 +51,8 @@ def test_the_prefetch_threads_gather_a_batchs_rows_straight_into_its_buffer(tmp_
     rng = np.random.default_rng(0)
     array = rng.normal(size=(1000, 3, 4)).astype(np.float32)
     np.save(tmp_path / "x.npy", array.reshape(1000, 12))
-    mapped = MappedRows(
-        np.load(tmp_path / "x.npy", mmap_mode="r"), (3, 4), np.float32, np.arange(999, -1, -1)
-    )
+    file = np.load(tmp_path / "x.npy", mmap_mode="r")
+    mapped = MappedRows(file, (3, 4), np.float32, index=np.arange(999, -1, -1))
     indices = rng.integers(0, 1000, 333)  # not a multiple of the threads, with repeats
     with ThreadPoolExecutor(4) as pool:
         for rows in (array, mapped):
