@@ -85,8 +85,11 @@ class Feed:
             packed = torch.from_numpy(np.stack(arrays))
             if self.device.type == "cuda":
                 # from pageable memory a copy waits for the stream to drain, so the host
-                # could never run ahead of the GPU; from pinned memory it is queued
-                packed = packed.pin_memory()
+                # could never run ahead of the GPU; from pinned memory it is queued. A block
+                # of the caching host allocator (reused only after its copy is done), filled
+                # here: pin_memory() would first ask the driver whether the rows are pinned
+                pinned = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+                packed = pinned.copy_(packed)
             indices, rows, *mask = packed.to(self.device, non_blocking=True)
             gather_x, gather_y = self._placed[id(source.dataset)]
             weight = mask[0].to(torch.float32) if padded else self._ones(len(batch.weight))

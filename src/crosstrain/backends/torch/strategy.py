@@ -39,6 +39,16 @@ class TorchState:
     feed: Feed  # where the data sits and how a batch's rows reach the device
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
     optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
+    gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
+
+    def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
+        """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""
+        key = (scale, loss.dtype, loss.device)
+        if key not in self.gradient_seeds:
+            import torch
+
+            self.gradient_seeds[key] = torch.full((), scale, dtype=loss.dtype, device=loss.device)
+        return self.gradient_seeds[key]
 
     def set_training(self, training: bool) -> None:
         """train()/eval() walk every submodule: only when the mode changes, not every step."""
@@ -189,9 +199,13 @@ class TorchStrategy:
             with self._no_sync(state, skip=index < last):
                 with self._autocast(state.plan):
                     outputs = self._forward(state, state.model, x, weight, rows, step.step)
-                micro_sum = (per_row_loss(state.plan.loss.name, outputs, y) * weight).sum()
-                scaled = micro_sum * scale
-                (state.scaler.scale(scaled) if state.scaler else scaled).backward()  # type: ignore[no-untyped-call]
+                per_row = per_row_loss(state.plan.loss.name, outputs, y)
+                # without padding the mask is all ones: the same sum, two kernels fewer
+                micro_sum = (per_row if micro.weight.all() else per_row * weight).sum()
+                if state.scaler is not None:
+                    state.scaler.scale(micro_sum * scale).backward()  # type: ignore[no-untyped-call]
+                else:  # backward from d(loss)/d(sum) = scale: no multiply, no seed of ones
+                    micro_sum.backward(state.gradient_seed(scale, micro_sum))  # type: ignore[no-untyped-call]
             micro_sum = micro_sum.detach()
             # several micro-batches add up in float64; one is widened when it is read
             loss_sum = micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
