@@ -100,8 +100,8 @@ class Order(enum.Enum):
 
     #: reads and writes NCHW: its 4-D inputs are permuted to NCHW first
     CHANNELS_FIRST = "channels_first"
-    #: works in the order of its inputs and writes its output in it (an input in the other
-    #: order than the rest is permuted to NCHW)
+    #: works in the order of its inputs and writes its output in it (inputs in both orders:
+    #: the NHWC ones are permuted to NCHW)
     EITHER = "either"
     #: reads either order; its output has no spatial axes, so no order
     REDUCES = "reduces"
