@@ -5,13 +5,16 @@
 Both sides train bench_e2e's config (the same architecture, batch and Adam at 1e-4) on one
 batch from host memory and read nothing back: crosstrain through ``TorchStrategy.train_step``
 (model, loss, Adam), the native side as bench_e2e's loop does. The two run interleaved,
-``--rounds`` rounds of ``--steps`` steps each, so a shared machine's load hits both alike;
-prints each side's best and median round in ms/step and crosstrain / native of each.
+``--rounds`` rounds of ``--steps`` steps each, in a random order per round (a fixed order
+biased one side by up to 30 % on a shared 2-core machine), so the load hits both alike.
+Prints each side's best and median round in ms/step, and the median and quartiles of the
+rounds' paired ratios crosstrain / native: the steadiest figure on a noisy machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import time
@@ -86,9 +89,10 @@ def main() -> None:
     for step in sides.values():  # warm-up: allocator, first-call dispatch
         one_round(step)
     times: dict[str, list[float]] = {name: [] for name in sides}
+    shuffled = random.Random(0)
     for _ in range(args.rounds):
-        for name, step in sides.items():
-            times[name].append(one_round(step))
+        for name in shuffled.sample(list(sides), len(sides)):
+            times[name].append(one_round(sides[name]))
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (1 thread)"
     print(f"device {device}  torch {torch.__version__}  config {args.config}  batch {batch}")
     for label, statistic in (("best", min), ("median", statistics.median)):
@@ -97,6 +101,9 @@ def main() -> None:
             f"{label:7s} crosstrain {ours:8.3f} ms/step  native {native:8.3f} ms/step  "
             f"crosstrain/native time {ours / native:.3f} (speed {native / ours:.2f}x)"
         )
+    paired = np.array(times["crosstrain"]) / np.array(times["native"])
+    low, middle, high = np.percentile(paired, [25, 50, 75])
+    print(f"paired  crosstrain/native time: median {middle:.3f}, quartiles {low:.3f}-{high:.3f}")
 
 
 if __name__ == "__main__":
