@@ -4,19 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from crosstrain.core.dropout import keep_mask as reference_keep_mask
-from crosstrain.core.layers import BatchNorm, Layer
+from crosstrain.core.layers import (
+    GELU,
+    Add,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    GlobalAvgPool2D,
+    Layer,
+    MaxPool2D,
+    ReLU,
+)
 from crosstrain.core.plan import ModelSpec, Plan, load_plan
 from crosstrain.core.vocabulary import missing_names
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.layers import LAYERS, LAYOUTS, keep_mask  # noqa: E402
+from crosstrain.backends.torch.layers import LAYERS, LAYOUTS, ORDERS, Order, keep_mask  # noqa: E402
 from crosstrain.backends.torch.model import build_module, load_neutral, neutral_state  # noqa: E402
 from crosstrain.backends.torch.strategy import TorchStrategy  # noqa: E402
 
@@ -28,6 +42,7 @@ def test_the_tables_cover_every_core_name() -> None:
     # every layer type that has weights says where they sit in its module
     for kind in LAYERS:
         assert kind in LAYOUTS or kind.weight_specs is Layer.weight_specs, kind.type
+    assert set(ORDERS) == set(LAYERS)  # and how it works on an image
 
 
 def test_dropout_masks_equal_the_numpy_reference_bit_for_bit() -> None:
@@ -69,3 +84,114 @@ def test_weights_round_trip_with_running_statistics(write_plan: Callable[..., Pa
     assert sorted(state) == sorted(weights)
     for name, value in moved.items():
         assert np.array_equal(state[name], value), name
+
+
+# --------------------------------------------------------------------------- image layout
+
+# conv -> relu -> pool -> conv -> add -> global pool: one run of layout-aware nodes
+_RUN = (
+    Conv2D(filters=4, kernel_size=3, padding="same"),
+    ReLU(),
+    MaxPool2D(pool_size=2, name="pool"),
+    Conv2D(filters=4, kernel_size=3, padding="same", name="conv"),
+    Add(inputs=("pool", "conv")),
+    GlobalAvgPool2D(),
+)
+# every order-aware node in NCHW (batch norm, dropout, concat), and an image read in both
+# orders: concat's output goes on in NCHW (gelu) and to flatten in NHWC
+_MIXED = (
+    Conv2D(filters=4, kernel_size=3, padding="same"),
+    BatchNorm(momentum=0.5),
+    ReLU(),
+    MaxPool2D(pool_size=2, name="pool"),
+    Conv2D(filters=4, kernel_size=3, padding="same"),
+    Dropout(rate=0.3, name="drop"),
+    Add(inputs=("pool", "drop"), name="sum"),
+    Concat(inputs=("sum", "pool"), name="joined"),
+    GELU(),
+    GlobalAvgPool2D(name="pooled"),
+    Flatten(inputs=("joined",)),
+    Dense(units=3, name="flat"),
+    Concat(inputs=("pooled", "flat")),
+    Dense(units=5),
+)
+
+
+def _image_plan(layers: tuple[Layer, ...]) -> Plan:
+    return Plan(model=ModelSpec(input_shape=(8, 8, 3), layers=layers), seed=3)
+
+
+def _nhwc_module(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The module as it was before images ran in NCHW: every node but a convolution and a
+    pooling reads NHWC, so each of those permutes its input to NCHW and its output back."""
+    with monkeypatch.context() as patched:
+        for kind, order in ORDERS.items():
+            if order is not Order.CHANNELS_FIRST:
+                patched.setitem(ORDERS, kind, Order.NEUTRAL)
+        return build_module(plan)
+
+
+def _train_forward(module: Any, plan: Plan) -> dict[str, np.ndarray]:
+    """Outputs, d/d input and d/d every parameter of ``sum(outputs * upstream)`` in training
+    (a padding row, dropout at step 7), and the state after it (batch norm's statistics)."""
+    rng = np.random.default_rng(5)
+    load_neutral(module, plan, {k: v + 0.1 for k, v in plan.model.graph().init_weights(plan.seed).items()})
+    x = torch.from_numpy(rng.normal(size=(6, 8, 8, 3)).astype(np.float32)).requires_grad_()
+    weight, rows = torch.tensor([1, 1, 0, 1, 1, 1.0]), torch.arange(10, 16)
+    outputs = module(x, weight, rows, 7)
+    upstream = torch.from_numpy(rng.normal(size=tuple(outputs.shape)).astype(np.float32))
+    (outputs * upstream).sum().backward()
+    results = {"outputs": outputs.detach().numpy(), "d/d input": x.grad.numpy()}
+    results |= {f"d/d {name}": p.grad.numpy() for name, p in module.named_parameters()}
+    return results | {f"after {name}": value for name, value in neutral_state(module, plan).items()}
+
+
+def _assert_same(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert sorted(actual) == sorted(expected)
+    for name, value in expected.items():
+        scale = float(np.abs(value).max())
+        np.testing.assert_allclose(actual[name], value, rtol=0, atol=2e-6 * scale, err_msg=name)
+
+
+def test_a_run_of_image_nodes_stays_nchw_and_permutes_only_on_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = _image_plan(_RUN)
+    module = build_module(plan)
+    # one permutation (the NHWC input to NCHW); the global pool's output has no order
+    assert module.layout.permutations == 1
+    assert module.layout.channels_first == (True,) * len(_RUN)
+    before = _nhwc_module(plan, monkeypatch)
+    # into and out of each convolution and pooling (the pooling feeds the second directly)
+    assert before.layout.permutations == 5
+    images: dict[str, torch.Tensor] = {}
+    for key, node in module.nodes.items():
+        node.register_forward_hook(lambda node, args, output, key=key: images.setdefault(key, output))
+    _assert_same(_train_forward(module, plan), _train_forward(before, plan))
+    graph = plan.model.graph()
+    for node in graph.nodes[:-1]:  # each image between the nodes: NCHW with standard strides
+        height, width, channels = node.output_shape
+        image = images[node.path]
+        assert image.shape == (6, channels, height, width) and image.is_contiguous(), node.path
+
+
+def test_order_aware_nodes_compute_in_nchw_what_they_did_in_nhwc(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = _image_plan(_MIXED)
+    module = build_module(plan)
+    # the input to NCHW; concat's output to NHWC once, for flatten alone
+    assert module.layout.permutations == 2
+    first = dict(
+        zip((node.path for node in plan.model.graph().nodes), module.layout.channels_first, strict=True)
+    )
+    assert [path for path, channels_first in first.items() if not channels_first] == [
+        "flatten_10",
+        "flat",
+        "concat_12",
+        "dense_13",
+    ]
+    _assert_same(_train_forward(module, plan), _train_forward(_nhwc_module(plan, monkeypatch), plan))
+
+
+def test_an_image_output_is_nhwc() -> None:
+    plan = _image_plan((Conv2D(filters=2, kernel_size=3), ReLU()))
+    module = build_module(plan)
+    assert module.layout.permutations == 2
+    assert tuple(module(torch.zeros(3, 8, 8, 3)).shape) == (3, 6, 6, 2)

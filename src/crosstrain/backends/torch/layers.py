@@ -1,15 +1,22 @@
-"""One torch module per neutral layer type, in a declared table (``LAYERS``).
+"""One torch module per neutral layer type, in declared tables (``LAYERS``, ``ORDERS``).
 
-Every tensor stays channels-last (NHWC) between nodes, as the neutral layouts are: a
-convolution or pooling permutes to torch's NCHW inside itself and back, so ``flatten``,
-``concat`` and ``dense`` on the last axis mean what they mean in every backend. Each
-node module takes the list of its input tensors and the :class:`ForwardContext` (the
-row mask, row positions and step that batch norm and dropout need). What each layer
-computes is specified in docs/layers.md.
+Images are NHWC at the model's edges, as the neutral layouts are, but torch's convolutions
+and pooling want NCHW, and a permuted view between them costs (an elementwise op on it runs
+~4x slower, the convolution's backward gets strided gradients). So an image tensor is kept
+in torch's NCHW between the nodes that can work in it: ``ORDERS`` says, per layer type,
+whether it needs NCHW (convolution, pooling), works in either order (activations, batch
+norm, dropout, add, concat), reduces the image away (global pooling) or needs the neutral
+NHWC order (flatten, dense, layer norm: what they compute depends on it). The graph module
+(model.py) plans, once at build time, which node gets its image inputs in which order and
+where a tensor is permuted; each builder is told ``channels_first``: whether its 4-D inputs
+and output are NCHW. Each node module takes the list of its input tensors and the
+:class:`ForwardContext` (the row mask, row positions and step that batch norm and dropout
+need). What each layer computes is specified in docs/layers.md.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -71,10 +78,10 @@ class _Unary(NodeModule):
         return self.function(inputs[0])
 
 
-def _nchw(x: torch.Tensor) -> torch.Tensor:
+def to_nchw(x: torch.Tensor) -> torch.Tensor:
     """NHWC -> NCHW with standard strides: a permuted view (even one torch calls contiguous,
     when C is 1) makes conv produce channels-last weight gradients, which DDP's buckets then
-    copy and warn about."""
+    copy and warn about, and makes every elementwise op after it slow."""
     permuted = x.permute(0, 3, 1, 2)
     channels, height, width = permuted.shape[1:]
     if permuted.stride() != (channels * height * width, height * width, width, 1):
@@ -82,12 +89,28 @@ def _nchw(x: torch.Tensor) -> torch.Tensor:
     return permuted
 
 
-def _nhwc(x: torch.Tensor) -> torch.Tensor:
+def to_nhwc(x: torch.Tensor) -> torch.Tensor:
+    """NCHW -> the neutral NHWC, as a view: what reads it next (flatten's reshape, a dense
+    layer's matmul, the loss) copies or reads it as it needs."""
     return x.permute(0, 2, 3, 1)
 
 
+class Order(enum.Enum):
+    """How a layer type works on an image (a 4-D tensor); other tensors are always neutral."""
+
+    #: reads and writes NCHW: its 4-D inputs are permuted to NCHW first
+    CHANNELS_FIRST = "channels_first"
+    #: works in the order of its inputs and writes its output in it (inputs in both orders:
+    #: the NHWC ones are permuted to NCHW)
+    EITHER = "either"
+    #: reads either order; its output has no spatial axes, so no order
+    REDUCES = "reduces"
+    #: reads NHWC, the neutral order: what it computes depends on the order of the elements
+    NEUTRAL = "neutral"
+
+
 class DenseNode(NodeModule):
-    def __init__(self, layer: Dense, node: Node) -> None:
+    def __init__(self, layer: Dense, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.linear = nn.Linear(node.input_shape[-1], layer.units, bias=layer.use_bias)
 
@@ -96,7 +119,9 @@ class DenseNode(NodeModule):
 
 
 class ConvNode(NodeModule):
-    def __init__(self, layer: Conv2D, node: Node) -> None:
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``)."""
+
+    def __init__(self, layer: Conv2D, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.conv = nn.Conv2d(
             node.input_shape[-1],
@@ -108,21 +133,23 @@ class ConvNode(NodeModule):
         )
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        return _nhwc(self.conv(_nchw(inputs[0])))
+        return self.conv(inputs[0])  # type: ignore[no-any-return]
 
 
 class PoolNode(NodeModule):
-    def __init__(self, layer: MaxPool2D | AvgPool2D, node: Node) -> None:
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``)."""
+
+    def __init__(self, layer: MaxPool2D | AvgPool2D, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.pool = F.max_pool2d if isinstance(layer, MaxPool2D) else F.avg_pool2d
         self.size, self.stride = layer.pool_size, layer.effective_strides
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        return _nhwc(self.pool(_nchw(inputs[0]), self.size, self.stride))
+        return self.pool(inputs[0], self.size, self.stride)
 
 
 class LayerNormNode(NodeModule):
-    def __init__(self, layer: LayerNorm, node: Node) -> None:
+    def __init__(self, layer: LayerNorm, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(node.input_shape[-1], eps=layer.eps)
 
@@ -133,12 +160,20 @@ class LayerNormNode(NodeModule):
 class BatchNormNode(NodeModule):
     """Batch statistics over the real rows of the whole micro-batch on every process
     (a differentiable all-reduce of the sums: SyncBatchNorm is CUDA-only and counts
-    padding rows), the running statistics as buffers."""
+    padding rows), the running statistics as buffers. The features are the last axis, or
+    axis 1 of an NCHW image (``channels_first``)."""
 
-    def __init__(self, layer: BatchNorm, node: Node) -> None:
+    def __init__(self, layer: BatchNorm, node: Node, channels_first: bool) -> None:
         super().__init__()
         features = node.input_shape[-1]
+        rank = len(node.input_shape) + 1
+        channel = 1 if channels_first else rank - 1
         self.momentum, self.epsilon = layer.momentum, layer.epsilon
+        #: the axes statistics reduce, and how a per-feature vector broadcasts over x
+        self.axes = tuple(axis for axis in range(rank) if axis != channel)
+        self.per_feature = (features, *[1] * (rank - 1 - channel))
+        #: values per feature in one row (its positions: height x width for an image)
+        self.positions = math.prod(node.input_shape[:-1])
         self.scale = nn.Parameter(torch.ones(features))
         self.offset = nn.Parameter(torch.zeros(features))
         self.moving_mean: torch.Tensor
@@ -152,23 +187,24 @@ class BatchNormNode(NodeModule):
             mean, variance = self.moving_mean, self.moving_variance
         else:
             mean, variance = self._batch_statistics(x, context)
-        return (x - mean) * torch.rsqrt(variance + self.epsilon) * self.scale + self.offset
+        shape = self.per_feature
+        inverse = torch.rsqrt(variance + self.epsilon).reshape(shape)
+        return (x - mean.reshape(shape)) * inverse * self.scale.reshape(shape) + self.offset.reshape(shape)
 
     def _batch_statistics(
         self, x: torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert context.weight is not None, "batch norm trains on a row mask"
         weight = context.weight.float().reshape(-1, *([1] * (x.dim() - 1)))
-        axes = tuple(range(x.dim() - 1))
-        positions = math.prod(x.shape[1:-1])
-        first = torch.cat([(x * weight).sum(axes), (context.weight.float().sum() * positions).reshape(1)])
-        first = _sum_across(first, context)
+        count = (context.weight.float().sum() * self.positions).reshape(1)
+        first = _sum_across(torch.cat([(x * weight).sum(self.axes), count]), context)
         count = first[-1].detach()
         # a micro-batch of padding only (the end of an epoch under accumulation): divide by
         # 1, not 0, and leave the running statistics as they are
         divisor = torch.clamp(count, min=1)
         mean = first[:-1] / divisor
-        variance = _sum_across(((x - mean) ** 2 * weight).sum(axes), context) / divisor
+        deviations = (x - mean.reshape(self.per_feature)) ** 2 * weight
+        variance = _sum_across(deviations.sum(self.axes), context) / divisor
         with torch.no_grad():
             unbiased = variance * (count / torch.clamp(count - 1, min=1))
             moved = count > 0
@@ -208,20 +244,28 @@ def _sum_across(tensor: torch.Tensor, context: ForwardContext) -> torch.Tensor:
 
 
 class DropoutNode(NodeModule):
-    """Masks from crosstrain's counter-based hash, in torch's int64 ops (see core.dropout)."""
+    """Masks from crosstrain's counter-based hash, in torch's int64 ops (see core.dropout).
+    The hash numbers a row's units in the neutral (NHWC) order; on an NCHW image
+    (``channels_first``) the mask is drawn in NCHW order from those same numbers."""
 
-    def __init__(self, layer: Dropout, node: Node) -> None:
+    def __init__(self, layer: Dropout, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.rate, self.layer_index = layer.rate, node.index
         self.features = math.prod(node.input_shape)
+        self.channels_first = channels_first
+        self.neutral_shape = node.input_shape
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0]
         if not self.training or self.rate == 0.0:
             return x
         assert context.rows is not None, "dropout trains on row positions"
+        units = None
+        if self.channels_first:  # unit c, h, w of the NCHW row is unit h, w, c of the neutral
+            numbers = torch.arange(self.features, device=x.device).reshape(self.neutral_shape)
+            units = numbers.permute(2, 0, 1).reshape(-1)
         keep: torch.Tensor = keep_mask(
-            context.seed, context.step, self.layer_index, context.rows, self.features, self.rate
+            context.seed, context.step, self.layer_index, context.rows, self.features, self.rate, units
         )
         return (x * keep.reshape(x.shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
 
@@ -240,21 +284,30 @@ def _mix(value: torch.Tensor) -> torch.Tensor:
 # binary 'operator^'"); a graph break around one small mask keeps the bits the reference's.
 @torch.compiler.disable  # type: ignore[untyped-decorator]
 def keep_mask(
-    seed: int, step: int, layer: int, rows: torch.Tensor, features: int, rate: float
+    seed: int,
+    step: int,
+    layer: int,
+    rows: torch.Tensor,
+    features: int,
+    rate: float,
+    units: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """bool [rows, features], equal bit for bit to :func:`crosstrain.core.dropout.keep_mask`."""
+    """bool [rows, features], equal bit for bit to :func:`crosstrain.core.dropout.keep_mask`;
+    ``units`` (int64 [features]) puts column j at the reference's column ``units[j]``."""
     mask32 = neutral_dropout.MASK32
     device = rows.device
     state = _mix(torch.tensor(seed & mask32, dtype=torch.int64, device=device))
     state = _mix(state ^ (step & mask32))
     state = _mix(state ^ (layer & mask32))
     per_row = _mix(state ^ (rows.to(torch.int64)[:, None] & mask32))
-    hashed = _mix(per_row ^ torch.arange(features, dtype=torch.int64, device=device)[None, :])
+    if units is None:
+        units = torch.arange(features, dtype=torch.int64, device=device)
+    hashed = _mix(per_row ^ units[None, :])
     return (hashed >> (32 - neutral_dropout.KEEP_BITS)) >= neutral_dropout.threshold(rate)
 
 
 class EmbeddingNode(NodeModule):
-    def __init__(self, layer: Embedding, node: Node) -> None:
+    def __init__(self, layer: Embedding, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.table = nn.Embedding(layer.vocab_size, layer.units)
 
@@ -263,7 +316,7 @@ class EmbeddingNode(NodeModule):
 
 
 class PositionEmbeddingNode(NodeModule):
-    def __init__(self, layer: PositionEmbedding, node: Node) -> None:
+    def __init__(self, layer: PositionEmbedding, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.table = nn.Parameter(torch.zeros(*node.input_shape))
 
@@ -275,7 +328,7 @@ class AttentionNode(NodeModule):
     """Multi-head self-attention with torch's scaled_dot_product_attention (softmax in fp32
     for fp32 inputs; the fused kernels accumulate low-precision inputs in fp32)."""
 
-    def __init__(self, layer: Attention, node: Node) -> None:
+    def __init__(self, layer: Attention, node: Node, channels_first: bool) -> None:
         super().__init__()
         units = node.input_shape[-1]
         self.heads, self.causal = layer.heads, layer.causal
@@ -304,23 +357,37 @@ class AddNode(NodeModule):
 
 
 class ConcatNode(NodeModule):
+    """Joins on the features: the last axis, or axis 1 of NCHW images (``channels_first``)."""
+
+    def __init__(self, layer: Concat, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.axis = 1 if channels_first else -1
+
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        return torch.cat(inputs, dim=-1)
+        return torch.cat(inputs, dim=self.axis)
+
+
+class GlobalPoolNode(NodeModule):
+    """The mean over height and width, of an NHWC or NCHW (``channels_first``) image."""
+
+    def __init__(self, layer: GlobalAvgPool2D, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.axes = (2, 3) if channels_first else (1, 2)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return inputs[0].mean(dim=self.axes)
 
 
 def _flatten(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(x.shape[0], -1)  # tensors are NHWC already: the neutral order
+    return x.reshape(x.shape[0], -1)  # the plan hands it NHWC: the neutral order
 
 
-def _global_average(x: torch.Tensor) -> torch.Tensor:
-    return x.mean(dim=(1, 2))
+def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> Builder:
+    return lambda layer, node, channels_first: _Unary(function)
 
 
-def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Layer, Node], NodeModule]:
-    return lambda layer, node: _Unary(function)
-
-
-Builder = Callable[[Layer, Node], NodeModule]
+#: a node module from its layer, its graph node, and whether its 4-D tensors are NCHW
+Builder = Callable[[Layer, Node, bool], NodeModule]
 
 #: core layer type -> its torch module; core's graph resolves blocks, so Block has no row
 LAYERS: dict[type[Layer], Builder] = {
@@ -328,7 +395,7 @@ LAYERS: dict[type[Layer], Builder] = {
     Conv2D: ConvNode,  # type: ignore[dict-item]
     MaxPool2D: PoolNode,  # type: ignore[dict-item]
     AvgPool2D: PoolNode,  # type: ignore[dict-item]
-    GlobalAvgPool2D: _unary(_global_average),
+    GlobalAvgPool2D: GlobalPoolNode,  # type: ignore[dict-item]
     Flatten: _unary(_flatten),
     ReLU: _unary(F.relu),
     GELU: _unary(F.gelu),  # erf, torch's default
@@ -339,8 +406,29 @@ LAYERS: dict[type[Layer], Builder] = {
     Embedding: EmbeddingNode,  # type: ignore[dict-item]
     PositionEmbedding: PositionEmbeddingNode,  # type: ignore[dict-item]
     Attention: AttentionNode,  # type: ignore[dict-item]
-    Add: lambda layer, node: AddNode(),
-    Concat: lambda layer, node: ConcatNode(),
+    Add: lambda layer, node, channels_first: AddNode(),
+    Concat: ConcatNode,  # type: ignore[dict-item]
+}
+
+#: core layer type -> the order it works in on an image (see :class:`Order`)
+ORDERS: dict[type[Layer], Order] = {
+    Dense: Order.NEUTRAL,  # on the last axis
+    Conv2D: Order.CHANNELS_FIRST,
+    MaxPool2D: Order.CHANNELS_FIRST,
+    AvgPool2D: Order.CHANNELS_FIRST,
+    GlobalAvgPool2D: Order.REDUCES,
+    Flatten: Order.NEUTRAL,  # the neutral order of the elements is its output
+    ReLU: Order.EITHER,
+    GELU: Order.EITHER,
+    Tanh: Order.EITHER,
+    Dropout: Order.EITHER,  # draws its mask in the input's order
+    LayerNorm: Order.NEUTRAL,  # on the last axis
+    BatchNorm: Order.EITHER,  # on the channel axis of either order
+    Embedding: Order.NEUTRAL,  # token ids are never an image
+    PositionEmbedding: Order.NEUTRAL,
+    Attention: Order.NEUTRAL,
+    Add: Order.EITHER,
+    Concat: Order.EITHER,  # on the channel axis of either order
 }
 
 # neutral param -> (torch name inside the node module, neutral->torch axes); None keeps the layout

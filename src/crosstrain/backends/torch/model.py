@@ -2,13 +2,15 @@
 loss table.
 
 The neutral model is a :class:`GraphModule`: one node module per graph node (the table in
-layers.py), run in graph order. At the edges everything is neutral: NHWC inputs, kernels
-[in, out] and [kh, kw, in, out], names ``{node.path}.{param}``.
+layers.py), run in graph order. At the edges everything is neutral: NHWC inputs and outputs,
+kernels [in, out] and [kh, kw, in, out], names ``{node.path}.{param}``. Inside, images run
+in torch's NCHW between the nodes that can (:func:`plan_layout`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -16,8 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from crosstrain.backends.common import native_factory
-from crosstrain.backends.torch.layers import LAYERS, LAYOUTS, ForwardContext, NodeModule
-from crosstrain.core.graph import Graph
+from crosstrain.backends.torch.layers import (
+    LAYERS,
+    LAYOUTS,
+    ORDERS,
+    ForwardContext,
+    NodeModule,
+    Order,
+    to_nchw,
+    to_nhwc,
+)
+from crosstrain.core.graph import MODEL_INPUT, Graph
 from crosstrain.core.plan import Plan
 
 
@@ -25,16 +36,85 @@ def _module_key(path: str) -> str:
     return path.replace(".", "/")  # ModuleDict keys cannot hold dots
 
 
+class Step(NamedTuple):
+    """One step of the forward: graph node ``node`` on the values ``sources``, or, where
+    ``permute`` is set, that change of order of the value ``sources[0]``; the result is the
+    value ``target``. Values are keyed by node index (MODEL_INPUT: the input); a value's
+    copy in the other order by a key below MODEL_INPUT."""
+
+    node: int
+    sources: tuple[int, ...]
+    target: int
+    permute: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+class LayoutPlan(NamedTuple):
+    """Where images are NCHW: per node, whether its 4-D inputs and output are
+    (``channels_first``); the steps of the forward, permutations included; and the key of
+    the value the model returns (NHWC, if an image)."""
+
+    channels_first: tuple[bool, ...]
+    steps: tuple[Step, ...]
+    output: int
+
+    @property
+    def permutations(self) -> int:
+        return sum(step.permute is not None for step in self.steps)
+
+
+def _is_image(shape: tuple[int, ...]) -> bool:
+    return len(shape) == 3  # one row's [height, width, channels]: a 4-D tensor
+
+
+def plan_layout(graph: Graph) -> LayoutPlan:
+    """Decide once, from the layer types (``ORDERS``), which order each image is kept in:
+    NCHW from the first node that needs it (a convolution, a pooling) through every node
+    that works in either order, NHWC again only for a node that needs the neutral order
+    (flatten, dense) and for the model's output. Each image is permuted at most once (a
+    copy in the other order is shared by every node that reads it)."""
+    nchw: dict[int, bool] = {MODEL_INPUT: False}  # value -> whether it is an NCHW image
+    other: dict[int, int] = {}  # value -> the key of its copy in the other order
+    steps: list[Step] = []
+
+    def read(source: int, want_nchw: bool) -> int:
+        if nchw[source] == want_nchw:
+            return source
+        if source not in other:
+            other[source] = MODEL_INPUT - 1 - len(other)
+            steps.append(Step(-1, (source,), other[source], to_nchw if want_nchw else to_nhwc))
+        return other[source]
+
+    channels_first: list[bool] = []
+    for node in graph.nodes:
+        order = ORDERS[type(node.layer)]
+        if order is Order.CHANNELS_FIRST or order is Order.NEUTRAL:
+            first = order is Order.CHANNELS_FIRST
+        else:  # EITHER, REDUCES: the inputs' order; NCHW when they differ
+            first = any(nchw[source] for source in node.inputs)
+        sources = tuple(
+            read(source, first) if _is_image(shape) else source
+            for source, shape in zip(node.inputs, node.input_shapes, strict=True)
+        )
+        steps.append(Step(node.index, sources, node.index))
+        channels_first.append(first)
+        nchw[node.index] = first and _is_image(node.output_shape)
+    output = read(graph.output, False)
+    return LayoutPlan(tuple(channels_first), tuple(steps), output)
+
+
 class GraphModule(nn.Module):
-    """Runs the graph's nodes in order; each reads the outputs of its input nodes."""
+    """Runs the layout plan's steps in order; each node reads the outputs of its input
+    nodes, in the order the plan chose for it."""
 
     def __init__(self, graph: Graph, seed: int) -> None:
         super().__init__()
         self.seed = seed
-        self.inputs = [node.inputs for node in graph.nodes]
-        self.output = graph.output
+        self.layout = plan_layout(graph)
         self.nodes = nn.ModuleDict(
-            {_module_key(node.path): LAYERS[type(node.layer)](node.layer, node) for node in graph.nodes}
+            {
+                _module_key(node.path): LAYERS[type(node.layer)](node.layer, node, first)
+                for node, first in zip(graph.nodes, self.layout.channels_first, strict=True)
+            }
         )
 
     def forward(
@@ -46,11 +126,12 @@ class GraphModule(nn.Module):
         distributed: bool = False,
     ) -> torch.Tensor:
         context = ForwardContext(weight, rows, step, self.seed, distributed)
-        values: dict[int, torch.Tensor] = {-1: x}
+        values: dict[int, torch.Tensor] = {MODEL_INPUT: x}
         modules: list[NodeModule] = list(self.nodes.values())  # type: ignore[arg-type]
-        for index, (module, sources) in enumerate(zip(modules, self.inputs, strict=True)):
-            values[index] = module([values[source] for source in sources], context)
-        return values[self.output]
+        for node, sources, target, permute in self.layout.steps:
+            inputs = [values[source] for source in sources]
+            values[target] = modules[node](inputs, context) if permute is None else permute(inputs[0])
+        return values[self.layout.output]
 
 
 def build_module(plan: Plan) -> nn.Module:
