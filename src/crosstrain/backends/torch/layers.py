@@ -255,6 +255,9 @@ class DropoutNode(NodeModule):
         self.channels_first = channels_first
         self.neutral_shape = node.input_shape
 
+    # eager under torch.compile, as keep_mask is (below): traced, the frame would be guarded
+    # on this node's layer number and recompiled for each dropout node, past dynamo's limit
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0]
         if not self.training or self.rate == 0.0:
@@ -270,7 +273,8 @@ class DropoutNode(NodeModule):
         return (x * keep.reshape(x.shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
 
 
-def _mix(value: torch.Tensor) -> torch.Tensor:
+def _mix(value: Any) -> Any:
+    """One round of the hash, on an int64 tensor or a Python int below 2**32."""
     first, second = neutral_dropout.MULTIPLIERS
     value = value ^ (value >> 16)
     value = (value * first) & neutral_dropout.MASK32
@@ -296,13 +300,15 @@ def keep_mask(
     ``units`` (int64 [features]) puts column j at the reference's column ``units[j]``."""
     mask32 = neutral_dropout.MASK32
     device = rows.device
-    state = _mix(torch.tensor(seed & mask32, dtype=torch.int64, device=device))
+    # the row-independent part on the host, in Python ints: the same low 32 bits as int64
+    # ops give, and no scalar copied to the device (which would wait for its stream) per layer
+    state = _mix(seed & mask32)
     state = _mix(state ^ (step & mask32))
     state = _mix(state ^ (layer & mask32))
     per_row = _mix(state ^ (rows.to(torch.int64)[:, None] & mask32))
     if units is None:
         units = torch.arange(features, dtype=torch.int64, device=device)
-    hashed = _mix(per_row ^ units[None, :])
+    hashed: torch.Tensor = _mix(per_row ^ units[None, :])
     return (hashed >> (32 - neutral_dropout.KEEP_BITS)) >= neutral_dropout.threshold(rate)
 
 
