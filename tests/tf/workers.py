@@ -32,7 +32,7 @@ def _strategies() -> tuple[TfStrategy, TfStrategy]:
     """One replica on /cpu:0 and two replicas on /cpu:0 and /cpu:1, in this process."""
     import tensorflow as tf
 
-    configure_devices(Layout(workers=1, local_replicas=2, device="cpu"), 0, 1)
+    configure_devices(Layout(workers=1, local_replicas=2, device="cpu"), 0)
     one = TfStrategy(World(local_replicas=1), tf.distribute.MirroredStrategy(["/cpu:0"]))
     two = TfStrategy(World(local_replicas=2), tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
     return one, two

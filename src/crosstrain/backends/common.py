@@ -1,4 +1,5 @@
-"""Small helpers shared by backends that need no framework: free ports, native factories."""
+"""Small helpers shared by backends that need no framework: free ports, native factories,
+CPU threads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any
 
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import Plan
+
+#: threads a worker process computes with on a CPU (torch's, and each of TensorFlow's two
+#: pools): N workers on N cores each spawning N threads run ~7x slower (measured, 2 cores)
+CPU_THREADS = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
