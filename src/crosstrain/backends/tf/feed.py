@@ -91,7 +91,8 @@ class TfFeed:
 
 def _variable(array: np.ndarray, on_device: dict[int, Any]) -> Any:
     """``array`` as a non-trainable variable (made under the distribution's scope: one copy
-    per replica device), once per array."""
+    per replica device), once per array (by its id: the data sets hold every array they
+    read from while the variables live)."""
     import tensorflow as tf
 
     key = id(array)
@@ -107,7 +108,7 @@ def _mapped_gather(rows: MappedRows, on_device: dict[int, Any]) -> Gather:
     import tensorflow as tf
 
     array = _variable(rows.array, on_device)
-    index = None if rows.index is None else _variable(rows.index.astype(np.int64), on_device)
+    index = None if rows.index is None else _variable(rows.index, on_device)
     shape, dtype = [-1, *rows.row_shape], tf.as_dtype(rows.dtype)
 
     def gather(indices: Any) -> Any:
@@ -122,15 +123,23 @@ _TF_OPERATIONS = {"mul": "multiply", "sub": "subtract", "div": "divide"}
 
 def _scaled_gather(raw: Gather, scaling: InputScaling) -> Gather:
     """The raw rows, scaled on the device by the same float32 operations, in the same order,
-    as core's numpy reference (each correctly rounded: the same bits)."""
+    as core's numpy reference (each correctly rounded: the same bits). The operands are
+    variables, not constants: Grappler's constant folding turns a division by a constant
+    into a multiplication by its reciprocal, which rounds differently."""
     import tensorflow as tf
 
-    steps = [(getattr(tf.math, _TF_OPERATIONS[name]), operand) for name, operand in scaling.steps()]
+    steps = [
+        (
+            getattr(tf.math, _TF_OPERATIONS[name]),
+            tf.Variable(operand, trainable=False, name="crosstrain_scaling"),
+        )
+        for name, operand in scaling.steps()
+    ]
 
     def gather(indices: Any) -> Any:
         x = tf.cast(raw(indices), tf.float32)
         for operation, operand in steps:
-            x = operation(x, tf.constant(operand))
+            x = operation(x, operand)
         return x
 
     return gather
