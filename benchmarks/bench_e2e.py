@@ -250,12 +250,10 @@ checkpoint = false
 # --------------------------------------------------------------------------- sides
 
 
-def run_crosstrain(
-    plan: Path, out: Path, device: str, backend: str, one_thread: bool = True
-) -> tuple[list[float], dict[str, Any]]:
+def run_crosstrain(plan: Path, out: Path, device: str, backend: str) -> tuple[list[float], dict[str, Any]]:
     """samples/s of each epoch 2..N, read from the progress plugin's epoch lines; and rank 0's
-    time split (data_seconds, step_seconds) from summary.json. ``one_thread`` (tf on CPU):
-    TensorFlow's op pools in the worker get one thread each, as the native loops'."""
+    time split (data_seconds, step_seconds) from summary.json. On the CPU every worker
+    computes on one thread (crosstrain's own setting), as the native loops do."""
     command = [sys.executable, "-m", "crosstrain.cli", "run", str(plan), "--out", str(out)]
     command += ["--backend", backend, "--device", "gpu" if device == "cuda" else "cpu"]
     environment = dict(os.environ)
@@ -263,15 +261,6 @@ def run_crosstrain(
         environment |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if backend == "tf":
         environment |= TF_ENVIRONMENT
-        if device == "cpu" and one_thread:
-            # the inter-op pool (which crosstrain leaves at TensorFlow's default, one thread
-            # per core) from TensorFlow's own variables; the intra-op pool, which crosstrain
-            # sizes from os.cpu_count(), from the shim
-            environment |= {"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
-            shim = str(Path(__file__).resolve().parent / "one_thread")
-            environment["PYTHONPATH"] = os.pathsep.join(
-                [shim, *filter(None, [environment.get("PYTHONPATH")])]
-            )
     before = children_cpu_seconds()
     result = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
     cpu_seconds = children_cpu_seconds() - before
@@ -432,7 +421,7 @@ def _available(module: str) -> bool:
 
 
 def benchmark(
-    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None, one_thread: bool
+    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
     """samples/s of each timed epoch per side by the wall clock; on the CPU, samples per CPU
     second per side; and crosstrain's time split (summary.json)."""
@@ -454,14 +443,14 @@ def benchmark(
         np.save(directory / "y.npy", y)
     plan = directory / "plan.toml"
     plan.write_text(plan_text(name, config, epochs, directory))
-    rates, split = run_crosstrain(plan, directory / "run", device, backend, one_thread)
+    rates, split = run_crosstrain(plan, directory / "run", device, backend)
     results, cpu_results = {"crosstrain": rates}, {}
     if device == "cpu" and epochs > 1:
         # CPU seconds per epoch of the whole run (launcher, worker, plugins), start-up and the
         # first epoch taken out by a 1-epoch run: a figure others' load hardly moves
         short = directory / "plan-1-epoch.toml"
         short.write_text(plan_text(name, config, 1, directory))
-        _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend, one_thread)
+        _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend)
         per_epoch = (split["cpu_seconds"] - one_epoch["cpu_seconds"]) / (epochs - 1)
         cpu_results["crosstrain"] = [config["rows"] / per_epoch]
     if backend == "tf":
@@ -522,13 +511,6 @@ def main() -> None:
     )
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument(
-        "--tf-threads",
-        default="one",
-        choices=("one", "shipped"),
-        help="crosstrain's tf worker on CPU: one op thread like the native loops (default), or "
-        "as shipped (cores / local workers)",
-    )
-    parser.add_argument(
         "--out", default=None, help="where the data and runs go (default: a temporary folder)"
     )
     parser.add_argument("--rows", type=int, default=None, help="rows of data (default: each config's)")
@@ -546,7 +528,7 @@ def main() -> None:
         root = Path(args.out or temporary)
         for config in names:
             epochs, cpu_epochs, split = benchmark(
-                config, args.device, args.backend, args.epochs, root, args.rows, args.tf_threads == "one"
+                config, args.device, args.backend, args.epochs, root, args.rows
             )
             # the mean over the timed epochs; on a shared machine also the best epoch of each
             # side and, on the CPU, samples per CPU second

@@ -103,6 +103,25 @@ def test_framework_status_leaves_logical_devices_configurable() -> None:
     assert result.stdout.split() == ["True", "cpu", "2"]
 
 
+def test_a_cpu_worker_computes_on_one_thread() -> None:
+    """One thread per worker, as torch's: TensorFlow's pools default to every core, and N
+    workers on N cores each spawning N threads run several times slower."""
+    pytest.importorskip("tensorflow")
+    code = (
+        "import tensorflow as tf\n"
+        "from crosstrain.backends.tf.launch import Layout, configure_devices\n"
+        "devices = configure_devices(Layout(workers=1, local_replicas=2, device='cpu'), 0)\n"
+        "threading = tf.config.threading\n"
+        "print(*devices, threading.get_intra_op_parallelism_threads(), "
+        "threading.get_inter_op_parallelism_threads(), len(tf.config.list_logical_devices('CPU')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["/cpu:0", "/cpu:1", "1", "1", "2"]
+
+
 def test_plugin_and_strategy_import_without_tensorflow() -> None:
     code = (
         "import sys\n"

@@ -368,7 +368,8 @@ def test_a_token_step_trains_embeddings_normalises_by_targets_and_counts_positio
     batch = Batch(x, y, weight)
     before = strategy.eval_step(state, batch)
     assert before["count"] == 3 * 6
-    loss = strategy.train_step(state, StepBatch((batch,), 3, step=0, targets_per_row=6), lr=0.1)["loss"]
+    step = StepBatch((batch,), 3, step=0, targets_per_row=6)
+    loss = float(strategy.train_step(state, step, lr=0.1)["loss"])
     # the step's loss is the mean over real target positions: the eval loss before the step
     # (dropout aside), so both normalise by positions, not rows
     assert 0.5 * before["loss_sum"] / 18 < loss < 2.0 * before["loss_sum"] / 18

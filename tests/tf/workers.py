@@ -32,7 +32,7 @@ def _strategies() -> tuple[TfStrategy, TfStrategy]:
     """One replica on /cpu:0 and two replicas on /cpu:0 and /cpu:1, in this process."""
     import tensorflow as tf
 
-    configure_devices(Layout(workers=1, local_replicas=2, device="cpu"), 0, 1)
+    configure_devices(Layout(workers=1, local_replicas=2, device="cpu"), 0)
     one = TfStrategy(World(local_replicas=1), tf.distribute.MirroredStrategy(["/cpu:0"]))
     two = TfStrategy(World(local_replicas=2), tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
     return one, two
@@ -61,7 +61,7 @@ def train_both(plan: Plan, one: TfStrategy, two: TfStrategy) -> dict[str, Any]:
     for number, (indices, weight) in enumerate(batches):
         step = step_batch(data, indices, weight, 0, 1, plan.train.grad_accum_steps, step=number)
         for name, strategy in (("one", one), ("two", two)):
-            losses[name].append(strategy.train_step(states[name], step, 0.05)["loss"])
+            losses[name].append(float(strategy.train_step(states[name], step, 0.05)["loss"]))
     weights_one, weights_two = (s.state_dict(states[n]) for n, s in (("one", one), ("two", two)))
     first = np.arange(32)
     half = Batch(data.x[first], data.y[first], np.repeat(np.float32([1, 0]), 16))

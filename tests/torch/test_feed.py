@@ -1,5 +1,5 @@
-"""Data placement on the torch backend: rows gathered from placed arrays equal the host's,
-and training gives the same losses whatever the placement."""
+"""Data placement on the torch backend: rows gathered from placed arrays equal the host's.
+(That training gives the same losses whatever the placement is a conformance check.)"""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from crosstrain.core.data import Batch, load_datasets
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
-from tests.conftest import run_cli
-from tests.support import step_losses, summary
 
 torch = pytest.importorskip("torch")
 
@@ -72,25 +70,3 @@ def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[...
         feed = Feed("cpu")
         feed.place(plan, load_datasets(plan))
         assert not feed.placed
-
-
-@pytest.mark.parametrize(
-    "text", [RESNET_PLAN, GPT_PLAN, SCALED_IMAGES_PLAN], ids=["resnet", "gpt", "scaled-uint8"]
-)
-def test_losses_are_the_same_whatever_the_placement(
-    write_plan: Callable[..., Path], tmp_path: Path, text: str
-) -> None:
-    write_tokens(str(tmp_path / "tokens.npy"))
-    write_images(str(tmp_path))
-    plan = write_plan(text)
-    losses = {}
-    for placement in ("device", "host"):
-        out = tmp_path / placement
-        result = run_cli(
-            "-p", "no:progress", "run", str(plan), "--nproc", "2", "--device", "cpu", "--out", str(out),
-            "--set", "train.max_steps=6", "--set", f"data.placement='{placement}'",
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        losses[placement] = (step_losses(out), summary(out)["eval"])
-    assert np.array_equal(losses["device"][0], losses["host"][0])  # the same rows, the same bits
-    assert losses["device"][1] == losses["host"][1]

@@ -1,16 +1,27 @@
-"""Small helpers shared by backends that need no framework: free ports, native factories."""
+"""Small helpers shared by backends that need no framework: free ports, native factories,
+CPU threads, and the decision to place the data on the device."""
 
 from __future__ import annotations
 
 import importlib
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from crosstrain.core.data import ArrayDataset, Rows
 from crosstrain.core.errors import PlanError
+from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
+from crosstrain.core.scaling import ScaledRows
+from crosstrain.core.tokens import TokenWindows
+
+#: threads a worker process computes with on a CPU (torch's, and each of TensorFlow's two
+#: pools): N workers on N cores each spawning N threads run ~7x slower (measured, 2 cores)
+CPU_THREADS = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,3 +62,54 @@ def _put_plan_folder_on_path(plan: Plan) -> None:
     folder = str(Path(plan.source).resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
+
+
+# --------------------------------------------------------------------------- data placement
+
+#: "auto" places the data when it takes at most this share of the device's free memory
+AUTO_SHARE = 0.25
+
+
+def should_place(
+    plan: Plan,
+    parts: Iterable[ArrayDataset],
+    free_device_bytes: Callable[[], int | None] | None,
+    itemsize: Callable[[np.dtype[Any]], int] = lambda dtype: dtype.itemsize,
+) -> bool:
+    """``data.placement``: "host" never, "device" always, "auto" when the device is an
+    accelerator (``free_device_bytes`` given: on a CPU the host already is the device) whose
+    free memory is known and holds the arrays in :data:`AUTO_SHARE` of it. ``itemsize``:
+    the bytes per value the backend will keep (it may widen a dtype its device lacks)."""
+    placement = plan.data.placement
+    if placement != "auto":
+        return placement == "device"
+    free = free_device_bytes() if free_device_bytes is not None else None
+    return free is not None and placed_bytes(parts, itemsize) <= AUTO_SHARE * free
+
+
+def placed_arrays(rows: Rows) -> list[np.ndarray]:
+    """The host arrays a data set's ``x`` or ``y`` reads from (what placing copies)."""
+    if isinstance(rows, ScaledRows):
+        return placed_arrays(rows.raw)
+    if isinstance(rows, TokenWindows):
+        return [rows.tokens]
+    if isinstance(rows, MappedRows):
+        return [rows.array] if rows.index is None else [rows.array, rows.index]
+    if not isinstance(rows, np.ndarray):
+        raise unplaceable(rows)
+    return [rows]
+
+
+def placed_bytes(
+    parts: Iterable[ArrayDataset], itemsize: Callable[[np.dtype[Any]], int] = lambda dtype: dtype.itemsize
+) -> int:
+    """Device bytes the parts would take, an array shared by several parts counted once."""
+    arrays = {
+        id(array): array for part in parts for rows in (part.x, part.y) for array in placed_arrays(rows)
+    }
+    return sum(array.size * itemsize(array.dtype) for array in arrays.values())
+
+
+def unplaceable(rows: object) -> PlanError:
+    """The refusal of rows no backend knows how to place."""
+    return PlanError(f"cannot place {type(rows).__name__} rows on the device", field="data.placement")

@@ -10,7 +10,8 @@ every check on it (Keras 3 runs its one suite once per backend the same way)::
 
 Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of every kind
 (:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
-per-token loss), eval counts every row once, the backend agrees step by step with the
+per-token loss), eval counts every row once, data placed on the device trains bit for bit
+as data gathered on the host, the backend agrees step by step with the
 torch reference (when torch is installed), a failing rank ends the run naming it (the whole fault matrix:
 :mod:`crosstrain.testing.fault_matrix`), a run
 resumed from its last checkpoint after a failure (by ``--resume``, or by the launcher
@@ -36,7 +37,7 @@ from crosstrain.core.checkpoint import complete_checkpoints
 from crosstrain.core.data import GlobalSampler, load_datasets
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import load_plan
-from crosstrain.core.strategy import Predicts, SkipsNonFiniteSteps
+from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.plans import (
@@ -57,6 +58,9 @@ PLANS = {
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
 }
+#: the plans trained with their data placed on the device (``data.placement = "device"``):
+#: arrays, token windows, and uint8 rows of a memory-mapped file scaled where the model runs
+PLACED_PLANS = ("dropout_mlp", "gpt", "scaled_images")
 #: relative per-step loss differences: same backend at another world size, and across frameworks
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4
@@ -109,6 +113,17 @@ def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str) -> Pa
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+def train_refused(backend: str, plan: Path, out: Path, *settings: str) -> str:
+    """A run the backend refuses before launch: exit 2, one line, nothing written; that line."""
+    arguments = [item for setting in settings for item in ("--set", setting)]
+    result = run_cli("run", str(plan), "--backend", backend, "--device", "cpu", "--out", str(out), *arguments)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = result.stderr.strip()
+    assert line.count("\n") == 0, line
+    assert not out.exists()
+    return line
 
 
 def fail_then_resume(
@@ -209,6 +224,29 @@ class BackendConformance:
         ranks = summary(many)["ranks"]  # one report per process: time split, peak memory
         assert [report["rank"] for report in ranks] == list(range(summary(many)["processes"]))
         assert all(report["step_seconds"] > 0 and report["peak_host_memory_bytes"] > 0 for report in ranks)
+
+    def test_placing_the_data_changes_no_loss(self, world_runs: WorldRuns, tmp_path: Path) -> None:
+        """``data.placement = "device"`` (rows gathered by index where the model runs, inputs
+        scaled there) gives the host's per-step losses and eval bit for bit, at world N. The
+        host side is the world-N run above: "auto" on a CPU keeps the data on the host (each
+        backend's own feed tests check that), so world 1 agrees with placed world N too.
+        A backend without :class:`PlacesData` refuses the placement before launch."""
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        if not isinstance(strategy, PlacesData):
+            plan = write_plan(tmp_path, "dropout_mlp")
+            refused = train_refused(self.backend, plan, tmp_path / "refused", "data.placement='device'")
+            assert "data.placement = 'device': the" in refused
+            pytest.skip(f"the {self.backend} backend keeps the data on the host (no PlacesData)")
+        placed_plans = [name for name in PLACED_PLANS if name in world_runs]
+        assert placed_plans, f"the {self.backend} backend speaks none of {PLACED_PLANS}"
+        for name in placed_plans:
+            hosted = world_runs[name][1]
+            placed = train(
+                self.backend, write_plan(tmp_path / name, name), tmp_path / name / "placed", self.nproc,
+                "--set", "data.placement='device'",
+            )  # fmt: skip
+            assert np.array_equal(step_losses(placed), step_losses(hosted)), name  # the same bits
+            assert summary(placed)["eval"] == summary(hosted)["eval"], name
 
     def test_a_compiled_step_trains_like_eager(self, world_runs: WorldRuns, tmp_path: Path) -> None:
         """``train.compile`` (torch.compile, XLA, a third party's compiler) changes how the

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.common import CPU_THREADS, free_port
 from crosstrain.backends.tf.strategy import TF_ENVIRONMENT, TfStrategy
 from crosstrain.core.errors import BackendError
 from crosstrain.core.heartbeat import collective_timeout
@@ -158,7 +158,7 @@ def _group_specs(
     if restart > 0 and _owns_whole_cluster(job, environment):
         ranks, variables = _workers_here(job, layout, environment)
     return [
-        WorkerSpec(rank, _worker_command(local_index, len(ranks)), _environment(run_dir, values))
+        WorkerSpec(rank, _worker_command(local_index), _environment(run_dir, values))
         for local_index, (rank, values) in enumerate(zip(ranks, variables, strict=True))
     ]
 
@@ -244,14 +244,13 @@ def _environment(run_dir: Path, environment: dict[str, str]) -> dict[str, str]:
     return environment
 
 
-def _worker_command(local_index: int, local_workers: int) -> list[str]:
-    """``local_index`` picks this worker's GPUs; ``local_workers`` share this host's cores."""
+def _worker_command(local_index: int) -> list[str]:
+    """``local_index`` picks this worker's GPUs."""
     return [
         sys.executable,
         "-c",
         "from crosstrain.backends.tf.launch import worker_main; worker_main()",
         str(local_index),
-        str(local_workers),
     ]
 
 
@@ -259,9 +258,9 @@ def _worker_command(local_index: int, local_workers: int) -> list[str]:
 
 
 def worker_main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of each worker process: ``LOCAL_INDEX LOCAL_WORKERS``; the launch folder
-    and rank come from the environment (:mod:`crosstrain.launch.worker`)."""
-    local_text, local_workers = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of each worker process: ``LOCAL_INDEX``; the launch folder and rank come
+    from the environment (:mod:`crosstrain.launch.worker`)."""
+    (local_text,) = list(sys.argv[1:] if argv is None else argv)
 
     def train() -> dict[str, Any]:
         from crosstrain.core.worker import attempt_job
@@ -269,15 +268,15 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
         with open(worker_folder() / JOB_FILE, "rb") as handle:
             job, layout = pickle.load(handle)
         job = attempt_job(job, restart_count())  # a restarted group resumes
-        return _train(job, layout, worker_rank(), int(local_text), int(local_workers))
+        return _train(job, layout, worker_rank(), int(local_text))
 
     serve(train)
 
 
-def _train(job: Job, layout: Layout, rank: int, local_index: int, local_workers: int) -> dict[str, Any]:
+def _train(job: Job, layout: Layout, rank: int, local_index: int) -> dict[str, Any]:
     from crosstrain.core.worker import run_worker
 
-    devices = configure_devices(layout, local_index, local_workers)
+    devices = configure_devices(layout, local_index)
     distribution = make_distribution(job, layout, devices)
     world = World(
         process_index=rank,
@@ -292,7 +291,7 @@ def _train(job: Job, layout: Layout, rank: int, local_index: int, local_workers:
     return run_worker(TfStrategy(world=world, distribution=distribution), job)
 
 
-def configure_devices(layout: Layout, local_index: int, local_workers: int) -> list[str]:
+def configure_devices(layout: Layout, local_index: int) -> list[str]:
     """Make this process's replica devices visible; must run before any TensorFlow op."""
     import tensorflow as tf
 
@@ -307,9 +306,10 @@ def configure_devices(layout: Layout, local_index: int, local_workers: int) -> l
     if count > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    # processes sharing the machine's cores: one pool each, sized to its share
-    threads = max(1, (os.cpu_count() or 1) // local_workers)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    # as torch's workers: one thread (TensorFlow's defaults size both pools to every core).
+    # Two replicas in one process ran no faster with an inter-op thread each (measured)
+    tf.config.threading.set_intra_op_parallelism_threads(CPU_THREADS)
+    tf.config.threading.set_inter_op_parallelism_threads(CPU_THREADS)
     return [f"/cpu:{index}" for index in range(count)]
 
 

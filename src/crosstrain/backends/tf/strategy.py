@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -27,7 +27,7 @@ from crosstrain.backends.tf.optimizer import (
     step_scalars,
     update_rule,
 )
-from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.data import ArrayDataset, Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import OPTIMIZER_SLOTS, FrameworkStatus, Job, ReduceOp, RunResult, World
@@ -35,6 +35,12 @@ from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import keras
+
+    from crosstrain.backends.tf.feed import TfFeed
+
+#: (the step's input tensors, this replica's part) -> this replica's x and y rows: the
+#: inputs are the rows themselves (x, y) or, from placed data, their indices (indices,)
+Fetch = Callable[[tuple[Any, ...], Any], tuple[Any, Any]]
 
 #: environment every TensorFlow process of crosstrain gets unless the user set it
 TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
@@ -44,12 +50,18 @@ TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 class TfState:
     model: keras.Model
     plan: Plan
+    variables: list[Any]  # what the optimizer updates: the trainable weights' variables
     slots: list[tuple[Any, ...]]  # optimizer state per trainable variable, mirrored like it
-    train_function: Any  # tf.function: (xs, ys, weights, rows, step, scalars) -> (loss sum, finite)
-    eval_function: Any  # tf.function: (x, y, weight, rows) -> float64 [loss_sum, (correct,) count]
+    feed: TfFeed  # the data sets placed on the replicas' devices, if they are
+    # tf.function: (inputs, weights, rows, step, scalars, normaliser) -> (loss, finite), the
+    # inputs (xs, ys) rows from the host, each with a leading micro-batch axis
+    train_function: Any
+    eval_function: Any  # tf.function: ((x, y), weight, rows) -> float64 [loss_sum, (correct,) count]
     optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
     loss_scale: DynamicLossScale | None = None
     predict_function: Any = None  # tf.function: x -> outputs, made by the first predict()
+    #: ("train" | "eval", id(data set)) -> the function taking (indices,) of placed rows
+    placed_functions: dict[tuple[str, int], Any] = attrs.field(factory=dict)
 
 
 class TfStrategy:
@@ -127,6 +139,7 @@ class TfStrategy:
     # ----------------------------------------------------------------- model
 
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TfState:
+        from crosstrain.backends.tf.feed import TfFeed
         from crosstrain.backends.tf.model import build_model, load_neutral
 
         with self.distribution.scope():
@@ -137,21 +150,26 @@ class TfStrategy:
             variables = [variable.value for variable in model.trainable_variables]
             slots = make_slots(plan.optimizer, variables)
         loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
+        fetch = _host_rows(self.world.local_replicas)
         return TfState(
             model,
             plan,
+            variables,
             slots,
-            self._train_function(model, variables, slots, plan),
-            self._eval_function(model, plan),
+            TfFeed(self.distribution, "gpu" if "gpu" in self.world.device.lower() else "cpu"),
+            self._train_function(model, variables, slots, plan, fetch),
+            self._eval_function(model, plan, fetch),
             loss_scale=loss_scale,
         )
 
+    def place_data(self, state: TfState, datasets: Datasets) -> None:
+        state.feed.place(state.plan, datasets)
+
     # ----------------------------------------------------------------- steps
 
-    def train_step(self, state: TfState, step: StepBatch, lr: float) -> dict[str, float]:
+    def train_step(self, state: TfState, step: StepBatch, lr: float) -> dict[str, Any]:
         micro = step.micro_batches
-        xs = np.stack([batch.x for batch in micro])
-        ys = np.stack([batch.y for batch in micro])
+        function, inputs = self._inputs(state, "train", micro)
         weights = np.stack([batch.weight for batch in micro])
         rows = np.stack([batch.rows for batch in micro]).astype(np.int64)
         scale = state.loss_scale.scale if state.loss_scale else 1.0
@@ -159,19 +177,61 @@ class TfStrategy:
         scalars = step_scalars(state.plan.optimizer, lr, state.optimizer_steps + 1, scale, normaliser)
         # the step is a tensor, not a Python int, so a new step does not retrace the function
         step_tensor = np.asarray(step.step, np.int64)
-        loss_sum, finite_tensor = state.train_function(xs, ys, weights, rows, step_tensor, scalars)
-        finite = bool(finite_tensor)  # always true below fp16, whose overflowing steps are skipped
-        if finite:
+        loss, finite = function(
+            inputs, weights, rows, step_tensor, scalars, np.asarray(normaliser, np.float64)
+        )
+        # only a step that can be skipped (fp16's overflow, on_nonfinite = "skip") is read
+        # now: the loss scale and Adam's step count depend on it. Otherwise nothing is read
+        # here, and the loop reads a chunk of steps' losses at once (resolve_metrics)
+        applied = bool(finite) if _guarded(state.plan) else True
+        if applied:
             state.optimizer_steps += 1
         if state.loss_scale is not None:
-            state.loss_scale.update(finite)
-        return {"loss": float(loss_sum) / normaliser}
+            state.loss_scale.update(applied)
+        return {"loss": loss}
+
+    def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+        """One read of a chunk of steps' metrics (float64 scalars where the steps left them)."""
+        import tensorflow as tf
+
+        names = list(pending[0])
+        stacked = tf.stack(
+            [tf.cast(metrics[name], tf.float64) for metrics in pending for name in names]
+        ).numpy()
+        values = stacked.reshape(len(pending), len(names)).tolist()
+        return [dict(zip(names, row, strict=True)) for row in values]
 
     def eval_step(self, state: TfState, batch: Batch) -> dict[str, float]:
+        function, inputs = self._inputs(state, "eval", [batch])
         rows = np.asarray(batch.rows, np.int64)
-        sums = state.eval_function(batch.x, batch.y, batch.weight, rows).numpy()
+        sums = function(tuple(value[0] for value in inputs), batch.weight, rows).numpy()
         names = ["loss_sum", "correct", "count"] if len(sums) == 3 else ["loss_sum", "count"]
         return {name: float(value) for name, value in zip(names, sums, strict=True)}
+
+    def _inputs(
+        self, state: TfState, kind: str, batches: Sequence[Batch]
+    ) -> tuple[Any, tuple[np.ndarray, ...]]:
+        """The compiled function for these batches and their inputs, stacked on a leading
+        batch axis: the rows' indices when their data set is placed, the rows otherwise."""
+        source = batches[0].source
+        gathers = None if source is None else state.feed.gathers(source.dataset)
+        if gathers is None:
+            host = state.train_function if kind == "train" else state.eval_function
+            return host, (np.stack([batch.x for batch in batches]), np.stack([batch.y for batch in batches]))
+        assert source is not None
+        key = (kind, id(source.dataset))
+        if key not in state.placed_functions:
+            state.placed_functions[key] = self._placed_function(state, kind, source.dataset)
+        indices = np.stack([batch.source.indices for batch in batches if batch.source is not None])
+        return state.placed_functions[key], (indices.astype(np.int64),)
+
+    def _placed_function(self, state: TfState, kind: str, dataset: ArrayDataset) -> Any:
+        gathers = state.feed.gathers(dataset)
+        assert gathers is not None
+        fetch = _placed_rows(*gathers, self.world.local_replicas)
+        if kind == "train":
+            return self._train_function(state.model, state.variables, state.slots, state.plan, fetch)
+        return self._eval_function(state.model, state.plan, fetch)
 
     def predict(self, state: TfState, x: np.ndarray) -> np.ndarray:
         if state.predict_function is None:
@@ -280,13 +340,15 @@ class TfStrategy:
     # ----------------------------------------------------------------- compiled functions
 
     def _train_function(
-        self, model: Any, variables: list[Any], slots: list[tuple[Any, ...]], plan: Plan
+        self, model: Any, variables: list[Any], slots: list[tuple[Any, ...]], plan: Plan, fetch: Fetch
     ) -> Any:
         """One optimizer step as a tf.function: each replica runs forward and backward on
-        its rows of every micro-batch (with their row mask, global row positions and the
-        step, for batch norm and dropout), each micro-batch's weighted loss sum divided by
-        the step's real target positions; gradients are summed across replicas (rule 4),
-        then every copy of every variable gets the same update."""
+        its rows of every micro-batch (``fetch``: from the host's rows or the placed data;
+        with their row mask, global row positions and the step, for batch norm and
+        dropout), each micro-batch's weighted loss sum divided by the step's real target
+        positions; gradients are summed across replicas (rule 4), then every copy of every
+        variable gets the same update. Returns the step's mean loss (the loss sum over all
+        replicas / ``normaliser``) and whether its update was applied, as tensors."""
         import tensorflow as tf
 
         from crosstrain.backends.tf.model import forward, per_row_loss
@@ -294,21 +356,17 @@ class TfStrategy:
         distribution, local = self.distribution, self.world.local_replicas
         train, loss_name = plan.train, plan.loss.name
         scaled = train.precision == "fp16"
-        # fp16 skips an overflowing step (as GradScaler does); on_nonfinite = "skip" any
-        # step whose summed gradients are not finite
-        guarded = scaled or train.on_nonfinite == "skip"
+        guarded = _guarded(plan)
         rule = update_rule(plan.optimizer)
         keras_variables = list(model.trainable_variables)
 
-        def replica_gradients(
-            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any, part: Any
-        ) -> tuple[list[Any], Any]:
-            """This replica's gradients and loss sum: no cross-replica op unless the model
-            has batch norm (which train.compile refuses at world > 1), so XLA may compile it."""
+        def replica_gradients(micro: list[tuple[Any, ...]], step: Any, scalars: Any) -> tuple[list[Any], Any]:
+            """This replica's gradients and loss sum over its (x, y, weight, rows) of each
+            micro-batch: no cross-replica op unless the model has batch norm (which
+            train.compile refuses at world > 1), so XLA may compile it."""
             grads: list[Any] = []
             loss_sum = tf.zeros((), tf.float64)
-            for index in range(train.grad_accum_steps):
-                x, y, weight, row = (replica_rows(t[index], part, local) for t in (xs, ys, weights, rows))
+            for index, (x, y, weight, row) in enumerate(micro):
                 with tf.GradientTape() as tape:
                     outputs = forward(model, x, training=True, weight=weight, rows=row, step=step)
                     micro_sum = tf.reduce_sum(per_row_loss(loss_name, outputs, y) * weight)
@@ -329,11 +387,18 @@ class TfStrategy:
             replica_gradients = tf.function(replica_gradients, jit_compile=True)
 
         def replica_step(
-            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any
+            inputs: tuple[Any, ...], weights: Any, rows: Any, step: Any, scalars: Any
         ) -> tuple[Any, Any, Any]:
             context = tf.distribute.get_replica_context()
             part = context.replica_id_in_sync_group % local
-            grads, loss_sum = replica_gradients(xs, ys, weights, rows, step, scalars, part)
+            micro = []
+            for index in range(train.grad_accum_steps):
+                # the rows are gathered here, outside XLA: placed data's variables stay out of it
+                x, y = fetch(tuple(tensor[index] for tensor in inputs), part)
+                micro.append(
+                    (x, y, replica_rows(weights[index], part, local), replica_rows(rows[index], part, local))
+                )
+            grads, loss_sum = replica_gradients(micro, step, scalars)
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
             finite = tf.constant(True)
             if scaled:
@@ -356,22 +421,24 @@ class TfStrategy:
             return variable.assign(value)
 
         def train_function(
-            xs: Any, ys: Any, weights: Any, rows: Any, step: Any, scalars: Any
+            inputs: tuple[Any, ...], weights: Any, rows: Any, step: Any, scalars: Any, normaliser: Any
         ) -> tuple[Any, Any]:
             grads, loss_sum, finite = distribution.run(
-                replica_step, args=(xs, ys, weights, rows, step, scalars)
+                replica_step, args=(inputs, weights, rows, step, scalars)
             )
             for variable, grad, state in zip(variables, grads, slots, strict=True):
                 distribution.extended.update(
                     variable, apply, args=(grad, finite, scalars, *state), group=False
                 )
             total = distribution.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
-            return total, distribution.experimental_local_results(finite)[0]
+            # a float64 division: the same bits as float(total) / normaliser on the host
+            return total / normaliser, distribution.experimental_local_results(finite)[0]
 
         return tf.function(train_function)
 
-    def _eval_function(self, model: Any, plan: Plan) -> Any:
-        """Float64 sums over the real rows of the whole global batch, across every replica."""
+    def _eval_function(self, model: Any, plan: Plan, fetch: Fetch) -> Any:
+        """Float64 sums over the real rows of the whole global batch, across every replica;
+        ``fetch`` reads each replica's rows (from the host's rows or the placed data)."""
         import tensorflow as tf
 
         from crosstrain.backends.tf.model import correct_per_row, forward, per_row_loss, targets_per_row
@@ -379,9 +446,10 @@ class TfStrategy:
         distribution, local = self.distribution, self.world.local_replicas
         classify = plan.loss.name == "cross_entropy"
 
-        def replica_eval(x: Any, y: Any, weight: Any, rows: Any) -> Any:
+        def replica_eval(inputs: tuple[Any, ...], weight: Any, rows: Any) -> Any:
             part = tf.distribute.get_replica_context().replica_id_in_sync_group % local
-            x, y, weight, rows = (replica_rows(t, part, local) for t in (x, y, weight, rows))
+            x, y = fetch(inputs, part)
+            weight, rows = (replica_rows(t, part, local) for t in (weight, rows))
             outputs = forward(model, x, training=False, weight=weight, rows=rows)
             weight = tf.cast(weight, tf.float64)
             sums = [tf.reduce_sum(tf.cast(per_row_loss(plan.loss.name, outputs, y), tf.float64) * weight)]
@@ -390,8 +458,8 @@ class TfStrategy:
             sums.append(tf.reduce_sum(weight) * targets_per_row(y))
             return tf.stack(sums)
 
-        def eval_function(x: Any, y: Any, weight: Any, rows: Any) -> Any:
-            per_replica = distribution.run(replica_eval, args=(x, y, weight, rows))
+        def eval_function(inputs: tuple[Any, ...], weight: Any, rows: Any) -> Any:
+            per_replica = distribution.run(replica_eval, args=(inputs, weight, rows))
             return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return tf.function(eval_function)
@@ -433,6 +501,33 @@ class TfStrategy:
 
 
 # --------------------------------------------------------------------------- tensor helpers
+
+
+def _guarded(plan: Plan) -> bool:
+    """Whether a step's update can be skipped: fp16 skips an overflowing step (as
+    GradScaler does); on_nonfinite = "skip" any step whose summed gradients are not finite."""
+    return plan.train.precision == "fp16" or plan.train.on_nonfinite == "skip"
+
+
+def _host_rows(local: int) -> Fetch:
+    """This replica's rows of the (x, y) gathered on the host."""
+
+    def fetch(inputs: tuple[Any, ...], part: Any) -> tuple[Any, Any]:
+        x, y = inputs
+        return replica_rows(x, part, local), replica_rows(y, part, local)
+
+    return fetch
+
+
+def _placed_rows(gather_x: Callable[[Any], Any], gather_y: Callable[[Any], Any], local: int) -> Fetch:
+    """This replica's rows gathered from the placed data (its device's copy) by index."""
+
+    def fetch(inputs: tuple[Any, ...], part: Any) -> tuple[Any, Any]:
+        (indices,) = inputs
+        mine = replica_rows(indices, part, local)
+        return gather_x(mine), gather_y(mine)
+
+    return fetch
 
 
 def _dense_gradient(grad: Any, variable: Any) -> Any:

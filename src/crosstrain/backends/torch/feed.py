@@ -2,11 +2,12 @@
 
 Core decides which rows form each step (the sampler); this module decides where they are
 read. Placed on the device (``data.placement = "device"``, or ``"auto"`` on a GPU when the
-arrays fit in :data:`AUTO_SHARE` of its free memory), each array is copied there once and
-a step's rows are gathered there by an index tensor: no host gather, no per-step copy of
-the rows. Otherwise the rows are gathered on the host and copied each step; on a GPU the
-next step's rows are gathered by background threads into pinned staging buffers and copied
-on a side stream while the current step computes (:meth:`Feed.prefetch`).
+arrays fit in :data:`~crosstrain.backends.common.AUTO_SHARE` of its free memory), each
+array is copied there once and a step's rows are gathered there by an index tensor: no
+host gather, no per-step copy of the rows. Otherwise the rows are gathered on the host and
+copied each step; on a GPU the next step's rows are gathered by background threads into
+pinned staging buffers and copied on a side stream while the current step computes
+(:meth:`Feed.prefetch`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows
-from crosstrain.core.errors import PlanError
+from crosstrain.backends.common import should_place, unplaceable
+from crosstrain.core.data import Batch, Datasets, Rows
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.tokens import TokenWindows
 
-#: "auto" places the data when it takes at most this share of the device's free memory
-AUTO_SHARE = 0.25
 #: dtypes torch indexes natively; other integer token arrays are widened to int32 once
 _TORCH_DTYPES = (np.uint8, np.int16, np.int32, np.int64, np.float32, np.float64)
 
@@ -50,7 +49,8 @@ class Feed:
     def place(self, plan: Plan, datasets: Datasets) -> None:
         """Copy the data sets to the device when the plan's placement says so."""
         parts = [part for part in (datasets.train, datasets.eval) if part is not None]
-        if not self._should_place(plan, parts):
+        on_gpu = self.device.type == "cuda"
+        if not should_place(plan, parts, self._free_bytes if on_gpu else None):
             return
         on_device: dict[int, torch.Tensor] = {}  # one copy of an array shared by parts
         for part in parts:
@@ -108,16 +108,9 @@ class Feed:
 
     # ----------------------------------------------------------------- placement
 
-    def _should_place(self, plan: Plan, parts: Iterable[ArrayDataset]) -> bool:
-        placement = plan.data.placement
-        if placement == "host":
-            return False
-        if placement == "device":
-            return True
-        if self.device.type != "cuda":  # on a CPU the host already is the device
-            return False
+    def _free_bytes(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
-        return _bytes(parts) <= AUTO_SHARE * free
+        return int(free)
 
     def _gatherer(self, rows: Rows, on_device: dict[int, torch.Tensor]) -> Gather:
         if isinstance(rows, ScaledRows):
@@ -127,7 +120,7 @@ class Feed:
         if isinstance(rows, MappedRows):
             return self._mapped_gather(rows, on_device)
         if not isinstance(rows, np.ndarray):
-            raise PlanError(f"cannot place {type(rows).__name__} rows on the device", field="data.placement")
+            raise unplaceable(rows)
         return self._to_device(rows, on_device).__getitem__
 
     def _to_device(self, array: np.ndarray, on_device: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -320,20 +313,3 @@ def _window_gather(windows: TokenWindows, tokens: torch.Tensor) -> Gather:
         return tokens[starts[:, None] + offsets[None, :]].to(dtype)
 
     return gather
-
-
-def _bytes(parts: Iterable[ArrayDataset]) -> int:
-    """Device bytes the parts would take, an array shared by several parts counted once."""
-    arrays: dict[int, int] = {}
-    for part in parts:
-        for rows in (part.x, part.y):
-            rows = rows.raw if isinstance(rows, ScaledRows) else rows
-            array = (
-                rows.tokens
-                if isinstance(rows, TokenWindows)
-                else rows.array
-                if isinstance(rows, MappedRows)
-                else rows
-            )
-            arrays[id(array)] = int(getattr(array, "nbytes", 0))
-    return sum(arrays.values())

@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.common import CPU_THREADS, free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.errors import (
     BackendError,
@@ -287,8 +287,7 @@ def _join_group(job: Job) -> tuple[World, str]:
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     else:
-        # One thread per worker: N workers on N cores each spawning N threads run ~7x slower.
-        torch.set_num_threads(1)
+        torch.set_num_threads(CPU_THREADS)  # one replica per process
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if device.startswith("cuda") else "gloo",

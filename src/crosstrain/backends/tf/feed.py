@@ -1,0 +1,188 @@
+"""Where the tf backend keeps the data, and how a step's rows reach its replicas.
+
+As the torch backend's feed (:mod:`crosstrain.backends.torch.feed`): placed on the device
+(``data.placement = "device"``, or ``"auto"`` on a GPU when the arrays fit in
+:data:`~crosstrain.backends.common.AUTO_SHARE` of its free memory), each array becomes a
+non-trainable variable made under the distribution's scope, so every replica's device
+holds one copy; a step then hands over row indices only, and each replica gathers its
+rows from its own copy inside the compiled step. Otherwise the rows are gathered on the
+host and copied each step.
+
+Integer arrays of a dtype TensorFlow has no GPU gather for (uint8 images, uint16 tokens)
+are kept as int32: the values, and so every later cast, are the same.
+
+This module imports tensorflow only inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from crosstrain.backends.common import should_place, unplaceable
+from crosstrain.core.data import ArrayDataset, Datasets, Rows
+from crosstrain.core.mapped import MappedRows
+from crosstrain.core.plan import Plan
+from crosstrain.core.scaling import InputScaling, ScaledRows
+from crosstrain.core.tokens import TokenWindows
+
+#: dtypes kept as they are on the device (TensorFlow gathers them on CPUs and GPUs);
+#: other integer arrays are widened to int32, other floats to float32, once
+_TF_DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
+
+#: row indices (an int64 tensor) -> the rows, inside a replica's part of the step
+Gather = Callable[[Any], Any]
+
+
+def kept_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype an array is placed as."""
+    if dtype.type in _TF_DTYPES:
+        return dtype
+    return np.dtype(np.int32 if np.issubdtype(dtype, np.integer) else np.float32)
+
+
+class TfFeed:
+    """The placed data sets: per data set, gathers of its x and y rows."""
+
+    def __init__(self, distribution: Any, device: str) -> None:
+        self.distribution = distribution
+        self.device = device  # "cpu" or "gpu": what the replicas compute on
+        self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
+
+    @property
+    def placed(self) -> bool:
+        return bool(self._placed)
+
+    def gathers(self, dataset: ArrayDataset) -> tuple[Gather, Gather] | None:
+        """The gathers of a placed data set's x and y rows (None: it is on the host)."""
+        return self._placed.get(id(dataset))
+
+    def place(self, plan: Plan, datasets: Datasets) -> None:
+        """Copy the data sets to every replica's device when the plan's placement says so."""
+        parts = [part for part in (datasets.train, datasets.eval) if part is not None]
+        free = _free_gpu_bytes if self.device == "gpu" else None
+        if not should_place(plan, parts, free, lambda dtype: kept_dtype(dtype).itemsize):
+            return
+        on_device: dict[int, Any] = {}  # one copy of an array shared by parts
+        with self.distribution.scope():
+            for part in parts:
+                self._placed[id(part)] = (
+                    self._gatherer(part.x, on_device),
+                    self._gatherer(part.y, on_device),
+                )
+
+    def _gatherer(self, rows: Rows, on_device: dict[int, Any]) -> Gather:
+        import tensorflow as tf
+
+        if isinstance(rows, ScaledRows):
+            return _scaled_gather(self._gatherer(rows.raw, on_device), rows.scaling)
+        if isinstance(rows, TokenWindows):
+            return _window_gather(rows, _variable(rows.tokens, on_device))
+        if isinstance(rows, MappedRows):
+            return _mapped_gather(rows, on_device)
+        if not isinstance(rows, np.ndarray):
+            raise unplaceable(rows)
+        array, dtype = _variable(rows, on_device), tf.as_dtype(rows.dtype)
+        return lambda indices: tf.cast(tf.gather(array, indices), dtype)
+
+
+def _variable(array: np.ndarray, on_device: dict[int, Any]) -> Any:
+    """``array`` as a non-trainable variable (made under the distribution's scope: one copy
+    per replica device), once per array (by its id: the data sets hold every array they
+    read from while the variables live)."""
+    import tensorflow as tf
+
+    key = id(array)
+    if key not in on_device:
+        host = np.ascontiguousarray(array, dtype=kept_dtype(array.dtype))
+        on_device[key] = tf.Variable(host, trainable=False, name="crosstrain_data")
+    return on_device[key]
+
+
+def _mapped_gather(rows: MappedRows, on_device: dict[int, Any]) -> Gather:
+    """Rows of a memory-mapped file, placed in the file's layout; this view's rows are one
+    index away (its own index, placed too), reshaped and cast as the host reads them."""
+    import tensorflow as tf
+
+    array = _variable(rows.array, on_device)
+    index = None if rows.index is None else _variable(rows.index, on_device)
+    shape, dtype = [-1, *rows.row_shape], tf.as_dtype(rows.dtype)
+
+    def gather(indices: Any) -> Any:
+        file_rows = indices if index is None else tf.gather(index, indices)
+        return tf.cast(tf.reshape(tf.gather(array, file_rows), shape), dtype)
+
+    return gather
+
+
+_TF_OPERATIONS = {"mul": "multiply", "sub": "subtract", "div": "divide"}
+
+
+def _scaled_gather(raw: Gather, scaling: InputScaling) -> Gather:
+    """The raw rows, scaled on the device by the same float32 operations, in the same order,
+    as core's numpy reference (each correctly rounded: the same bits). The operands are
+    variables, not constants: Grappler's constant folding turns a division by a constant
+    into a multiplication by its reciprocal, which rounds differently."""
+    import tensorflow as tf
+
+    steps = [
+        (
+            getattr(tf.math, _TF_OPERATIONS[name]),
+            tf.Variable(operand, trainable=False, name="crosstrain_scaling"),
+        )
+        for name, operand in scaling.steps()
+    ]
+
+    def gather(indices: Any) -> Any:
+        x = tf.cast(raw(indices), tf.float32)
+        for operation, operand in steps:
+            x = operation(x, operand)
+        return x
+
+    return gather
+
+
+def _window_gather(windows: TokenWindows, tokens: Any) -> Gather:
+    """Row i of the windows, read from the placed token array: tokens[(first+i)*L + offset + k]."""
+    import tensorflow as tf
+
+    dtype = tf.as_dtype(windows.dtype)
+
+    def gather(indices: Any) -> Any:
+        offsets = tf.range(windows.length, dtype=tf.int64) + windows.offset
+        starts = (tf.cast(indices, tf.int64) + windows.first) * windows.length
+        return tf.cast(tf.gather(tokens, starts[:, None] + offsets[None, :]), dtype)
+
+    return gather
+
+
+def _free_gpu_bytes() -> int | None:
+    """Free memory of this process's first GPU, from NVML (None without ``pynvml``, or
+    when NVML cannot say: "auto" then keeps the data on the host)."""
+    import tensorflow as tf
+
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    # the CUDA ordinal of the first GPU this worker was given (launch.configure_devices),
+    # which CUDA_VISIBLE_DEVICES maps to NVML's index (or UUID)
+    ordinal = int(tf.config.get_visible_devices("GPU")[0].name.rsplit(":", 1)[1])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    name = visible.split(",")[ordinal].strip() if visible else str(ordinal)
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = (
+                pynvml.nvmlDeviceGetHandleByIndex(int(name))
+                if name.isdigit()
+                else pynvml.nvmlDeviceGetHandleByUUID(name)
+            )
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
