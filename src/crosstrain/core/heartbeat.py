@@ -36,6 +36,10 @@ def heartbeat_path(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"rank-{rank}"
 
 
+def _record(pid: int, count: int, step: int, phase: str) -> bytes:
+    return f"{pid} {count} {step} {phase}".ljust(_RECORD_WIDTH - 1).encode("ascii") + b"\n"
+
+
 @attrs.frozen
 class Beat:
     """One record: the rank's process, its beat count, the last step it finished, and
@@ -47,8 +51,7 @@ class Beat:
     phase: str
 
     def encode(self) -> bytes:
-        text = f"{self.pid} {self.count} {self.step} {self.phase}"
-        return text.ljust(_RECORD_WIDTH - 1).encode("ascii") + b"\n"
+        return _record(self.pid, self.count, self.step, self.phase)
 
     @classmethod
     def decode(cls, data: bytes) -> Beat | None:
@@ -68,7 +71,7 @@ class Heartbeat:
     def __init__(self, rank: int, folder: str | None = None) -> None:
         folder = os.environ.get(HEARTBEAT_DIR) if folder is None else folder
         self._fd: int | None = None
-        self._count, self._step = 0, 0
+        self._count, self._step, self._pid = 0, 0, os.getpid()
         if folder:
             try:
                 self._fd = os.open(heartbeat_path(folder, rank), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -82,7 +85,7 @@ class Heartbeat:
         if step is not None:
             self._step = step
         self._count += 1
-        record = Beat(os.getpid(), self._count, self._step, phase).encode()
+        record = _record(self._pid, self._count, self._step, phase)  # no Beat: two a step
         try:
             os.pwrite(self._fd, record, 0)
         except OSError:

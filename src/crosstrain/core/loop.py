@@ -241,13 +241,15 @@ def _train_epoch(
     every = plan.output.checkpoint_every_steps
     if progress.step > epoch * sampler.steps_per_epoch:  # resumed mid-epoch
         log.loss_sum, log.real_rows = progress.epoch_loss_sum, progress.epoch_real_rows
+    # a runtime-checkable protocol's isinstance inspects the class each call (~20 us): once
+    prefetcher = strategy if isinstance(strategy, PrefetchesBatches) else None
     clock = time.perf_counter()
     try:
         for (index, batch), upcoming in _with_next(
             _epoch_steps(context, datasets, sampler, epoch, progress.step)
         ):
-            if upcoming is not None and isinstance(strategy, PrefetchesBatches):
-                strategy.prefetch(state, upcoming[1])
+            if upcoming is not None and prefetcher is not None:
+                prefetcher.prefetch(state, upcoming[1])
             lr = schedule(progress.step)
             clock = progress.add_data_time(clock)
             heartbeat.beat("step")

@@ -41,6 +41,7 @@ class Feed:
         self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
         self._prefetcher: _Prefetcher | None = None
         self._masks: dict[int, torch.Tensor] = {}  # rows -> a mask of ones
+        self._runs: dict[tuple[int, int], tuple[np.ndarray, torch.Tensor]] = {}  # row positions
 
     @property
     def placed(self) -> bool:
@@ -78,11 +79,15 @@ class Feed:
                 return prefetched
         source = batch.source
         if source is not None and id(source.dataset) in self._placed:
-            # one small host-to-device copy a step: row indices, positions, and the row mask
-            # when the batch has padding (a mask of ones is made once per batch size)
+            # one small host-to-device copy a step: the row indices, and the row mask when
+            # the batch has padding (a mask of ones, and each run of row positions, are
+            # made on the device once)
             padded = not batch.weight.all()
-            arrays = [source.indices, batch.rows] + ([batch.weight.astype(np.int64)] if padded else [])
-            packed = torch.from_numpy(np.stack(arrays))
+            packed = torch.from_numpy(
+                np.stack([source.indices, batch.weight.astype(np.int64)])
+                if padded
+                else np.asarray(source.indices, np.int64)
+            )
             if self.device.type == "cuda":
                 # from pageable memory a copy waits for the stream to drain, so the host
                 # could never run ahead of the GPU; from pinned memory it is queued. A block
@@ -90,15 +95,29 @@ class Feed:
                 # here: pin_memory() would first ask the driver whether the rows are pinned
                 pinned = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
                 packed = pinned.copy_(packed)
-            indices, rows, *mask = packed.to(self.device, non_blocking=True)
+            packed = packed.to(self.device, non_blocking=True)
+            indices = packed[0] if padded else packed
+            weight = packed[1].to(torch.float32) if padded else self._ones(len(batch.weight))
             gather_x, gather_y = self._placed[id(source.dataset)]
-            weight = mask[0].to(torch.float32) if padded else self._ones(len(batch.weight))
-            return gather_x(indices), gather_y(indices), weight, rows
+            return gather_x(indices), gather_y(indices), weight, self._positions(batch.rows)
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
         rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
         x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         return x, y, weight, rows
+
+    def _positions(self, rows: np.ndarray) -> torch.Tensor:
+        """A batch's row positions on the device. Core's shards are contiguous, so they are
+        one of a few runs ``first, first + 1, ...`` that recur every step: each run is copied
+        once (anything else, each time)."""
+        key = (int(rows[0]) if len(rows) else 0, len(rows))
+        if key not in self._runs:
+            run = np.arange(key[0], key[0] + key[1], dtype=np.int64)
+            self._runs[key] = (run, torch.from_numpy(run).to(self.device))
+        run, on_device = self._runs[key]
+        if not np.array_equal(rows, run):
+            return torch.from_numpy(rows).to(self.device, non_blocking=True)
+        return on_device
 
     def _ones(self, rows: int) -> torch.Tensor:
         """The row mask of a batch without padding, on the device (never written to)."""

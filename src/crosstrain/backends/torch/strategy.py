@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -40,6 +40,7 @@ class TorchState:
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
     optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
     gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
+    cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)
 
     def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""
@@ -149,7 +150,7 @@ class TorchStrategy:
         if weights:
             load_neutral(module, plan, weights)
         module.to(self.device)
-        model = module
+        model, mode = module, None
         if self._distributed():
             # DDP broadcasts rank 0's weights at construction, so native models agree too.
             device_ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
@@ -166,14 +167,27 @@ class TorchStrategy:
         if plan.train.compile:
             # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
             # the gradient all-reduce still overlaps the backward
-            model = torch.compile(model)  # type: ignore[assignment]
+            mode = self._compile_mode(plan)
+            model = torch.compile(model, mode=mode)  # type: ignore[assignment]
         utilisation = None
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
             device = torch.device(self.device)
             # torch maps its device index to NVML's (CUDA_VISIBLE_DEVICES); needs pynvml
             utilisation = GpuUtilisation(lambda: torch.cuda.utilization(device)).start()
-        return TorchState(module, model, optimizer, scaler, plan, Feed(self.device), utilisation)
+        state = TorchState(module, model, optimizer, scaler, plan, Feed(self.device), utilisation)
+        state.cuda_graphs = mode == "reduce-overhead"
+        return state
+
+    def _compile_mode(self, plan: Plan) -> str | None:
+        """torch.compile's mode: on one CUDA process without accumulation, "reduce-overhead"
+        (the compiled forward and backward replayed as CUDA graphs: a small model's step is
+        otherwise bound by the host launching its kernels); else the default. Each step's
+        forward and backward then replay once, so a graph's outputs (gradients among them)
+        are consumed before the next replay overwrites them; several micro-batches, or
+        DDP's hooks between the graphs, would break that."""
+        graphs = self.device.startswith("cuda") and not self._distributed()
+        return "reduce-overhead" if graphs and plan.train.grad_accum_steps == 1 else None
 
     def place_data(self, state: TorchState, datasets: Datasets) -> None:
         state.feed.place(state.plan, datasets)
@@ -184,7 +198,7 @@ class TorchStrategy:
     # ----------------------------------------------------------------- steps
 
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
-        from crosstrain.backends.torch.model import per_row_loss
+        from crosstrain.backends.torch.model import summed_loss
 
         state.set_training(True)
         for group in state.optimizer.param_groups:
@@ -192,6 +206,10 @@ class TorchStrategy:
         # DESIGN rule 4: sum over real targets / global real targets. DDP averages gradients
         # over processes, so multiply by the process count to turn that average into a sum.
         scale = self.world.process_count / step.global_real_targets
+        if state.cuda_graphs:  # a new iteration: the last one's graph outputs may be overwritten
+            import torch
+
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
         loss_sum = None
         last = len(step.micro_batches) - 1
         for index, micro in enumerate(step.micro_batches):
@@ -199,9 +217,9 @@ class TorchStrategy:
             with self._no_sync(state, skip=index < last):
                 with self._autocast(state.plan):
                     outputs = self._forward(state, state.model, x, weight, rows, step.step)
-                per_row = per_row_loss(state.plan.loss.name, outputs, y)
-                # without padding the mask is all ones: the same sum, two kernels fewer
-                micro_sum = (per_row if micro.weight.all() else per_row * weight).sum()
+                # without padding the mask is all ones: the same sum, fewer kernels
+                mask = None if micro.weight.all() else weight
+                micro_sum = summed_loss(state.plan.loss.name, outputs, y, mask)
                 if state.scaler is not None:
                     state.scaler.scale(micro_sum * scale).backward()  # type: ignore[no-untyped-call]
                 else:  # backward from d(loss)/d(sum) = scale: no multiply, no seed of ones
@@ -411,14 +429,11 @@ class TorchStrategy:
 
         return self.world.process_count > 1 and dist.is_initialized()
 
-    @contextlib.contextmanager
-    def _no_sync(self, state: TorchState, skip: bool) -> Iterator[None]:
+    def _no_sync(self, state: TorchState, skip: bool) -> contextlib.AbstractContextManager[Any]:
         """Skip DDP's all-reduce on every accumulation micro-step but the last."""
         if skip and self._distributed():
-            with state.model.no_sync():  # type: ignore[operator]
-                yield
-        else:
-            yield
+            return state.model.no_sync()  # type: ignore[operator,no-any-return]
+        return contextlib.nullcontext()
 
     def _autocast(self, plan: Plan) -> contextlib.AbstractContextManager[Any]:
         import torch
