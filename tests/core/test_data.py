@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import ArrayDataset, GlobalSampler, load_datasets, step_batch
+from crosstrain.core.data import ArrayDataset, GlobalSampler, epoch_slice, load_datasets, step_batch
 from crosstrain.core.errors import PlanError
 from crosstrain.core.plan import load_plan
 
@@ -38,6 +38,23 @@ def test_processes_split_each_micro_batch_contiguously() -> None:
     assert [m.y.tolist() for m in parts[0].micro_batches] == [[0, 1, 2, 3], [8, 9, 10, 11]]
     assert [m.y.tolist() for m in parts[1].micro_batches] == [[4, 5, 6, 7], [12, 13, 14, 15]]
     assert parts[0].global_real_rows == parts[1].global_real_rows == 16
+
+
+def test_each_full_batch_and_its_parts_are_slices_of_the_epochs_order() -> None:
+    """What lets a backend copy the epoch's order to the device once and slice it there."""
+    dataset = ArrayDataset(np.zeros((20, 2), np.float32), np.zeros(20, np.int64))
+    sampler = GlobalSampler(num_rows=20, global_batch_size=8, seed=3)
+    batches = list(sampler.epoch(0))
+    order, start = epoch_slice(batches[1][0]) or (None, -1)
+    assert order is not None and start == 8 and np.array_equal(order[8:16], batches[1][0])
+    for process in range(2):  # each process's part of each micro-batch, at its offset
+        for micro in step_batch(dataset, *batches[1], process, 2, grad_accum_steps=2).micro_batches:
+            assert micro.source is not None
+            found = epoch_slice(micro.source.indices)
+            assert found is not None and found[0] is order
+            assert np.array_equal(order[found[1] : found[1] + 2], micro.source.indices)
+    assert epoch_slice(batches[2][0]) is None  # the padded last batch is a copy
+    assert epoch_slice(np.arange(8)[::2]) is None  # strided: not a slice
 
 
 def test_digits_is_real_data_split_by_seed(write_plan: Callable[..., Path]) -> None:

@@ -42,6 +42,28 @@ def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: 
         assert np.array_equal(x.numpy(), batch.x) and np.array_equal(y.numpy(), batch.y)
 
 
+def test_a_full_batchs_indices_are_a_view_of_the_epochs_order_on_the_device() -> None:
+    """Placed data: the epoch's order is copied once, each full batch slices it (the same
+    storage every step), a padded batch copies its own indices; rows equal the host's."""
+    from crosstrain.core.data import ArrayDataset, GlobalSampler, step_batch
+
+    rng = np.random.default_rng(1)
+    dataset = ArrayDataset(rng.normal(size=(20, 3)).astype(np.float32), rng.integers(0, 5, 20))
+    feed = Feed("cpu")
+    x_rows, y_rows = torch.from_numpy(dataset.x), torch.from_numpy(dataset.y)
+    feed._placed[id(dataset)] = (lambda i: x_rows[i], lambda i: y_rows[i])  # as place() would
+    copies = set()
+    for indices, weight in GlobalSampler(num_rows=20, global_batch_size=8, seed=2).epoch(0):
+        (batch,) = step_batch(dataset, indices, weight, 0, 1, 1).micro_batches
+        x, y, mask, _ = feed.tensors(batch)
+        assert np.array_equal(x.numpy(), batch.x) and np.array_equal(y.numpy(), batch.y)
+        assert np.array_equal(mask.numpy(), weight)
+        if weight.all():  # a full batch: read from the order copied at the epoch's first step
+            assert feed._order is not None
+            copies.add(id(feed._order[1]))
+    assert len(copies) == 1
+
+
 def test_the_prefetch_threads_gather_a_batchs_rows_straight_into_its_buffer(tmp_path: Path) -> None:
     """What the GPU's host prefetch does (its pinned buffers and side stream need a GPU):
     rows of an in-memory array, or of a memory-mapped file in a reordered view, gathered by

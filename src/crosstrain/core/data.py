@@ -417,12 +417,34 @@ class GlobalSampler:
 
 
 def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pad with row 0 at weight 0: padding keeps shapes static and never counts."""
+    """Pad with row 0 at weight 0: padding keeps shapes static and never counts. A full
+    batch stays a view of the epoch's order (a backend may copy that order to the device
+    once an epoch and slice it there: :func:`epoch_slice`)."""
+    if len(indices) == size:
+        return indices, np.ones(size, np.float32)
     weight = np.zeros(size, np.float32)
     weight[: len(indices)] = 1.0
     padded = np.zeros(size, np.int64)
     padded[: len(indices)] = indices
     return padded, weight
+
+
+def epoch_slice(indices: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """(the epoch's order, where ``indices`` start in it) when ``indices`` are a contiguous
+    slice of a 1-D int64 order (every full batch of :meth:`GlobalSampler.epoch`, and
+    each replica's and micro-batch's part of one); None otherwise (a padded batch)."""
+    order = indices.base
+    if (
+        not isinstance(order, np.ndarray)
+        or order.ndim != 1
+        or order.dtype != np.int64
+        or indices.dtype != np.int64
+        or not order.flags.c_contiguous
+        or indices.strides != (order.itemsize,)
+    ):
+        return None
+    start = (indices.__array_interface__["data"][0] - order.__array_interface__["data"][0]) // order.itemsize
+    return order, start
 
 
 def eval_batches(dataset: ArrayDataset, global_batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

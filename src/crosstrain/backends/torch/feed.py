@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from crosstrain.backends.common import should_place, unplaceable
-from crosstrain.core.data import Batch, Datasets, Rows
+from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -42,6 +42,7 @@ class Feed:
         self._prefetcher: _Prefetcher | None = None
         self._masks: dict[int, torch.Tensor] = {}  # rows -> a mask of ones
         self._runs: dict[tuple[int, int], tuple[np.ndarray, torch.Tensor]] = {}  # row positions
+        self._order: tuple[np.ndarray, torch.Tensor] | None = None  # the epoch's order, both sides
 
     @property
     def placed(self) -> bool:
@@ -79,32 +80,36 @@ class Feed:
                 return prefetched
         source = batch.source
         if source is not None and id(source.dataset) in self._placed:
-            # one small host-to-device copy a step: the row indices, and the row mask when
-            # the batch has padding (a mask of ones, and each run of row positions, are
-            # made on the device once)
-            padded = not batch.weight.all()
-            packed = torch.from_numpy(
-                np.stack([source.indices, batch.weight.astype(np.int64)])
-                if padded
-                else np.asarray(source.indices, np.int64)
-            )
-            if self.device.type == "cuda":
-                # from pageable memory a copy waits for the stream to drain, so the host
-                # could never run ahead of the GPU; from pinned memory it is queued. A block
-                # of the caching host allocator (reused only after its copy is done), filled
-                # here: pin_memory() would first ask the driver whether the rows are pinned
-                pinned = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-                packed = pinned.copy_(packed)
-            packed = packed.to(self.device, non_blocking=True)
-            indices = packed[0] if padded else packed
-            weight = packed[1].to(torch.float32) if padded else self._ones(len(batch.weight))
             gather_x, gather_y = self._placed[id(source.dataset)]
+            indices, weight = self._indices_and_mask(source.indices, batch.weight)
             return gather_x(indices), gather_y(indices), weight, self._positions(batch.rows)
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
         rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
         x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         return x, y, weight, rows
+
+    def _indices_and_mask(self, indices: np.ndarray, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """A placed batch's row indices and row mask on the device. A full batch is a slice
+        of the epoch's order, copied to the device once an epoch: its indices are a view
+        there, and its mask the cached ones (no copy, no launch a step). A padded batch
+        copies its indices and mask, in one small host-to-device copy."""
+        in_order = epoch_slice(indices) if mask.all() else None
+        if in_order is not None:
+            order, start = in_order
+            if self._order is None or self._order[0] is not order:
+                self._order = (order, torch.from_numpy(order).to(self.device))
+            return self._order[1][start : start + len(indices)], self._ones(len(mask))
+        packed = torch.from_numpy(np.stack([indices.astype(np.int64), mask.astype(np.int64)]))
+        if self.device.type == "cuda":
+            # from pageable memory a copy waits for the stream to drain, so the host could
+            # never run ahead of the GPU; from pinned memory it is queued. A block of the
+            # caching host allocator (reused only after its copy is done), filled here:
+            # pin_memory() would first ask the driver whether the rows are pinned
+            pinned = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            packed = pinned.copy_(packed)
+        packed = packed.to(self.device, non_blocking=True)
+        return packed[0], packed[1].to(torch.float32)
 
     def _positions(self, rows: np.ndarray) -> torch.Tensor:
         """A batch's row positions on the device. Core's shards are contiguous, so they are
