@@ -406,6 +406,16 @@ def harmonic_mean(rates: list[float]) -> float:
     return len(rates) / sum(1 / rate for rate in rates)
 
 
+def round_ratios(epochs: dict[str, list[float]], rounds: int) -> str:
+    """crosstrain / ideal of each round's mean (each side's epochs, round after round)."""
+    timed = len(epochs["ideal"]) // rounds
+    ratios = []
+    for index in range(rounds):
+        part = slice(index * timed, (index + 1) * timed)
+        ratios.append(harmonic_mean(epochs["crosstrain"][part]) / harmonic_mean(epochs["ideal"][part]))
+    return "  ".join(f"{ratio:.2f}x" for ratio in ratios)
+
+
 def mfu(config: dict[str, Any], samples_per_second: float) -> float:
     """Model FLOPs utilisation: per token 6 N for the weights' matmuls (N parameters) plus
     12 L d T for attention's scores and weighted sums (L blocks, width d, sequence T: the
@@ -435,10 +445,26 @@ def _available(module: str) -> bool:
 
 
 def benchmark(
+    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None, rounds: int = 1
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
+    """samples/s of each timed epoch per side by the wall clock (every side once per round,
+    in turn: a host whose speed drifts over minutes moves every side alike); on the CPU,
+    samples per CPU second per side; and crosstrain's time split (summary.json)."""
+    results: dict[str, list[float]] = {}
+    cpu_results: dict[str, list[float]] = {}
+    for round_index in range(rounds):
+        round_results, round_cpu, split = _benchmark_round(
+            name, device, backend, epochs, root / f"round-{round_index}", rows
+        )
+        for into, found in ((results, round_results), (cpu_results, round_cpu)):
+            for kind, rates in found.items():
+                into.setdefault(kind, []).extend(rates)
+    return results, cpu_results, split
+
+
+def _benchmark_round(
     name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
-    """samples/s of each timed epoch per side by the wall clock; on the CPU, samples per CPU
-    second per side; and crosstrain's time split (summary.json)."""
     config = CONFIGS[name]()
     config["rows"] = rows or config["rows"]
     directory = root / name
@@ -528,6 +554,7 @@ def main() -> None:
         "--out", default=None, help="where the data and runs go (default: a temporary folder)"
     )
     parser.add_argument("--rows", type=int, default=None, help="rows of data (default: each config's)")
+    parser.add_argument("--rounds", type=int, default=1, help="every side this many times, in turn")
     args = parser.parse_args()
     if args.device is None:
         if args.backend == "tf":
@@ -542,7 +569,7 @@ def main() -> None:
         root = Path(args.out or temporary)
         for config in names:
             epochs, cpu_epochs, split = benchmark(
-                config, args.device, args.backend, args.epochs, root, args.rows
+                config, args.device, args.backend, args.epochs, root, args.rows, args.rounds
             )
             # the mean over the timed epochs; on a shared machine also the best epoch of each
             # side and, on the CPU, samples per CPU second
@@ -561,6 +588,8 @@ def main() -> None:
                     if kind != "crosstrain"
                 )
                 print(f"{label or config:14s} crosstrain {crosstrain:,.0f}  |  {ratios}", flush=True)
+            if args.rounds > 1:  # crosstrain / ideal in each round: how far the host drifts
+                print(f"{'per round':14s} crosstrain / ideal {round_ratios(epochs, args.rounds)}", flush=True)
             results = {kind: harmonic_mean(rates) for kind, rates in epochs.items()}
             if "step_seconds" in split:  # all epochs, epoch 1 included
                 print(
