@@ -147,9 +147,13 @@ def _train_forward(module: Any, plan: Plan) -> dict[str, np.ndarray]:
 
 
 def _assert_same(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    """Each array within 2e-6 of its scale; a gradient's scale is the model's largest: a
+    gradient that is zero in exact arithmetic (a convolution's bias before batch norm) is
+    rounding noise, which another memory layout sums in another order."""
     assert sorted(actual) == sorted(expected)
+    largest_gradient = max(float(np.abs(v).max()) for k, v in expected.items() if k.startswith("d/d"))
     for name, value in expected.items():
-        scale = float(np.abs(value).max())
+        scale = largest_gradient if name.startswith("d/d") else float(np.abs(value).max())
         np.testing.assert_allclose(actual[name], value, rtol=0, atol=2e-6 * scale, err_msg=name)
 
 
@@ -167,10 +171,11 @@ def test_a_run_of_image_nodes_stays_nchw_and_permutes_only_on_entry(monkeypatch:
         node.register_forward_hook(lambda node, args, output, key=key: images.setdefault(key, output))
     _assert_same(_train_forward(module, plan), _train_forward(before, plan))
     graph = plan.model.graph()
-    for node in graph.nodes[:-1]:  # each image between the nodes: NCHW with standard strides
+    for node in graph.nodes[:-1]:  # each image between the nodes: NCHW, laid out channels-last
         height, width, channels = node.output_shape
         image = images[node.path]
-        assert image.shape == (6, channels, height, width) and image.is_contiguous(), node.path
+        assert image.shape == (6, channels, height, width), node.path
+        assert image.is_contiguous(memory_format=torch.channels_last), node.path
 
 
 def test_order_aware_nodes_compute_in_nchw_what_they_did_in_nhwc(monkeypatch: pytest.MonkeyPatch) -> None:

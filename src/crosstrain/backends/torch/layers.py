@@ -1,9 +1,10 @@
 """One torch module per neutral layer type, in declared tables (``LAYERS``, ``ORDERS``).
 
 Images are NHWC at the model's edges, as the neutral layouts are, but torch's convolutions
-and pooling want NCHW, and a permuted view between them costs (an elementwise op on it runs
-~4x slower, the convolution's backward gets strided gradients). So an image tensor is kept
-in torch's NCHW between the nodes that can work in it: ``ORDERS`` says, per layer type,
+and pooling take NCHW shapes. So an image tensor is kept in torch's NCHW shape, laid out
+channels-last in memory (the same bytes as NHWC: oneDNN and cuDNN convolve it natively, and
+the model's convolution weights are channels-last too), between the nodes that can work in
+it; a permute per node would cost views and copies. ``ORDERS`` says, per layer type,
 whether it needs NCHW (convolution, pooling), works in either order (activations, batch
 norm, dropout, add, concat), reduces the image away (global pooling) or needs the neutral
 NHWC order (flatten, dense, layer norm: what they compute depends on it). The graph module
@@ -79,14 +80,12 @@ class _Unary(NodeModule):
 
 
 def to_nchw(x: torch.Tensor) -> torch.Tensor:
-    """NHWC -> NCHW with standard strides: a permuted view (even one torch calls contiguous,
-    when C is 1) makes conv produce channels-last weight gradients, which DDP's buckets then
-    copy and warn about, and makes every elementwise op after it slow."""
-    permuted = x.permute(0, 3, 1, 2)
-    channels, height, width = permuted.shape[1:]
-    if permuted.stride() != (channels * height * width, height * width, width, 1):
-        permuted = permuted.clone(memory_format=torch.contiguous_format)
-    return permuted
+    """NHWC -> NCHW in torch's channels-last memory format: the same bytes (a view, no copy,
+    when the NHWC tensor is contiguous), which CPU (oneDNN) and GPU (cuDNN) convolutions run
+    natively and elementwise ops keep. The model's convolution weights are channels-last
+    too (`build_module`), so their gradients match them (DDP's buckets copy and
+    warn about a gradient laid out unlike its weight)."""
+    return x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
 
 
 def to_nhwc(x: torch.Tensor) -> torch.Tensor:

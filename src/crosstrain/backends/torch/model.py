@@ -141,7 +141,10 @@ def build_module(plan: Plan) -> nn.Module:
         if not isinstance(module, nn.Module):
             raise TypeError(f"the native torch factory returned {type(module).__name__}, not nn.Module")
         return module
-    return GraphModule(plan.model.graph(plan.source), plan.seed)
+    module = GraphModule(plan.model.graph(plan.source), plan.seed)
+    # convolution weights channels-last, as the images between them (layers.to_nchw)
+    module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return module
 
 
 # --------------------------------------------------------------------------- weight layouts
@@ -264,4 +267,5 @@ def to_neutral(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray
 def from_neutral(array: np.ndarray, axes: tuple[int, ...] | None, like: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`to_neutral`, on ``like``'s device and in its dtype."""
     native = np.ascontiguousarray(np.transpose(array, axes) if axes else array)
-    return torch.from_numpy(native).to(device=like.device, dtype=like.dtype)
+    # laid out like ``like`` (a channels-last convolution weight's slots are channels-last)
+    return torch.empty_like(like).copy_(torch.from_numpy(native))
