@@ -50,6 +50,23 @@ def test_the_first_error_written_is_the_one_reported(tmp_path: Path) -> None:
     assert (killed.rank, str(killed)) == (1, "rank 1 failed: killed by signal SIGKILL")
 
 
+def test_a_rank_that_aborted_itself_is_blamed_last(tmp_path: Path) -> None:
+    """Seen in CI: rank 1 was killed and rank 0, its gloo peer, aborted in the same instant."""
+    aborted, killed = -signal.SIGABRT, -signal.SIGKILL
+    assert (
+        str(first_failure([0, 1], {0: aborted, 1: killed}, tmp_path))
+        == "rank 1 failed: killed by signal SIGKILL"
+    )
+    _error_file(tmp_path, 1, "RuntimeError: the cause", when=10.0)
+    assert (
+        str(first_failure([0, 1], {0: aborted, 1: 1}, tmp_path)) == "rank 1 failed: RuntimeError: the cause"
+    )
+    (tmp_path / "error-1.json").unlink()
+    assert (
+        str(first_failure([1], {0: None, 1: aborted}, tmp_path)) == "rank 1 failed: killed by signal SIGABRT"
+    )
+
+
 def test_bad_input_found_in_a_worker_keeps_exit_code_2(tmp_path: Path) -> None:
     _error_file(tmp_path, 0, "plan.toml: data.path: bad", when=1.0, exit_code=2)
     assert first_failure([0], {0: 1}, tmp_path).exit_code == 2

@@ -60,16 +60,31 @@ def error_summary(error: BaseException) -> str:
     return f"{kind}: {line}" if line else kind
 
 
+def blame_order(code: int | None, reported_at: float | None) -> tuple[int, float]:
+    """Sort key of a failed rank, the likeliest cause first. A rank that dies abruptly (a
+    signal or a crash in native code, no report) comes first: its peers only report the
+    collectives it broke. Then the earliest report, for the same reason. Last a rank that
+    aborted itself (SIGABRT): gloo's and NCCL's error paths abort a process whose peer
+    vanished, so an abort is most often the echo of a peer's death in the same instant."""
+    if reported_at is not None:
+        return (1, reported_at)
+    if code == -signal.SIGABRT:
+        return (2, 0.0)
+    return (0, 0.0)
+
+
 def first_failure(failed: Sequence[int], codes: Mapping[int, int | None], run_dir: Path) -> WorkerError:
-    """The failure that caused the others. A rank that dies without a report (a signal, a
-    crash in native code) comes first: its peers only report the collectives it broke.
-    Otherwise the earliest report wins, for the same reason."""
-    abrupt = [rank for rank in failed if not error_path(run_dir, rank).exists()]
-    if abrupt:
-        return WorkerError(abrupt[0], describe_exit(codes[abrupt[0]]))
+    """The failure that caused the others (:func:`blame_order`)."""
     reports = {rank: report for rank in codes if (report := read_error(run_dir, rank)) is not None}
-    rank = min(reports, key=lambda r: float(reports[r]["time"]))
-    report = reports[rank]
+
+    def order(rank: int) -> tuple[tuple[int, float], int]:
+        report = reports.get(rank)
+        return blame_order(codes.get(rank), None if report is None else float(report["time"])), rank
+
+    rank = min({*failed, *reports}, key=order)
+    report = reports.get(rank)
+    if report is None:
+        return WorkerError(rank, describe_exit(codes.get(rank)))
     return WorkerError(
         rank, str(report["message"]), str(report["traceback"]), exit_code=int(report.get("exit_code", 1))
     )

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -51,7 +51,7 @@ from crosstrain.launch.environments import (
     mismatch,
     parse_endpoint,
 )
-from crosstrain.launch.reports import describe_exit
+from crosstrain.launch.reports import blame_order, describe_exit
 
 _LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
 #: errors of bad input, by the name torch's error file gives them, and their exit codes
@@ -223,7 +223,7 @@ def _quiet_elastic_logs() -> None:
 
 
 def _worker_error(failure: ChildFailedError) -> WorkerError:
-    rank, first = failure.get_first_failure()
+    rank, first = min(failure.failures.items(), key=lambda item: (_blame(item[1]), item[0]))
     if first.exitcode < 0:  # killed by a signal: said as the shared launcher says it
         return WorkerError(rank, describe_exit(first.exitcode))
     message = first.message if isinstance(first.message, str) else str(first.message.get("message", ""))
@@ -239,6 +239,14 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
     if kind in _BAD_INPUT:  # bad input a worker found: the shared launcher's line and exit code 2
         return WorkerError(rank, rest, traceback_text, exit_code=_BAD_INPUT[kind])
     return WorkerError(rank, line, traceback_text)
+
+
+def _blame(failure: ProcessFailure) -> tuple[int, float]:
+    """The shared launcher's order (:func:`blame_order`); a report is the error file that
+    ``@record`` writes, whose message is a mapping (a signal's made-up message is a string)."""
+    data = failure.error_file_data
+    reported = isinstance(data, dict) and isinstance(data.get("message"), dict)
+    return blame_order(failure.exitcode, float(failure.timestamp) if reported else None)
 
 
 # --------------------------------------------------------------------------- in the worker
