@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
 
-from crosstrain.backends.tf.optimizer import (
-    LOSS_SCALE,
-    REAL_TARGETS,
-    DynamicLossScale,
-    clip_like_torch,
-    make_slots,
-    step_scalars,
-    update_rule,
+from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_scalars
+from crosstrain.backends.tf.steps import (
+    eval_function,
+    guarded_steps,
+    host_rows,
+    pack_step,
+    placed_rows,
+    predict_function,
+    train_function,
 )
 from crosstrain.core.data import ArrayDataset, Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
@@ -38,10 +39,6 @@ if TYPE_CHECKING:
 
     from crosstrain.backends.tf.feed import TfFeed
 
-#: (the step's input tensors, this replica's part) -> this replica's x and y rows: the
-#: inputs are the rows themselves (x, y) or, from placed data, their indices (indices,)
-Fetch = Callable[[tuple[Any, ...], Any], tuple[Any, Any]]
-
 #: environment every TensorFlow process of crosstrain gets unless the user set it
 TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
@@ -53,8 +50,8 @@ class TfState:
     variables: list[Any]  # what the optimizer updates: the trainable weights' variables
     slots: list[tuple[Any, ...]]  # optimizer state per trainable variable, mirrored like it
     feed: TfFeed  # the data sets placed on the replicas' devices, if they are
-    # tf.function: (inputs, weights, rows, step, scalars, normaliser) -> (loss, finite), the
-    # inputs (xs, ys) rows from the host, each with a leading micro-batch axis
+    # tf.function: (inputs, integers, floats) -> (loss, finite); the inputs (xs, ys) rows
+    # from the host with a leading micro-batch axis, the rest as steps.pack_step packs them
     train_function: Any
     eval_function: Any  # tf.function: ((x, y), weight, rows) -> float64 [loss_sum, (correct,) count]
     optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
@@ -150,15 +147,17 @@ class TfStrategy:
             variables = [variable.value for variable in model.trainable_variables]
             slots = make_slots(plan.optimizer, variables)
         loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
-        fetch = _host_rows(self.world.local_replicas)
+        fetch = host_rows(self.world.local_replicas)
         return TfState(
             model,
             plan,
             variables,
             slots,
             TfFeed(self.distribution, "gpu" if "gpu" in self.world.device.lower() else "cpu"),
-            self._train_function(model, variables, slots, plan, fetch),
-            self._eval_function(model, plan, fetch),
+            train_function(
+                self.distribution, self.world.local_replicas, model, variables, slots, plan, fetch
+            ),
+            eval_function(self.distribution, self.world.local_replicas, model, plan, fetch),
             loss_scale=loss_scale,
         )
 
@@ -170,20 +169,14 @@ class TfStrategy:
     def train_step(self, state: TfState, step: StepBatch, lr: float) -> dict[str, Any]:
         micro = step.micro_batches
         function, inputs = self._inputs(state, "train", micro)
-        weights = np.stack([batch.weight for batch in micro])
-        rows = np.stack([batch.rows for batch in micro]).astype(np.int64)
         scale = state.loss_scale.scale if state.loss_scale else 1.0
         normaliser = step.global_real_targets
         scalars = step_scalars(state.plan.optimizer, lr, state.optimizer_steps + 1, scale, normaliser)
-        # the step is a tensor, not a Python int, so a new step does not retrace the function
-        step_tensor = np.asarray(step.step, np.int64)
-        loss, finite = function(
-            inputs, weights, rows, step_tensor, scalars, np.asarray(normaliser, np.float64)
-        )
+        loss, finite = function(inputs, *pack_step(step, scalars))
         # only a step that can be skipped (fp16's overflow, on_nonfinite = "skip") is read
         # now: the loss scale and Adam's step count depend on it. Otherwise nothing is read
         # here, and the loop reads a chunk of steps' losses at once (resolve_metrics)
-        applied = bool(finite) if _guarded(state.plan) else True
+        applied = bool(finite) if guarded_steps(state.plan) else True
         if applied:
             state.optimizer_steps += 1
         if state.loss_scale is not None:
@@ -228,14 +221,17 @@ class TfStrategy:
     def _placed_function(self, state: TfState, kind: str, dataset: ArrayDataset) -> Any:
         gathers = state.feed.gathers(dataset)
         assert gathers is not None
-        fetch = _placed_rows(*gathers, self.world.local_replicas)
+        local = self.world.local_replicas
+        fetch = placed_rows(*gathers, local)
         if kind == "train":
-            return self._train_function(state.model, state.variables, state.slots, state.plan, fetch)
-        return self._eval_function(state.model, state.plan, fetch)
+            return train_function(
+                self.distribution, local, state.model, state.variables, state.slots, state.plan, fetch
+            )
+        return eval_function(self.distribution, local, state.model, state.plan, fetch)
 
     def predict(self, state: TfState, x: np.ndarray) -> np.ndarray:
         if state.predict_function is None:
-            state.predict_function = self._predict_function(state.model)
+            state.predict_function = predict_function(self.distribution, state.model)
         return np.asarray(state.predict_function(x).numpy(), np.float32)
 
     def export_formats(self) -> tuple[str, ...]:
@@ -337,149 +333,6 @@ class TfStrategy:
                 named += [(neutral, names[k], slot) for k, slot in enumerate(state.slots[index])]
         return named
 
-    # ----------------------------------------------------------------- compiled functions
-
-    def _train_function(
-        self, model: Any, variables: list[Any], slots: list[tuple[Any, ...]], plan: Plan, fetch: Fetch
-    ) -> Any:
-        """One optimizer step as a tf.function: each replica runs forward and backward on
-        its rows of every micro-batch (``fetch``: from the host's rows or the placed data;
-        with their row mask, global row positions and the step, for batch norm and
-        dropout), each micro-batch's weighted loss sum divided by the step's real target
-        positions; gradients are summed across replicas (rule 4), then every copy of every
-        variable gets the same update. Returns the step's mean loss (the loss sum over all
-        replicas / ``normaliser``) and whether its update was applied, as tensors."""
-        import tensorflow as tf
-
-        from crosstrain.backends.tf.model import forward, per_row_loss
-
-        distribution, local = self.distribution, self.world.local_replicas
-        train, loss_name = plan.train, plan.loss.name
-        scaled = train.precision == "fp16"
-        guarded = _guarded(plan)
-        rule = update_rule(plan.optimizer)
-        keras_variables = list(model.trainable_variables)
-
-        def replica_gradients(micro: list[tuple[Any, ...]], step: Any, scalars: Any) -> tuple[list[Any], Any]:
-            """This replica's gradients and loss sum over its (x, y, weight, rows) of each
-            micro-batch: no cross-replica op unless the model has batch norm (which
-            train.compile refuses at world > 1), so XLA may compile it."""
-            grads: list[Any] = []
-            loss_sum = tf.zeros((), tf.float64)
-            for index, (x, y, weight, row) in enumerate(micro):
-                with tf.GradientTape() as tape:
-                    outputs = forward(model, x, training=True, weight=weight, rows=row, step=step)
-                    micro_sum = tf.reduce_sum(per_row_loss(loss_name, outputs, y) * weight)
-                    loss = micro_sum / scalars[REAL_TARGETS]
-                    if scaled:
-                        loss = loss * scalars[LOSS_SCALE]
-                micro_grads = tape.gradient(loss, keras_variables)
-                micro_grads = [_dense_gradient(g, v) for g, v in zip(micro_grads, variables, strict=True)]
-                grads = (
-                    micro_grads if index == 0 else [a + b for a, b in zip(grads, micro_grads, strict=True)]
-                )
-                loss_sum += tf.cast(micro_sum, tf.float64)
-            return grads, loss_sum
-
-        if train.compile:
-            # XLA compiles each replica's forward and backward (as Keras 3 does); the
-            # all-reduce and the update stay outside, where the strategy places them
-            replica_gradients = tf.function(replica_gradients, jit_compile=True)
-
-        def replica_step(
-            inputs: tuple[Any, ...], weights: Any, rows: Any, step: Any, scalars: Any
-        ) -> tuple[Any, Any, Any]:
-            context = tf.distribute.get_replica_context()
-            part = context.replica_id_in_sync_group % local
-            micro = []
-            for index in range(train.grad_accum_steps):
-                # the rows are gathered here, outside XLA: placed data's variables stay out of it
-                x, y = fetch(tuple(tensor[index] for tensor in inputs), part)
-                micro.append(
-                    (x, y, replica_rows(weights[index], part, local), replica_rows(rows[index], part, local))
-                )
-            grads, loss_sum = replica_gradients(micro, step, scalars)
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-            finite = tf.constant(True)
-            if scaled:
-                grads = [g * (1.0 / scalars[LOSS_SCALE]) for g in grads]
-            if guarded:
-                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-            if train.clip_grad_norm is not None:
-                grads = clip_like_torch(grads, train.clip_grad_norm)
-            return grads, loss_sum, finite
-
-        def apply(variable: Any, grad: Any, finite: Any, scalars: Any, *state: Any) -> Any:
-            value, new_state = rule(variable, grad, state, scalars)
-            if guarded:  # an inf/nan step is skipped, as GradScaler skips optimizer.step()
-                value = tf.where(finite, value, variable)
-                new_state = tuple(
-                    tf.where(finite, new, old) for new, old in zip(new_state, state, strict=True)
-                )
-            for slot, new in zip(state, new_state, strict=True):
-                slot.assign(new)
-            return variable.assign(value)
-
-        def train_function(
-            inputs: tuple[Any, ...], weights: Any, rows: Any, step: Any, scalars: Any, normaliser: Any
-        ) -> tuple[Any, Any]:
-            grads, loss_sum, finite = distribution.run(
-                replica_step, args=(inputs, weights, rows, step, scalars)
-            )
-            for variable, grad, state in zip(variables, grads, slots, strict=True):
-                distribution.extended.update(
-                    variable, apply, args=(grad, finite, scalars, *state), group=False
-                )
-            total = distribution.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
-            # a float64 division: the same bits as float(total) / normaliser on the host
-            return total / normaliser, distribution.experimental_local_results(finite)[0]
-
-        return tf.function(train_function)
-
-    def _eval_function(self, model: Any, plan: Plan, fetch: Fetch) -> Any:
-        """Float64 sums over the real rows of the whole global batch, across every replica;
-        ``fetch`` reads each replica's rows (from the host's rows or the placed data)."""
-        import tensorflow as tf
-
-        from crosstrain.backends.tf.model import correct_per_row, forward, per_row_loss, targets_per_row
-
-        distribution, local = self.distribution, self.world.local_replicas
-        classify = plan.loss.name == "cross_entropy"
-
-        def replica_eval(inputs: tuple[Any, ...], weight: Any, rows: Any) -> Any:
-            part = tf.distribute.get_replica_context().replica_id_in_sync_group % local
-            x, y = fetch(inputs, part)
-            weight, rows = (replica_rows(t, part, local) for t in (weight, rows))
-            outputs = forward(model, x, training=False, weight=weight, rows=rows)
-            weight = tf.cast(weight, tf.float64)
-            sums = [tf.reduce_sum(tf.cast(per_row_loss(plan.loss.name, outputs, y), tf.float64) * weight)]
-            if classify:
-                sums.append(tf.reduce_sum(tf.cast(correct_per_row(outputs, y), tf.float64) * weight))
-            sums.append(tf.reduce_sum(weight) * targets_per_row(y))
-            return tf.stack(sums)
-
-        def eval_function(inputs: tuple[Any, ...], weight: Any, rows: Any) -> Any:
-            per_replica = distribution.run(replica_eval, args=(inputs, weight, rows))
-            return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        return tf.function(eval_function)
-
-    def _predict_function(self, model: Any) -> Any:
-        """Inference outputs as float32, on this process's (one) replica."""
-        import tensorflow as tf
-
-        from crosstrain.backends.tf.model import forward
-
-        distribution = self.distribution
-
-        def predict_function(x: Any) -> Any:
-            outputs = distribution.run(
-                lambda rows: tf.cast(forward(model, rows, training=False), tf.float32), args=(x,)
-            )
-            return distribution.experimental_local_results(outputs)[0]
-
-        return tf.function(predict_function, reduce_retracing=True)
-
     def _gather_from_processes(self, values: np.ndarray) -> np.ndarray:
         """Every process's ``values``, stacked in process order, on every process."""
         import tensorflow as tf
@@ -500,42 +353,7 @@ class TfStrategy:
         return np.asarray(rows[:: self.world.local_replicas])  # each process's first replica
 
 
-# --------------------------------------------------------------------------- tensor helpers
-
-
-def _guarded(plan: Plan) -> bool:
-    """Whether a step's update can be skipped: fp16 skips an overflowing step (as
-    GradScaler does); on_nonfinite = "skip" any step whose summed gradients are not finite."""
-    return plan.train.precision == "fp16" or plan.train.on_nonfinite == "skip"
-
-
-def _host_rows(local: int) -> Fetch:
-    """This replica's rows of the (x, y) gathered on the host."""
-
-    def fetch(inputs: tuple[Any, ...], part: Any) -> tuple[Any, Any]:
-        x, y = inputs
-        return replica_rows(x, part, local), replica_rows(y, part, local)
-
-    return fetch
-
-
-def _placed_rows(gather_x: Callable[[Any], Any], gather_y: Callable[[Any], Any], local: int) -> Fetch:
-    """This replica's rows gathered from the placed data (its device's copy) by index."""
-
-    def fetch(inputs: tuple[Any, ...], part: Any) -> tuple[Any, Any]:
-        (indices,) = inputs
-        mine = replica_rows(indices, part, local)
-        return gather_x(mine), gather_y(mine)
-
-    return fetch
-
-
-def _dense_gradient(grad: Any, variable: Any) -> Any:
-    """A dense gradient for every variable: zeros where the loss does not reach it, and
-    an embedding's IndexedSlices made dense, which the all-reduce and the update need."""
-    import tensorflow as tf
-
-    return tf.zeros_like(variable) if grad is None else tf.convert_to_tensor(grad)
+# --------------------------------------------------------------------------- plan checks
 
 
 def check_compilable(plan: Plan) -> None:
@@ -551,13 +369,3 @@ def check_compilable(plan: Plan) -> None:
                 field="train.compile",
                 source=plan.source,
             )
-
-
-def replica_rows(tensor: Any, part: Any, parts: int) -> Any:
-    """Contiguous slice ``part`` of ``parts`` along the first axis, with a static shape."""
-    import tensorflow as tf
-
-    if parts == 1:
-        return tensor
-    rows = tensor.shape[0] // parts
-    return tf.gather(tf.reshape(tensor, [parts, rows, *tensor.shape[1:]]), part)
