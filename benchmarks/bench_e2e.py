@@ -263,7 +263,7 @@ checkpoint = false
 
 def run_crosstrain(plan: Path, out: Path, device: str, backend: str) -> tuple[list[float], dict[str, Any]]:
     """samples/s of each epoch 2..N, read from the progress plugin's epoch lines; and rank 0's
-    time split (data_seconds, step_seconds) from summary.json. On the CPU every worker
+    report from summary.json (data_seconds, step_seconds, cpu_seconds). On the CPU every worker
     computes on one thread (crosstrain's own setting), as the native loops do."""
     command = [sys.executable, "-m", "crosstrain.cli", "run", str(plan), "--out", str(out)]
     command += ["--backend", backend, "--device", "gpu" if device == "cuda" else "cpu"]
@@ -272,20 +272,10 @@ def run_crosstrain(plan: Path, out: Path, device: str, backend: str) -> tuple[li
         environment |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if backend == "tf":
         environment |= TF_ENVIRONMENT
-    before = children_cpu_seconds()
     result = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
-    cpu_seconds = children_cpu_seconds() - before
     rates = [float(line.split()[-2]) for line in result.stdout.splitlines() if line.startswith("epoch ")]
     summary = json.loads((out / "summary.json").read_text())
-    return rates[1:] or rates, (summary.get("ranks") or [{}])[0] | {"cpu_seconds": cpu_seconds}
-
-
-def children_cpu_seconds() -> float:
-    """CPU time (user + system) of the finished subprocesses and all their descendants."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return rates[1:] or rates, (summary.get("ranks") or [{}])[0]
 
 
 def run_native(
@@ -486,8 +476,9 @@ def _benchmark_round(
     rates, split = run_crosstrain(plan, directory / "run", device, backend)
     results, cpu_results = {"crosstrain": rates}, {}
     if device == "cpu" and epochs > 1:
-        # CPU seconds per epoch of the whole run (launcher, worker, plugins), start-up and the
-        # first epoch taken out by a 1-epoch run: a figure others' load hardly moves
+        # CPU seconds per epoch of rank 0 while it trains (every thread of the worker; the
+        # launcher only waits), the first epoch taken out by a 1-epoch run: a figure others'
+        # load hardly moves. (The whole run's CPU time, start-up included, varied by seconds.)
         short = directory / "plan-1-epoch.toml"
         short.write_text(plan_text(name, config, 1, directory))
         _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend)

@@ -80,6 +80,7 @@ class _Progress(resume.Position):
     skipped_steps: int = 0  # steps whose non-finite update was skipped (train.on_nonfinite)
     data_seconds: float = 0.0  # building batches on the host: the device may wait on this
     step_seconds: float = 0.0  # handing steps to the backend and reading their losses
+    cpu_seconds: float = 0.0  # CPU time of the whole process (every thread) in the epochs
 
     def add_data_time(self, since: float) -> float:
         now = time.perf_counter()
@@ -236,7 +237,7 @@ def _train_epoch(
     heartbeat: Heartbeat,
 ) -> None:
     plan = context.plan
-    epoch_started = time.perf_counter()
+    epoch_started, cpu_started = time.perf_counter(), time.process_time()
     log = _StepLog(strategy, context, hook, progress)
     every = plan.output.checkpoint_every_steps
     if progress.step > epoch * sampler.steps_per_epoch:  # resumed mid-epoch
@@ -272,6 +273,7 @@ def _train_epoch(
     epoch_seconds = time.perf_counter() - epoch_started
     progress.epochs_run = epoch + 1
     progress.train_seconds += epoch_seconds
+    progress.cpu_seconds += time.process_time() - cpu_started
     progress.train_samples += real_rows
     progress.last_train_loss = loss_sum / max(real_rows, 1)
     epoch_metrics = {
@@ -429,6 +431,7 @@ def _rank_reports(strategy: DistributedStrategy, state: Any, progress: _Progress
     mine: dict[str, float | None] = {
         "data_seconds": progress.data_seconds,
         "step_seconds": progress.step_seconds,
+        "cpu_seconds": progress.cpu_seconds,
         "peak_host_memory_bytes": peak_host_memory_bytes(),
     }
     if isinstance(strategy, ReportsDevice):

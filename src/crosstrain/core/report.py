@@ -2,9 +2,11 @@
 
 ``ranks`` in summary.json holds one entry per process: ``data_seconds`` (building each
 step's batch on the host: the time the device may have waited for data),
-``step_seconds`` (handing steps to the backend and reading their losses), the peak host
-memory, and, from backends that can say (:class:`~crosstrain.core.strategy.ReportsDevice`),
-the peak device memory and the GPU's mean utilisation while training (NVML).
+``step_seconds`` (handing steps to the backend and reading their losses), ``cpu_seconds``
+(the CPU time of every thread of the process while it trained: set against the wall
+clock, what the steps cost whatever else the machine runs), the peak host memory, and,
+from backends that can say (:class:`~crosstrain.core.strategy.ReportsDevice`), the peak
+device memory and the GPU's mean utilisation while training (NVML).
 Framework-free: a backend hands :class:`GpuUtilisation` its own NVML reader.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 RANK_FIELDS = (
     "data_seconds",
     "step_seconds",
+    "cpu_seconds",
     "peak_host_memory_bytes",
     "peak_device_memory_bytes",
     "gpu_utilisation_percent",

@@ -223,7 +223,10 @@ class BackendConformance:
         assert summary(many)["world_size"] == self.nproc
         ranks = summary(many)["ranks"]  # one report per process: time split, peak memory
         assert [report["rank"] for report in ranks] == list(range(summary(many)["processes"]))
-        assert all(report["step_seconds"] > 0 and report["peak_host_memory_bytes"] > 0 for report in ranks)
+        assert all(
+            report["step_seconds"] > 0 and report["cpu_seconds"] > 0 and report["peak_host_memory_bytes"] > 0
+            for report in ranks
+        )
 
     def test_placing_the_data_changes_no_loss(self, world_runs: WorldRuns, tmp_path: Path) -> None:
         """``data.placement = "device"`` (rows gathered by index where the model runs, inputs
