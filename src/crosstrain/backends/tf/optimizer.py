@@ -19,6 +19,7 @@ from crosstrain.core.plan import OptimizerSpec
 
 # Positions in the float32 vector of per-step scalars handed to the compiled step.
 LR, STEP_SIZE, BIAS2_SQRT, DECAY, LOSS_SCALE, REAL_TARGETS = range(6)
+SCALAR_COUNT = REAL_TARGETS + 1
 
 UpdateRule = Callable[[Any, Any, Sequence[Any], Any], tuple[Any, tuple[Any, ...]]]
 

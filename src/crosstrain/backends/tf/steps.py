@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from crosstrain.backends.tf.optimizer import LOSS_SCALE, REAL_TARGETS, clip_like_torch, update_rule
+from crosstrain.backends.tf.optimizer import (
+    LOSS_SCALE,
+    REAL_TARGETS,
+    SCALAR_COUNT,
+    clip_like_torch,
+    update_rule,
+)
 from crosstrain.core.data import StepBatch
 from crosstrain.core.plan import Plan
 
@@ -204,10 +210,10 @@ def unpack_step(integers: Any, floats: Any, accumulation: int) -> tuple[Any, Any
     row positions and weights as [micro-batch, row] (static shapes), and the scalars."""
     import tensorflow as tf
 
-    scalar_count = floats.shape[0] - (integers.shape[0] - 2)
+    step, normaliser = integers[0], tf.cast(integers[1], tf.float64)
     rows = tf.reshape(integers[2:], [accumulation, -1])
-    weights = tf.reshape(floats[scalar_count:], [accumulation, -1])
-    return integers[0], tf.cast(integers[1], tf.float64), rows, floats[:scalar_count], weights
+    weights = tf.reshape(floats[SCALAR_COUNT:], [accumulation, -1])
+    return step, normaliser, rows, floats[:SCALAR_COUNT], weights
 
 
 def _dense_gradient(grad: Any, variable: Any) -> Any:
