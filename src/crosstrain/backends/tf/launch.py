@@ -301,6 +301,9 @@ def configure_devices(layout: Layout, local_index: int) -> list[str]:
         tf.config.set_visible_devices(mine, "GPU")
         for gpu in mine:
             tf.config.experimental.set_memory_growth(gpu, True)
+        # fp32 in IEEE float32, as torch's backend computes it: TensorFlow's matrix products
+        # and convolutions default to TF32 (a 10-bit mantissa) on Ampere and later GPUs
+        tf.config.experimental.enable_tensor_float_32_execution(False)
         return [f"/gpu:{index}" for index in range(count)]
     tf.config.set_visible_devices([], "GPU")
     if count > 1:

@@ -73,6 +73,17 @@ class DeviceMean:
 PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
+def _ieee_convolutions() -> None:
+    """fp32 convolutions in IEEE float32, as every other fp32 op. cuDNN computes them in TF32
+    (a 10-bit mantissa) by default on Ampere and later, so its results move by ~1e-3 with
+    the algorithm its heuristics pick for a layout or an address: measured on an H200, the
+    residual network's losses differed by 1e-3 between two placements of the same rows.
+    Matrix products are IEEE by default; bf16 and fp16 convolutions do not read the flag."""
+    import torch
+
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
+
+
 def _no_buffer_sync(ddp: type) -> dict[str, Any]:
     """Every rank computes the same batch-norm statistics, so DDP need not broadcast buffers
     before each forward (``forward_sync_buffers`` from torch 2.13, ``broadcast_buffers`` before)."""
@@ -171,6 +182,7 @@ class TorchStrategy:
             model = torch.compile(model, mode=mode)  # type: ignore[assignment]
         utilisation = None
         if on_cuda:
+            _ieee_convolutions()
             torch.cuda.reset_peak_memory_stats(self.device)
             device = torch.device(self.device)
             # torch maps its device index to NVML's (CUDA_VISIBLE_DEVICES); needs pynvml
