@@ -1,10 +1,9 @@
-"""The heartbeat every rank writes: one fixed-width record, rewritten in place, cheap, and
+"""The heartbeat every rank writes: one fixed-width record, rewritten in place, and
 nothing at all without a launcher watching."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,3 @@ def test_without_a_launcher_nothing_is_written(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(tmp_path)
     Heartbeat(0).beat("step")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_beat_costs_microseconds(tmp_path: Path) -> None:
-    beat = Heartbeat(0, str(tmp_path))
-    started = time.perf_counter()
-    for _ in range(2000):
-        beat.beat("step")
-    assert (time.perf_counter() - started) / 2000 < 200e-6  # typically ~3 us; generous for busy CI

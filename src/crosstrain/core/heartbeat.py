@@ -7,12 +7,16 @@ Every rank runs the same sequence of steps and eval batches, so the beat counts 
 are comparable: when one rank hangs, its peers stop too (waiting in the next collective),
 but one beat further on; the rank with the fewest beats is the one that is really behind.
 
-One ``os.pwrite`` of a fixed-width record into an open file: a few microseconds a beat,
-and nothing at all when the variable is unset. Framework-free, so core may call it.
+A beat copies a fixed-width record into the file, mapped into memory: no system call (two
+beats a step; a ``pwrite`` each was 2 % of a small model's step), and nothing at all when
+the variable is unset. A reader may catch a record half copied: only the changing fields
+(count, step, phase) can mix, never the pid, and the next poll reads it whole.
+Framework-free, so core may call it.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -70,31 +74,40 @@ class Heartbeat:
 
     def __init__(self, rank: int, folder: str | None = None) -> None:
         folder = os.environ.get(HEARTBEAT_DIR) if folder is None else folder
-        self._fd: int | None = None
+        self._record: mmap.mmap | None = None
         self._count, self._step, self._pid = 0, 0, os.getpid()
         if folder:
-            try:
-                self._fd = os.open(heartbeat_path(folder, rank), os.O_WRONLY | os.O_CREAT, 0o644)
-            except OSError:  # the launcher's folder is gone: nobody is watching
-                self._fd = None
+            self._record = _mapped_record(heartbeat_path(folder, rank))
         self.beat("start")
 
     def beat(self, phase: str, step: int | None = None) -> None:
-        if self._fd is None:
+        if self._record is None:
             return
         if step is not None:
             self._step = step
         self._count += 1
-        record = _record(self._pid, self._count, self._step, phase)  # no Beat: two a step
-        try:
-            os.pwrite(self._fd, record, 0)
-        except OSError:
-            self._fd = None
+        self._record[:] = _record(self._pid, self._count, self._step, phase)  # no Beat: two a step
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._record is not None:
+            self._record.close()
+            self._record = None
+
+
+def _mapped_record(path: Path) -> mmap.mmap | None:
+    """The rank's record file, one record long, mapped shared (a write is the file's
+    content for every reader); None when the launcher's folder is gone: nobody is watching."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(descriptor, _RECORD_WIDTH)
+        return mmap.mmap(descriptor, _RECORD_WIDTH)  # the mapping keeps the file open
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
 
 
 def read_beat(path: Path) -> Beat | None:
