@@ -71,6 +71,28 @@ def test_dropout_masks_on_the_gpu_equal_the_numpy_reference() -> None:
     assert np.array_equal(on_gpu, reference(2**40 + 1, 77, 4, rows, 999, 0.25))
 
 
+def test_fp32_convolutions_on_the_gpu_are_ieee_not_tf32(tmp_path: Path) -> None:
+    """cuDNN computes fp32 convolutions in TF32 unless told otherwise: ~1e-3 from a float64
+    reference, and moving with the algorithm it picks. A strategy built on a GPU turns that
+    off, so the result is within fp32 rounding."""
+    from crosstrain.backends.torch.strategy import TorchStrategy
+    from crosstrain.core.loop import initial_weights
+    from crosstrain.core.plan import load_plan
+    from crosstrain.testing.conformance import write_plan
+
+    plan = load_plan(write_plan(tmp_path, "resnet"))
+    TorchStrategy.local("gpu").build(plan, initial_weights(plan))
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(64, 32, 16, 16, generator=generator, dtype=torch.float64)
+    kernel = torch.randn(32, 32, 3, 3, generator=generator, dtype=torch.float64)
+    reference = torch.nn.functional.conv2d(images, kernel, padding=1)
+    on_gpu = torch.nn.functional.conv2d(
+        images.float().cuda().contiguous(memory_format=torch.channels_last), kernel.float().cuda(), padding=1
+    )
+    error = (on_gpu.double().cpu() - reference).abs().max() / reference.abs().max()
+    assert error < 1e-5, error
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_residual_network_trains_on_gpu(tmp_path: Path, precision: str) -> None:
     result = run_cli(
