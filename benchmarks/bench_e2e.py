@@ -222,6 +222,9 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     # sized for one CPU thread (~10-30 s a side over 4 epochs); torch or tf (--backend)
     "cpu-mlp256": lambda: mlp(256, 256, "fp32", 32768, features=64),
     "cpu-cnn": lambda: cnn(128, "fp32", 12288, shape=(16, 16, 3), filters=(16, 32, 64)),
+    # a step that is almost all host overhead (~0.75 ms native): on a CPU, what bounds the
+    # GPU's batch-256 MLPs, the per-step Python of the loop, the feed and the step
+    "cpu-mlp16": lambda: mlp(16, 256, "fp32", 65536, features=16),
 }
 #: bf16 matrix rate of one H200 as measured on the lent machine (NVIDIA's dense peak is
 #: 989e12): the issue's MFU figures (42 % eager, 51 % compiled) count against this one
