@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from crosstrain.core.scaling import InputScaling
+
 if TYPE_CHECKING:  # imported where used: a tf run never loads torch, a torch run never tf
     import torch
     from torch import nn
@@ -219,13 +221,19 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     # data kept on the host (placement = "host"): rows gathered by the prefetch thread and
     # copied on a side stream, against the native loop whose data sits on the GPU
     "mlp4096-bf16-host": lambda: mlp(4096, 4096, "bf16", 65536) | {"placement": "host"},
+    # uint8 images scaled as the plan asks (IMAGE_SCALING), kept on the host: the rows travel
+    # as uint8 and are scaled on the GPU; the native loop's data sits there scaled already
+    "cnn-u8-bf16-host": lambda: cnn(512, "bf16", 50000) | {"images": True, "placement": "host"},
     # sized for one CPU thread (~10-30 s a side over 4 epochs); torch or tf (--backend)
     "cpu-mlp256": lambda: mlp(256, 256, "fp32", 32768, features=64),
     "cpu-cnn": lambda: cnn(128, "fp32", 12288, shape=(16, 16, 3), filters=(16, 32, 64)),
+    "cpu-cnn-u8": lambda: cnn(128, "fp32", 12288, shape=(16, 16, 3), filters=(16, 32, 64)) | {"images": True},
     # a step that is almost all host overhead (~0.75 ms native): on a CPU, what bounds the
     # GPU's batch-256 MLPs, the per-step Python of the loop, the feed and the step
     "cpu-mlp16": lambda: mlp(16, 256, "fp32", 65536, features=16),
 }
+#: what an ``images`` config's plan asks of its uint8 pixels (ImageNet's per-channel statistics)
+IMAGE_SCALING = InputScaling(1 / 255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 #: bf16 matrix rate of one H200 as measured on the lent machine (NVIDIA's dense peak is
 #: 989e12): the issue's MFU figures (42 % eager, 51 % compiled) count against this one
 PEAK_FLOPS = 790e12
@@ -238,6 +246,9 @@ def plan_text(name: str, config: dict[str, Any], epochs: int, directory: Path) -
     else:
         data = f'source = "npy"\nx_path = "{directory / "x.npy"}"\ny_path = "{directory / "y.npy"}"'
     data += f'\nplacement = "{config.get("placement", "auto")}"'
+    if config.get("images"):
+        scaling = IMAGE_SCALING
+        data += f"\nscale = {scaling.scale!r}\nmean = {list(scaling.mean)}\nstd = {list(scaling.std)}"
     return f"""
 name = "{name}"
 metrics = ["loss"]
@@ -469,6 +480,11 @@ def _benchmark_round(
         np.save(directory / "tokens.npy", tokens)
         starts = np.arange(config["rows"])[:, None] * length + np.arange(length)[None, :]
         x, y = tokens[starts].astype(np.int32), tokens[starts + 1].astype(np.int64)
+    elif config.get("images"):  # crosstrain reads the pixels; the native loops, them scaled
+        pixels = rng.integers(0, 256, size=(config["rows"], *config["input_shape"]), dtype=np.uint8)
+        x, y = IMAGE_SCALING.apply(pixels), rng.integers(0, 10, size=config["rows"])
+        np.save(directory / "x.npy", pixels)
+        np.save(directory / "y.npy", y)
     else:
         x = rng.normal(size=(config["rows"], *config["input_shape"])).astype(np.float32)
         y = rng.integers(0, 10, size=config["rows"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
+from crosstrain.core.data import Batch, load_datasets, stored_rows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import load_plan
@@ -36,6 +36,35 @@ def test_rows_are_scaled_per_channel_as_read_and_stay_raw_until_then(
     got = x[indices]
     assert got.dtype == np.float32 and got.shape == (3, 8, 8, 3)
     assert np.array_equal(got, expected)
+
+
+def test_a_batch_hands_its_rows_as_stored_with_the_conversion_that_makes_them_x(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """What a backend copies when the rows stay on the host: the file's uint8 pixels, which
+    cast to float32 and scaled are the batch's x, bit for bit."""
+    write_images(str(tmp_path))
+    plan = load_plan(write_plan(SCALED_IMAGES_PLAN))
+    train = load_datasets(plan).train
+    batch = Batch.of_rows(train, np.array([7, 2, 7]), np.ones(3, np.float32), np.arange(3))
+    stored, dtype, scaling = batch.stored_x()
+    assert stored.dtype == np.uint8 and stored.shape == (3, 8, 8, 3)
+    assert dtype == np.float32 and scaling == plan.data.scaling
+    assert np.array_equal(scaling.apply(stored.astype(dtype)), batch.x)
+    assert batch.stored_x()[2] is None  # once x is read on the host, it is handed as it is
+
+
+def test_stored_rows_of_a_file_read_in_another_dtype_are_the_files(tmp_path: Path) -> None:
+    """A memory-mapped file read as float64 (the model's dtype) is stored as float32: its rows
+    are read as they are, and cast where the model runs."""
+    np.save(tmp_path / "x.npy", np.arange(40, dtype=np.float32).reshape(10, 4) / 3)
+    rows = MappedRows(np.load(tmp_path / "x.npy", mmap_mode="r"), (2, 2), np.float64, np.arange(9, -1, -1))
+    indices = np.array([1, 8, 1])
+    found = stored_rows(rows, indices)
+    assert found is not None
+    array, file_rows, shape = found
+    assert array.dtype == np.float32 and shape == (3, 2, 2)
+    assert np.array_equal(array[file_rows].reshape(shape).astype(rows.dtype), rows[indices])
 
 
 def test_identity_steps_are_left_out() -> None:

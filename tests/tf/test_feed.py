@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
+from crosstrain.core.data import Batch, load_datasets
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
 
@@ -41,6 +41,27 @@ def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: 
             placed = tf.function(gather)(tf.constant(indices)).numpy()
             host = np.asarray(rows[indices])
             assert placed.dtype == host.dtype and np.array_equal(placed, host)
+
+
+def test_host_rows_are_fed_as_stored_and_scaled_where_the_model_runs(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Rows kept on the host are fed as the file stores them (uint8 pixels); the step casts
+    and scales them to the bits of core's numpy reference."""
+    write_images(str(tmp_path))
+    plan = load_plan(write_plan(SCALED_IMAGES_PLAN), ["data.placement='host'"])
+    datasets = load_datasets(plan)
+    feed = TfFeed(tf.distribute.get_strategy(), "cpu")
+    feed.place(plan, datasets)
+    assert not feed.placed
+    for part in (datasets.train, datasets.eval):
+        assert part is not None
+        batch = Batch.of_rows(part, np.array([3, 0, 3, len(part) - 1]), np.ones(4, np.float32), np.arange(4))
+        stored, dtype, scaling = batch.stored_x()
+        assert stored.dtype == np.uint8
+        # in a tf.function, as in the steps: Grappler rewrites graphs, not eager ops
+        x = tf.function(feed.converter(dtype, scaling))(tf.constant(stored)).numpy()
+        assert x.dtype == np.float32 and np.array_equal(x, batch.x)
 
 
 def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[..., Path]) -> None:

@@ -6,18 +6,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from crosstrain.core.data import Batch, load_datasets
+from crosstrain.core.data import Batch, load_datasets, stored_rows
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.feed import Feed, gather_rows, gatherable  # noqa: E402
+from crosstrain.backends.torch.feed import Feed, gather_rows  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -75,15 +76,41 @@ def test_the_prefetch_threads_gather_a_batchs_rows_straight_into_its_buffer(tmp_
     mapped = MappedRows(file, (3, 4), np.float32, index=np.arange(999, -1, -1))
     indices = rng.integers(0, 1000, 333)  # not a multiple of the threads, with repeats
     with ThreadPoolExecutor(4) as pool:
-        for rows in (array, mapped):
-            found = gatherable(rows, indices)
+        for rows in (array, mapped, MappedRows(file, (3, 4), np.float64)):
+            found = stored_rows(rows, indices)
             assert found is not None
             source, file_indices, shape = found
             out = np.full((len(file_indices), *source.shape[1:]), np.nan, source.dtype)
             gather_rows(pool, source, file_indices, out)
-            assert np.array_equal(out.reshape(shape), rows[indices])
-    # a cast on reading is more than a gather: those rows are read by numpy, then staged
-    assert gatherable(MappedRows(file, (3, 4), np.float64), indices) is None
+            # rows read in another dtype are gathered as stored, and cast on the device
+            assert np.array_equal(out.reshape(shape).astype(rows.dtype), rows[indices])
+
+
+def test_host_rows_are_copied_as_stored_and_scaled_where_the_model_runs(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Rows kept on the host reach the device as the file stores them (uint8 pixels), and
+    are cast and scaled there to the bits of core's numpy reference."""
+    write_images(str(tmp_path))
+    plan = load_plan(write_plan(SCALED_IMAGES_PLAN), ["data.placement='host'"])
+    datasets = load_datasets(plan)
+    feed = Feed("cpu")
+    feed.place(plan, datasets)
+    assert not feed.placed
+    copied: list[torch.dtype] = []
+    convert = feed.converter
+
+    def spy(*conversion: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+        converted = convert(*conversion)
+        return lambda rows: (copied.append(rows.dtype), converted(rows))[1]
+
+    feed.converter = spy  # type: ignore[method-assign]
+    for part in (datasets.train, datasets.eval):
+        assert part is not None
+        batch = Batch.of_rows(part, np.array([3, 0, 3, len(part) - 1]), np.ones(4, np.float32), np.arange(4))
+        x, _, _, _ = feed.tensors(batch)
+        assert x.dtype == torch.float32 and np.array_equal(x.numpy(), batch.x)
+    assert copied == [torch.uint8, torch.uint8]
 
 
 def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[..., Path]) -> None:

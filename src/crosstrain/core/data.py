@@ -21,7 +21,7 @@ import numpy as np
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import DataSpec, Plan, output_shape
-from crosstrain.core.scaling import ScaledRows
+from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
 
 
@@ -117,6 +117,21 @@ class Batch:
             self._gather()
         assert self._y is not None
         return self._y
+
+    def stored_x(self) -> tuple[np.ndarray, np.dtype[Any], InputScaling | None]:
+        """The x rows as their data set stores them (a file's uint8 images stay uint8), the
+        dtype of :attr:`x`, and the scaling (None: none): cast to that dtype, then scaled,
+        they are ``x``. A backend that converts where the model runs copies these rows, a
+        quarter of the bytes of float32 ones for uint8 images."""
+        source, found = self.source, None
+        if self._x is None and source is not None:
+            found = stored_rows(source.dataset.x, source.indices)
+        if found is None:
+            return self.x, self.x.dtype, None
+        assert source is not None
+        array, indices, shape = found
+        rows = source.dataset.x
+        return np.asarray(array[indices]).reshape(shape), rows.dtype, input_scaling(rows)
 
     def _gather(self) -> None:
         assert self.source is not None, "a batch holds either arrays or a row source"
@@ -427,6 +442,25 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     padded = np.zeros(size, np.int64)
     padded[: len(indices)] = indices
     return padded, weight
+
+
+def stored_rows(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
+    """Where ``rows[indices]`` are read from, before any conversion: the array as stored (a
+    memory-mapped file in its own dtype), the indices into its first axis, and the shape
+    of the rows read; None for rows that are more than a gather (token windows). Cast to
+    ``rows.dtype`` and scaled by :func:`input_scaling`, ``array[indices]`` is ``rows[indices]``."""
+    if isinstance(rows, ScaledRows):
+        rows = rows.raw
+    if isinstance(rows, np.ndarray):
+        return rows, indices, (len(indices), *rows.shape[1:])
+    if isinstance(rows, MappedRows):
+        return rows.array, np.asarray(rows.file_rows(indices)), (len(indices), *rows.row_shape)
+    return None
+
+
+def input_scaling(rows: Rows) -> InputScaling | None:
+    """The scaling the rows apply as they are read (``data.scale``, ``mean``, ``std``)."""
+    return rows.scaling if isinstance(rows, ScaledRows) else None
 
 
 def epoch_slice(indices: np.ndarray) -> tuple[np.ndarray, int] | None:

@@ -6,7 +6,8 @@ As the torch backend's feed (:mod:`crosstrain.backends.torch.feed`): placed on t
 non-trainable variable made under the distribution's scope, so every replica's device
 holds one copy; a step then hands over row indices only, and each replica gathers its
 rows from its own copy inside the compiled step. Otherwise the rows are gathered on the
-host and copied each step.
+host as their data set stores them (a file's uint8 images stay uint8) and copied each
+step; each replica casts and scales its rows inside the compiled step (:meth:`TfFeed.converter`).
 
 Integer arrays of a dtype TensorFlow has no GPU gather for (uint8 images, uint16 tokens)
 are kept as int32: the values, and so every later cast, are the same.
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from crosstrain.backends.common import should_place, unplaceable
-from crosstrain.core.data import ArrayDataset, Datasets, Rows
+from crosstrain.core.data import ArrayDataset, Datasets, Rows, input_scaling
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -35,6 +36,8 @@ _TF_DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
 
 #: row indices (an int64 tensor) -> the rows, inside a replica's part of the step
 Gather = Callable[[Any], Any]
+#: rows as stored -> the rows the model takes, inside a replica's part of the step
+Convert = Callable[[Any], Any]
 
 
 def kept_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -51,6 +54,7 @@ class TfFeed:
         self.distribution = distribution
         self.device = device  # "cpu" or "gpu": what the replicas compute on
         self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
+        self._converters: dict[tuple[np.dtype[Any], InputScaling | None], Convert] = {}
 
     @property
     def placed(self) -> bool:
@@ -65,6 +69,8 @@ class TfFeed:
         parts = [part for part in (datasets.train, datasets.eval) if part is not None]
         free = _free_gpu_bytes if self.device == "gpu" else None
         if not should_place(plan, parts, free, lambda dtype: kept_dtype(dtype).itemsize):
+            for part in parts:  # a scaling's variables are made here, on every worker alike
+                self.converter(part.x.dtype, input_scaling(part.x))
             return
         on_device: dict[int, Any] = {}  # one copy of an array shared by parts
         with self.distribution.scope():
@@ -73,6 +79,21 @@ class TfFeed:
                     self._gatherer(part.x, on_device),
                     self._gatherer(part.y, on_device),
                 )
+
+    def converter(self, dtype: np.dtype[Any], scaling: InputScaling | None) -> Convert:
+        """Rows from the host -> the model's rows: cast to ``dtype``, then scaled (made once
+        per conversion, under the distribution's scope: a scaling's operands are variables)."""
+        import tensorflow as tf
+
+        key = (np.dtype(dtype), scaling)
+        if key not in self._converters:
+            if scaling is None:
+                cast_to = tf.as_dtype(dtype)
+                self._converters[key] = lambda rows: tf.cast(rows, cast_to)
+            else:
+                with self.distribution.scope():
+                    self._converters[key] = scaler(scaling)
+        return self._converters[key]
 
     def _gatherer(self, rows: Rows, on_device: dict[int, Any]) -> Gather:
         import tensorflow as tf
@@ -121,11 +142,12 @@ def _mapped_gather(rows: MappedRows, on_device: dict[int, Any]) -> Gather:
 _TF_OPERATIONS = {"mul": "multiply", "sub": "subtract", "div": "divide"}
 
 
-def _scaled_gather(raw: Gather, scaling: InputScaling) -> Gather:
-    """The raw rows, scaled on the device by the same float32 operations, in the same order,
-    as core's numpy reference (each correctly rounded: the same bits). The operands are
-    variables, not constants: Grappler's constant folding turns a division by a constant
-    into a multiplication by its reciprocal, which rounds differently."""
+def scaler(scaling: InputScaling) -> Convert:
+    """Raw rows scaled by the same float32 operations, in the same order, as core's numpy
+    reference (each correctly rounded: the same bits). The operands are variables, not
+    constants: Grappler's constant folding turns a division by a constant into a
+    multiplication by its reciprocal, which rounds differently. Call it under the
+    distribution's scope (one copy of each operand per replica device)."""
     import tensorflow as tf
 
     steps = [
@@ -136,13 +158,18 @@ def _scaled_gather(raw: Gather, scaling: InputScaling) -> Gather:
         for name, operand in scaling.steps()
     ]
 
-    def gather(indices: Any) -> Any:
-        x = tf.cast(raw(indices), tf.float32)
+    def scale(raw: Any) -> Any:
+        x = tf.cast(raw, tf.float32)
         for operation, operand in steps:
             x = operation(x, operand)
         return x
 
-    return gather
+    return scale
+
+
+def _scaled_gather(raw: Gather, scaling: InputScaling) -> Gather:
+    scale = scaler(scaling)  # the placed rows gathered, then scaled
+    return lambda indices: scale(raw(indices))
 
 
 def _window_gather(windows: TokenWindows, tokens: Any) -> Gather:

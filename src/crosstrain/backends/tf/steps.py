@@ -172,12 +172,14 @@ def guarded_steps(plan: Plan) -> bool:
     return plan.train.precision == "fp16" or plan.train.on_nonfinite == "skip"
 
 
-def host_rows(local: int) -> Fetch:
-    """This replica's rows of the (x, y) gathered on the host."""
+def host_rows(local: int, convert_x: Callable[[Any], Any] | None = None) -> Fetch:
+    """This replica's rows of the (x, y) gathered on the host; ``convert_x`` turns x rows
+    as their data set stores them into the model's (on this replica's device)."""
 
     def fetch(inputs: tuple[Any, ...], part: Any) -> tuple[Any, Any]:
         x, y = inputs
-        return replica_rows(x, part, local), replica_rows(y, part, local)
+        x = replica_rows(x, part, local)
+        return (x if convert_x is None else convert_x(x)), replica_rows(y, part, local)
 
     return fetch
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_scalars
 from crosstrain.backends.tf.steps import (
+    Fetch,
     eval_function,
     guarded_steps,
     host_rows,
@@ -28,7 +29,7 @@ from crosstrain.backends.tf.steps import (
     predict_function,
     train_function,
 )
-from crosstrain.core.data import ArrayDataset, Batch, Datasets, StepBatch
+from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import OPTIMIZER_SLOTS, FrameworkStatus, Job, ReduceOp, RunResult, World
@@ -57,8 +58,10 @@ class TfState:
     optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
     loss_scale: DynamicLossScale | None = None
     predict_function: Any = None  # tf.function: x -> outputs, made by the first predict()
-    #: ("train" | "eval", id(data set)) -> the function taking (indices,) of placed rows
-    placed_functions: dict[tuple[str, int], Any] = attrs.field(factory=dict)
+    #: ("train" | "eval", id(data set)) -> the function taking (indices,) of placed rows;
+    #: ("train" | "eval", (dtype, scaling)) -> the function taking (xs, ys) of host rows as
+    #: stored, which it casts to dtype and scales
+    functions: dict[tuple[str, Any], Any] = attrs.field(factory=dict)
 
 
 class TfStrategy:
@@ -209,20 +212,34 @@ class TfStrategy:
         source = batches[0].source
         gathers = None if source is None else state.feed.gathers(source.dataset)
         if gathers is None:
-            host = state.train_function if kind == "train" else state.eval_function
-            return host, (np.stack([batch.x for batch in batches]), np.stack([batch.y for batch in batches]))
+            return self._host_inputs(state, kind, batches)
         assert source is not None
         key = (kind, id(source.dataset))
-        if key not in state.placed_functions:
-            state.placed_functions[key] = self._placed_function(state, kind, source.dataset)
+        if key not in state.functions:
+            fetch = placed_rows(*gathers, self.world.local_replicas)
+            state.functions[key] = self._function(state, kind, fetch)
         indices = np.stack([batch.source.indices for batch in batches if batch.source is not None])
-        return state.placed_functions[key], (indices.astype(np.int64),)
+        return state.functions[key], (indices.astype(np.int64),)
 
-    def _placed_function(self, state: TfState, kind: str, dataset: ArrayDataset) -> Any:
-        gathers = state.feed.gathers(dataset)
-        assert gathers is not None
+    def _host_inputs(
+        self, state: TfState, kind: str, batches: Sequence[Batch]
+    ) -> tuple[Any, tuple[np.ndarray, ...]]:
+        """The rows as their data set stores them (uint8 images stay uint8 until the step
+        casts and scales them on its device), with the function that converts them."""
+        stored = [batch.stored_x() for batch in batches]
+        xs, ys = np.stack([rows for rows, _, _ in stored]), np.stack([batch.y for batch in batches])
+        _, dtype, scaling = stored[0]
+        if xs.dtype == dtype and scaling is None:
+            return (state.train_function if kind == "train" else state.eval_function), (xs, ys)
+        key = (kind, (np.dtype(dtype), scaling))
+        if key not in state.functions:
+            convert = state.feed.converter(dtype, scaling)
+            state.functions[key] = self._function(state, kind, host_rows(self.world.local_replicas, convert))
+        return state.functions[key], (xs, ys)
+
+    def _function(self, state: TfState, kind: str, fetch: Fetch) -> Any:
+        """The train or eval function reading each replica's rows through ``fetch``."""
         local = self.world.local_replicas
-        fetch = placed_rows(*gathers, local)
         if kind == "train":
             return train_function(
                 self.distribution, local, state.model, state.variables, state.slots, state.plan, fetch

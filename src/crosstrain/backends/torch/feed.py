@@ -4,9 +4,10 @@ Core decides which rows form each step (the sampler); this module decides where 
 read. Placed on the device (``data.placement = "device"``, or ``"auto"`` on a GPU when the
 arrays fit in :data:`~crosstrain.backends.common.AUTO_SHARE` of its free memory), each
 array is copied there once and a step's rows are gathered there by an index tensor: no
-host gather, no per-step copy of the rows. Otherwise the rows are gathered on the host and
-copied each step; on a GPU the next step's rows are gathered by background threads into
-pinned staging buffers and copied on a side stream while the current step computes
+host gather, no per-step copy of the rows. Otherwise the rows are gathered on the host, as
+their data set stores them (a file's uint8 images stay uint8), copied each step, and cast
+and scaled on the device; on a GPU the next step's rows are gathered by background threads
+into pinned staging buffers and copied on a side stream while the current step computes
 (:meth:`Feed.prefetch`).
 """
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
 
 from crosstrain.backends.common import should_place, unplaceable
-from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice
+from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, input_scaling, stored_rows
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -43,6 +45,8 @@ class Feed:
         self._masks: dict[int, torch.Tensor] = {}  # rows -> a mask of ones
         self._runs: dict[tuple[int, int], tuple[np.ndarray, torch.Tensor]] = {}  # row positions
         self._order: tuple[np.ndarray, torch.Tensor] | None = None  # the epoch's order, both sides
+        #: (dtype, scaling) -> how rows from the host become the model's, on the device
+        self._converters: dict[tuple[np.dtype[Any], InputScaling | None], Convert] = {}
 
     @property
     def placed(self) -> bool:
@@ -70,7 +74,7 @@ class Feed:
             if batch.source is None or id(batch.source.dataset) not in self._placed:
                 if self._prefetcher is None:
                     self._prefetcher = _Prefetcher(self.device, self.timeout_seconds)
-                self._prefetcher.submit(batch)
+                self._prefetcher.submit(batch, self._x_converter(batch))
 
     def tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
         """x, y, weight and rows of the batch, on the device."""
@@ -85,9 +89,25 @@ class Feed:
             return gather_x(indices), gather_y(indices), weight, self._positions(batch.rows)
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
         rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
-        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
+        stored, dtype, scaling = batch.stored_x()
+        x = torch.from_numpy(torch_compatible(stored)).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
-        return x, y, weight, rows
+        return self.converter(dtype, scaling)(x), y, weight, rows
+
+    def _x_converter(self, batch: Batch) -> Convert | None:
+        """The conversion of a batch's x rows as stored (None: they are read as x is)."""
+        if batch.source is None:
+            return None
+        rows = batch.source.dataset.x
+        return self.converter(rows.dtype, input_scaling(rows))
+
+    def converter(self, dtype: np.dtype[Any], scaling: InputScaling | None) -> Convert:
+        """Stored rows on the device -> the model's rows: cast to ``dtype``, then scaled (made
+        once per conversion: a scaling's operands are copied to the device)."""
+        key = (dtype, scaling)
+        if key not in self._converters:
+            self._converters[key] = _converter(dtype, scaling, self.device)
+        return self._converters[key]
 
     def _indices_and_mask(self, indices: np.ndarray, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """A placed batch's row indices and row mask on the device. A full batch is a slice
@@ -150,9 +170,7 @@ class Feed:
     def _to_device(self, array: np.ndarray, on_device: dict[int, torch.Tensor]) -> torch.Tensor:
         key = id(array)
         if key not in on_device:
-            host = np.ascontiguousarray(
-                array if array.dtype.type in _TORCH_DTYPES else array.astype(np.int32)
-            )
+            host = np.ascontiguousarray(torch_compatible(array))
             with warnings.catch_warnings():  # a read-only memory map: rows are only ever read
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
                 on_device[key] = torch.from_numpy(host).to(self.device)
@@ -170,6 +188,11 @@ class Feed:
         if array.dtype == dtype:
             return array.__getitem__
         return lambda indices: array[indices].to(dtype)
+
+
+def torch_compatible(array: np.ndarray) -> np.ndarray:
+    """The array, or a widened copy when torch has no such dtype (uint16 tokens: int32)."""
+    return array if array.dtype.type in _TORCH_DTYPES else array.astype(np.int32)
 
 
 #: threads that gather one batch's rows into its staging buffer (numpy's take releases the
@@ -226,8 +249,9 @@ class _Prefetcher:
         self.staging: dict[str, _Staging] = {name: _Staging() for name in ("x", "y", "weight", "rows")}
         self.pending: dict[int, tuple[Batch, Future[tuple[tuple[torch.Tensor, ...], torch.cuda.Event]]]] = {}
 
-    def submit(self, batch: Batch) -> None:
-        self.pending[id(batch)] = (batch, self.pool.submit(self._copy, batch))
+    def submit(self, batch: Batch, convert_x: Convert | None) -> None:
+        """Start reading the batch; ``convert_x`` turns its x rows as stored into the model's."""
+        self.pending[id(batch)] = (batch, self.pool.submit(self._copy, batch, convert_x))
 
     def take(self, batch: Batch) -> tuple[torch.Tensor, ...] | None:
         entry = self.pending.pop(id(batch), None)
@@ -245,13 +269,17 @@ class _Prefetcher:
             tensor.record_stream(stream)
         return tensors
 
-    def _copy(self, batch: Batch) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event]:
+    def _copy(
+        self, batch: Batch, convert_x: Convert | None
+    ) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event]:
         x, x_shape = self._stage_rows("x", batch)
         y, y_shape = self._stage_rows("y", batch)
         staged = {"x": x, "y": y, "weight": self._stage("weight", batch.weight)}
         staged["rows"] = self._stage("rows", batch.rows)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             x, y, weight, rows = (staged[name].to(self.device, non_blocking=True) for name in staged)
+            if convert_x is not None:  # x as stored: cast and scaled here, on the GPU
+                x = convert_x(x.reshape(x_shape))
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(self.stream)
         for name, buffer in staged.items():
@@ -264,15 +292,18 @@ class _Prefetcher:
         return buffer
 
     def _stage_rows(self, name: str, batch: Batch) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """The batch's rows of x or y in a pinned buffer, and the shape they take. Rows of an
-        in-memory array, or of a memory-mapped file already in the model's dtype, are
-        gathered straight into the buffer by parallel chunks; others are read, then staged."""
+        """The batch's rows of x or y in a pinned buffer as their data set stores them (a
+        file's uint8 images stay uint8: a quarter of the bytes to copy), and the shape they
+        take. Rows of an array torch has the dtype of are gathered straight into the buffer
+        by parallel chunks; token windows are read by numpy, then staged."""
         source = batch.source
-        found = None if source is None else gatherable(getattr(source.dataset, name), source.indices)
+        found = None if source is None else stored_rows(getattr(source.dataset, name), source.indices)
         if found is None:
             rows = getattr(batch, name)
             return self._stage(name, rows), rows.shape
         array, indices, shape = found
+        if array.dtype.type not in _TORCH_DTYPES:  # widened on the host (uint16 images)
+            return self._stage(name, torch_compatible(np.asarray(array[indices]))), shape
         buffer = self.staging[name].next_buffer((len(indices), *array.shape[1:]), array.dtype)
         gather_rows(self.gatherers, array, indices, buffer.numpy())
         return buffer, shape
@@ -293,16 +324,6 @@ def gather_rows(pool: ThreadPoolExecutor, array: np.ndarray, indices: np.ndarray
         read.result()
 
 
-def gatherable(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
-    """The array to gather ``indices`` of the rows from, the indices into it, and the batch's
-    shape; None when the rows need more than a gather (scaling, token windows, a cast)."""
-    if isinstance(rows, np.ndarray):
-        return rows, indices, (len(indices), *rows.shape[1:])
-    if isinstance(rows, MappedRows) and rows.array.dtype == rows.dtype:
-        return rows.array, np.asarray(rows.file_rows(indices)), (len(indices), *rows.row_shape)
-    return None
-
-
 _TORCH_OPERATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "mul": torch.mul,
     "sub": torch.sub,
@@ -310,21 +331,39 @@ _TORCH_OPERATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor
 }
 
 
-def _scaled_gather(raw: Gather, scaling: InputScaling, device: torch.device) -> Gather:
-    """The raw rows (uint8 images stay uint8 until here), scaled on the device by the same
+#: rows as stored, on the device -> the rows the model takes
+Convert = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _converter(dtype: np.dtype[Any], scaling: InputScaling | None, device: torch.device) -> Convert:
+    """A cast to ``dtype`` (none when the rows have it), or the scaling (its first step is
+    the cast to float32): the same values as core's conversion on the host."""
+    if scaling is not None:
+        return scaler(scaling, device)
+    torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    return lambda rows: rows if rows.dtype == torch_dtype else rows.to(torch_dtype)
+
+
+def scaler(scaling: InputScaling, device: torch.device) -> Convert:
+    """Raw rows (uint8 images stay uint8 until here) scaled on the device by the same
     float32 operations, in the same order, as core's numpy reference."""
     steps = [
         (_TORCH_OPERATIONS[operation], torch.from_numpy(operand).to(device))
         for operation, operand in scaling.steps()
     ]
 
-    def gather(indices: torch.Tensor) -> torch.Tensor:
-        x = raw(indices).to(torch.float32)
+    def scale(raw: torch.Tensor) -> torch.Tensor:
+        x = raw.to(torch.float32)
         for operation, operand in steps:
             x = operation(x, operand)
         return x
 
-    return gather
+    return scale
+
+
+def _scaled_gather(raw: Gather, scaling: InputScaling, device: torch.device) -> Gather:
+    scale = scaler(scaling, device)  # the placed rows gathered, then scaled
+    return lambda indices: scale(raw(indices))
 
 
 def _window_gather(windows: TokenWindows, tokens: torch.Tensor) -> Gather:
