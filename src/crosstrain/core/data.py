@@ -107,15 +107,14 @@ class Batch:
     @property
     def x(self) -> np.ndarray:
         if self._x is None:
-            self._gather()
-        assert self._x is not None
+            self._x = self._gather("x")
         return self._x
 
     @property
     def y(self) -> np.ndarray:
+        # each on its own: a backend that reads x as stored (stored_x) never reads it here
         if self._y is None:
-            self._gather()
-        assert self._y is not None
+            self._y = self._gather("y")
         return self._y
 
     def stored_x(self) -> tuple[np.ndarray, np.dtype[Any], InputScaling | None]:
@@ -133,10 +132,9 @@ class Batch:
         rows = source.dataset.x
         return np.asarray(array[indices]).reshape(shape), rows.dtype, input_scaling(rows)
 
-    def _gather(self) -> None:
+    def _gather(self, name: str) -> np.ndarray:
         assert self.source is not None, "a batch holds either arrays or a row source"
-        self._x = np.asarray(self.source.dataset.x[self.source.indices])
-        self._y = np.asarray(self.source.dataset.y[self.source.indices])
+        return np.asarray(getattr(self.source.dataset, name)[self.source.indices])
 
     @property
     def real_rows(self) -> int:

@@ -2,9 +2,10 @@
 
 The model sees ``(float32(raw) * scale - mean) / std``, mean and std per channel (the
 last axis) or one value for all. The arrays keep their own dtype until a batch is read,
-so raw uint8 images stay uint8 in memory (and, on a backend that places data on its
-device, until they reach it). Every backend computes the same three float32 operations
-in this order: each is correctly rounded, so the result is the same bits everywhere.
+so raw uint8 images stay uint8 in memory and, on the built-in backends, until they reach
+the device, placed there or copied each step (``Batch.stored_x``). Every backend computes
+the same three float32 operations in this order: each is correctly rounded, so the result
+is the same bits everywhere.
 """
 
 from __future__ import annotations
