@@ -54,7 +54,7 @@ def test_a_batch_hands_its_rows_as_stored_with_the_conversion_that_makes_them_x(
     assert batch.stored_x()[2] is None  # once x is read on the host, it is handed as it is
 
 
-def test_stored_rows_of_a_file_read_in_another_dtype_are_the_files(tmp_path: Path) -> None:
+def test_stored_rows_of_a_file_read_in_a_wider_dtype_are_the_files(tmp_path: Path) -> None:
     """A memory-mapped file read as float64 (the model's dtype) is stored as float32: its rows
     are read as they are, and cast where the model runs."""
     np.save(tmp_path / "x.npy", np.arange(40, dtype=np.float32).reshape(10, 4) / 3)
@@ -65,6 +65,10 @@ def test_stored_rows_of_a_file_read_in_another_dtype_are_the_files(tmp_path: Pat
     array, file_rows, shape = found
     assert array.dtype == np.float32 and shape == (3, 2, 2)
     assert np.array_equal(array[file_rows].reshape(shape).astype(rows.dtype), rows[indices])
+    # the other way round, the host narrows them (fewer bytes to copy): read as x is
+    np.save(tmp_path / "wide.npy", np.zeros((10, 4)))
+    wide = MappedRows(np.load(tmp_path / "wide.npy", mmap_mode="r"), (4,), np.float32)
+    assert stored_rows(wide, indices) is None
 
 
 def test_identity_steps_are_left_out() -> None:

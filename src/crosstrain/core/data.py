@@ -445,15 +445,18 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 def stored_rows(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
     """Where ``rows[indices]`` are read from, before any conversion: the array as stored (a
     memory-mapped file in its own dtype), the indices into its first axis, and the shape
-    of the rows read; None for rows that are more than a gather (token windows). Cast to
-    ``rows.dtype`` and scaled by :func:`input_scaling`, ``array[indices]`` is ``rows[indices]``."""
-    if isinstance(rows, ScaledRows):
-        rows = rows.raw
-    if isinstance(rows, np.ndarray):
-        return rows, indices, (len(indices), *rows.shape[1:])
-    if isinstance(rows, MappedRows):
-        return rows.array, np.asarray(rows.file_rows(indices)), (len(indices), *rows.row_shape)
-    return None
+    of the rows read. Cast to ``rows.dtype`` and scaled by :func:`input_scaling`,
+    ``array[indices]`` is ``rows[indices]``. None for rows that are more than a gather
+    (token windows), and for a stored dtype wider than ``rows.dtype`` (float64 read as
+    float32: narrowed on the host, there are fewer bytes to copy)."""
+    stored = rows.raw if isinstance(rows, ScaledRows) else rows
+    if isinstance(stored, np.ndarray):
+        found = stored, indices, (len(indices), *stored.shape[1:])
+    elif isinstance(stored, MappedRows):
+        found = stored.array, np.asarray(stored.file_rows(indices)), (len(indices), *stored.row_shape)
+    else:
+        return None
+    return found if found[0].dtype.itemsize <= rows.dtype.itemsize else None
 
 
 def input_scaling(rows: Rows) -> InputScaling | None:
