@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.launch.process import MALLOC_TUNABLES, start_process, tuned_children, worker_environment
+from crosstrain.launch.process import (
+    MALLOC_SETTINGS,
+    MALLOC_TUNABLES,
+    start_process,
+    tuned_children,
+    worker_environment,
+)
 
 #: a step's worth of blocks (eight of 1 MiB, written) made and freed again and again; prints
 #: the page faults of the last ten rounds
@@ -39,7 +45,7 @@ def test_a_worker_gets_mallocs_tunables_unless_the_user_set_malloc_up() -> None:
 def test_children_of_the_block_get_the_tunables_and_the_environment_is_restored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD"):
+    for name in MALLOC_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     with tuned_children():
         assert os.environ["GLIBC_TUNABLES"] == MALLOC_TUNABLES
@@ -58,7 +64,7 @@ def test_a_worker_reuses_its_freed_memory_instead_of_faulting_it_in_every_step(t
     """By default glibc hands a step's freed blocks back to the system and faults them in
     again the next step (measured here: ~20,000 page faults over ten steps); a worker the
     launcher starts reuses them."""
-    environment = {name: value for name, value in os.environ.items() if name != "GLIBC_TUNABLES"}
+    environment = {name: value for name, value in os.environ.items() if name not in MALLOC_SETTINGS}
     tuned = _faults(tmp_path, environment)
     default = _faults(tmp_path, environment | {"GLIBC_TUNABLES": ""})  # the user's own: none
     assert default > 8 * 256 * 5  # at least half the rounds fault in their 8 MiB again

@@ -34,13 +34,13 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 #: so the resident memory stays that peak. Elsewhere than glibc the variable means nothing.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1099511627776"
 #: the user's own malloc settings, which are left as they are
-_MALLOC_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+MALLOC_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
 
 
 def worker_environment(environment: Mapping[str, str]) -> dict[str, str]:
     """``environment`` with :data:`MALLOC_TUNABLES`, unless it sets malloc up itself (its own
     tunables, or another allocator preloaded)."""
-    if any(name in environment for name in _MALLOC_SETTINGS):
+    if any(name in environment for name in MALLOC_SETTINGS):
         return dict(environment)
     return {**environment, "GLIBC_TUNABLES": MALLOC_TUNABLES}
 
