@@ -4,8 +4,6 @@ Every worker starts in its own process group (a terminal's Ctrl-C reaches the la
 only, which then stops the workers in order) with a parent-death signal: when the
 launcher dies, even by SIGKILL, Linux sends SIGKILL to each worker, so no worker trains on
 and writes a summary for a run that was cancelled.
-
-Every worker also starts with glibc's malloc tuned for training (:func:`worker_environment`).
 """
 
 from __future__ import annotations
@@ -24,38 +22,6 @@ from crosstrain.core.errors import Interrupted
 
 STOP_SECONDS = 5.0  # after SIGTERM, how long a worker may take before SIGKILL
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-#: glibc's malloc in a worker: blocks up to 32 MiB (its own dynamic ceiling) come from the
-#: heap, and freed memory is never handed back to the system while the worker trains. By
-#: default glibc maps large blocks afresh and trims the heap's top whenever a step frees a
-#: few MiB there, so every step faults in its activations' pages again: a CNN on this CPU
-#: took ~1,500 page faults a step, 30 % of its time (measured; the same reason PyTorch's
-#: CPU tuning guide preloads jemalloc, told never to decay). A step's peak recurs every step,
-#: so the resident memory stays that peak. Elsewhere than glibc the variable means nothing.
-MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1099511627776"
-#: the user's own malloc settings, which are left as they are
-MALLOC_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
-
-
-def worker_environment(environment: Mapping[str, str]) -> dict[str, str]:
-    """``environment`` with :data:`MALLOC_TUNABLES`, unless it sets malloc up itself (its own
-    tunables, or another allocator preloaded)."""
-    if any(name in environment for name in MALLOC_SETTINGS):
-        return dict(environment)
-    return {**environment, "GLIBC_TUNABLES": MALLOC_TUNABLES}
-
-
-@contextlib.contextmanager
-def tuned_children() -> Iterator[None]:
-    """Processes started in the block (a launcher that spawns from ``os.environ``) get
-    :func:`worker_environment`; ``os.environ`` is as it was afterwards."""
-    added = {name: value for name, value in worker_environment(os.environ).items() if name not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
 
 
 def die_with_parent(parent_pid: int, signal_number: int = signal.SIGKILL) -> None:
@@ -76,7 +42,7 @@ def start_process(command: Sequence[str], environment: Mapping[str, str]) -> sub
     launcher = os.getpid()
     return subprocess.Popen(
         list(command),
-        env=worker_environment(environment),
+        env=dict(environment),
         start_new_session=True,
         preexec_fn=lambda: die_with_parent(launcher),
     )

@@ -4,9 +4,9 @@ Core decides which rows form each step (the sampler); this module decides where 
 read. Placed on the device (``data.placement = "device"``, or ``"auto"`` on a GPU when the
 arrays fit in :data:`~crosstrain.backends.common.AUTO_SHARE` of its free memory), each
 array is copied there once and a step's rows are gathered there by an index tensor: no
-host gather, no per-step copy of the rows. Otherwise the rows are gathered on the host, as
-their data set stores them (a file's uint8 images stay uint8), copied each step, and cast
-and scaled on the device; on a GPU the next step's rows are gathered by background threads
+host gather, no per-step copy of the rows. Otherwise the rows are gathered on the host and
+copied each step; on a GPU as their data set stores them (a file's uint8 images stay
+uint8), cast and scaled there, and the next step's rows are gathered by background threads
 into pinned staging buffers and copied on a side stream while the current step computes
 (:meth:`Feed.prefetch`).
 """
@@ -89,9 +89,13 @@ class Feed:
             return gather_x(indices), gather_y(indices), weight, self._positions(batch.rows)
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
         rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
+        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
+        if self.device.type == "cpu":
+            # the host is the device: no copy to shrink, and numpy's conversion faults in
+            # fewer pages than torch's (measured: torch's made a uint8 CNN's steps 30 % slower)
+            return torch.from_numpy(batch.x), y, weight, rows
         stored, dtype, scaling = batch.stored_x()
         x = torch.from_numpy(torch_compatible(stored)).to(self.device, non_blocking=True)
-        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         return self.converter(dtype, scaling)(x), y, weight, rows
 
     def _x_converter(self, batch: Batch) -> Convert | None:

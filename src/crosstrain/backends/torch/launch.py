@@ -43,7 +43,7 @@ from crosstrain.core.heartbeat import HEARTBEAT_DIR, collective_timeout
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.strategy import Job, RunResult, World
 from crosstrain.core.worker import attempt_job, run_worker
-from crosstrain.launch import StallMonitor, die_with_parent, launch_folder, tuned_children
+from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
 from crosstrain.launch.environments import (
     LocalEnvironment,
     TorchElasticEnvironment,
@@ -101,11 +101,7 @@ def launch(job: Job) -> RunResult:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _quiet_elastic_logs()
     ranks = range(local) if job.nnodes == 1 else None  # on many machines: known after the rendezvous
-    with (
-        launch_folder("torch") as folder,
-        _watched(folder, local, ranks, job.timeout_seconds) as stalls,
-        tuned_children(),  # the agent spawns the workers from os.environ
-    ):
+    with launch_folder("torch") as folder, _watched(folder, local, ranks, job.timeout_seconds) as stalls:
         try:
             results = elastic_launch(_config(job, folder), _worker)(job)
         except ChildFailedError as failure:
