@@ -247,8 +247,8 @@ def plan_text(name: str, config: dict[str, Any], epochs: int, directory: Path) -
         data = f'source = "npy"\nx_path = "{directory / "x.npy"}"\ny_path = "{directory / "y.npy"}"'
     data += f'\nplacement = "{config.get("placement", "auto")}"'
     if config.get("images"):
-        scaling = IMAGE_SCALING
-        data += f"\nscale = {scaling.scale!r}\nmean = {list(scaling.mean)}\nstd = {list(scaling.std)}"
+        data += f"\nscale = {IMAGE_SCALING.scale!r}\nmean = {list(IMAGE_SCALING.mean)}"
+        data += f"\nstd = {list(IMAGE_SCALING.std)}"
     return f"""
 name = "{name}"
 metrics = ["loss"]

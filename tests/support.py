@@ -1,5 +1,33 @@
-"""Helpers for tests that read what a real run wrote: crosstrain.testing's, in one place."""
+"""Helpers for tests: crosstrain.testing's readers of what a real run wrote, in one place,
+and the scaled-image batches both backends' feed tests read."""
 
+from pathlib import Path
+
+import numpy as np
+
+from crosstrain.core.data import Batch, Datasets, load_datasets
+from crosstrain.core.plan import Plan, load_plan
 from crosstrain.testing import assert_same_eval, max_relative_difference, step_losses, summary
+from crosstrain.testing.plans import write_images
 
-__all__ = ["assert_same_eval", "max_relative_difference", "step_losses", "summary"]
+__all__ = [
+    "assert_same_eval",
+    "max_relative_difference",
+    "scaled_images_on_the_host",
+    "step_losses",
+    "summary",
+]
+
+
+def scaled_images_on_the_host(plan_file: Path) -> tuple[Plan, Datasets, list[Batch]]:
+    """The plan at ``plan_file`` (SCALED_IMAGES_PLAN) with its uint8 images written beside it
+    and kept on the host, its data sets, and a batch of rows 3, 0, 3 and the last of each."""
+    write_images(str(plan_file.parent))
+    plan = load_plan(plan_file, ["data.placement='host'"])
+    datasets = load_datasets(plan)
+    parts = [part for part in (datasets.train, datasets.eval) if part is not None]
+    batches = [
+        Batch.of_rows(part, np.array([3, 0, 3, len(part) - 1]), np.ones(4, np.float32), np.arange(4))
+        for part in parts
+    ]
+    return plan, datasets, batches

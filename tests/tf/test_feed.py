@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import Batch, load_datasets
+from crosstrain.core.data import load_datasets
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
+from tests.support import scaled_images_on_the_host
 
 tf = pytest.importorskip("tensorflow")
 
@@ -43,20 +44,15 @@ def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: 
             assert placed.dtype == host.dtype and np.array_equal(placed, host)
 
 
-def test_host_rows_are_fed_as_stored_and_scaled_where_the_model_runs(
-    write_plan: Callable[..., Path], tmp_path: Path
-) -> None:
+def test_host_rows_are_fed_as_stored_and_scaled_where_the_model_runs(write_plan: Callable[..., Path]) -> None:
     """Rows kept on the host are fed as the file stores them (uint8 pixels); the step casts
     and scales them to the bits of core's numpy reference."""
-    write_images(str(tmp_path))
-    plan = load_plan(write_plan(SCALED_IMAGES_PLAN), ["data.placement='host'"])
-    datasets = load_datasets(plan)
+    plan, datasets, batches = scaled_images_on_the_host(write_plan(SCALED_IMAGES_PLAN))
     feed = TfFeed(tf.distribute.get_strategy(), "cpu")
     feed.place(plan, datasets)
     assert not feed.placed
-    for part in (datasets.train, datasets.eval):
-        assert part is not None
-        batch = Batch.of_rows(part, np.array([3, 0, 3, len(part) - 1]), np.ones(4, np.float32), np.arange(4))
+    assert len(batches) == 2  # the training set's and the eval set's
+    for batch in batches:
         stored, dtype, scaling = batch.stored_x()
         assert stored.dtype == np.uint8
         # in a tf.function, as in the steps: Grappler rewrites graphs, not eager ops

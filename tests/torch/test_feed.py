@@ -14,6 +14,7 @@ from crosstrain.core.data import Batch, load_datasets, stored_rows
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
+from tests.support import scaled_images_on_the_host
 
 torch = pytest.importorskip("torch")
 
@@ -85,21 +86,16 @@ def test_the_prefetch_threads_gather_a_batchs_rows_straight_into_its_buffer(tmp_
             assert np.array_equal(out.reshape(shape).astype(rows.dtype), rows[indices])
 
 
-def test_host_rows_as_stored_convert_on_the_device_to_the_hosts_bits(
-    write_plan: Callable[..., Path], tmp_path: Path
-) -> None:
+def test_host_rows_as_stored_convert_on_the_device_to_the_hosts_bits(write_plan: Callable[..., Path]) -> None:
     """On a GPU, rows kept on the host travel as the file stores them (uint8 pixels) and are
     cast and scaled there (the GPU tests run that path); the conversion gives the bits of
     core's numpy reference, which a CPU, where the host is the device, reads as it is."""
-    write_images(str(tmp_path))
-    plan = load_plan(write_plan(SCALED_IMAGES_PLAN), ["data.placement='host'"])
-    datasets = load_datasets(plan)
+    plan, datasets, batches = scaled_images_on_the_host(write_plan(SCALED_IMAGES_PLAN))
     feed = Feed("cpu")
     feed.place(plan, datasets)
     assert not feed.placed
-    for part in (datasets.train, datasets.eval):
-        assert part is not None
-        batch = Batch.of_rows(part, np.array([3, 0, 3, len(part) - 1]), np.ones(4, np.float32), np.arange(4))
+    assert len(batches) == 2  # the training set's and the eval set's
+    for batch in batches:
         stored, dtype, scaling = batch.stored_x()
         assert stored.dtype == np.uint8 and scaling is not None
         x = feed.converter(dtype, scaling)(torch.from_numpy(stored))

@@ -194,6 +194,11 @@ class Feed:
         return lambda indices: array[indices].to(dtype)
 
 
+def as_torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    """The torch dtype of a numpy one (as ``torch.from_numpy`` maps it)."""
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
 def torch_compatible(array: np.ndarray) -> np.ndarray:
     """The array, or a widened copy when torch has no such dtype (uint16 tokens: int32)."""
     return array if array.dtype.type in _TORCH_DTYPES else array.astype(np.int32)
@@ -216,7 +221,7 @@ class _Staging:
 
     def next_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
         """A pinned buffer of the shape, free to overwrite (waits for its last copy)."""
-        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        torch_dtype = as_torch_dtype(dtype)
         slot = self.turn % STAGING_DEPTH
         self.turn += 1
         if slot < len(self.buffers):
@@ -282,13 +287,14 @@ class _Prefetcher:
         staged["rows"] = self._stage("rows", batch.rows)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             x, y, weight, rows = (staged[name].to(self.device, non_blocking=True) for name in staged)
+            x, y = x.reshape(x_shape), y.reshape(y_shape)
             if convert_x is not None:  # x as stored: cast and scaled here, on the GPU
-                x = convert_x(x.reshape(x_shape))
+                x = convert_x(x)
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(self.stream)
         for name, buffer in staged.items():
             self.staging[name].mark_copied(buffer, copied)
-        return (x.reshape(x_shape), y.reshape(y_shape), weight, rows), copied
+        return (x, y, weight, rows), copied
 
     def _stage(self, name: str, array: np.ndarray) -> torch.Tensor:
         buffer = self.staging[name].next_buffer(array.shape, array.dtype)
@@ -344,7 +350,7 @@ def _converter(dtype: np.dtype[Any], scaling: InputScaling | None, device: torch
     the cast to float32): the same values as core's conversion on the host."""
     if scaling is not None:
         return scaler(scaling, device)
-    torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    torch_dtype = as_torch_dtype(dtype)
     return lambda rows: rows if rows.dtype == torch_dtype else rows.to(torch_dtype)
 
 
