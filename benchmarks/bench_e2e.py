@@ -9,6 +9,8 @@ Per config it writes the data set once as .npy files and trains, each for the sa
 
 - crosstrain: ``crosstrain run`` in a subprocess (``source = "npy"``, placement auto), its
   samples/s over epochs 2..N from the epoch lines it prints (epoch 1 warms up, as below);
+- crosstrain, launched (torch on a GPU): the same run with ``train.cuda_graph = false``,
+  every kernel launched each step (the ratio says what replaying the step as a graph buys);
 - native (ideal): a plain torch loop whose data already sits on the device, indexed by a
   permutation made on the device, that never reads the loss until the end;
 - native, loss read each step (what a loop that logs every step pays);
@@ -267,6 +269,7 @@ global_batch_size = {config["batch"]}
 epochs = {epochs}
 precision = "{config["precision"]}"
 compile = {"true" if config.get("compile") else "false"}
+cuda_graph = {"false" if config.get("launched") else "true"}
 [output]
 checkpoint = false
 """
@@ -494,6 +497,12 @@ def _benchmark_round(
     plan.write_text(plan_text(name, config, epochs, directory))
     rates, split = run_crosstrain(plan, directory / "run", device, backend)
     results, cpu_results = {"crosstrain": rates}, {}
+    if device == "cuda" and backend == "torch" and not config.get("compile"):
+        # the same run with every kernel launched: what replaying the step as one CUDA
+        # graph (train.cuda_graph, on where the step can be captured) buys
+        launched = directory / "plan-launched.toml"
+        launched.write_text(plan_text(name, config | {"launched": True}, epochs, directory))
+        results["launched"], _ = run_crosstrain(launched, directory / "run-launched", device, backend)
     if device == "cpu" and epochs > 1:
         # CPU seconds per epoch of rank 0 while it trains (every thread of the worker; the
         # launcher only waits), the first epoch taken out by a 1-epoch run: a figure others'

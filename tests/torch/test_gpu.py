@@ -41,6 +41,8 @@ def test_digits_on_gpu(tmp_path: Path, precision: str) -> None:
     result_summary = summary(tmp_path)
     assert result_summary["device"].startswith("cuda")
     assert result_summary["eval"]["accuracy"] >= 0.95
+    if gpus == 1:  # one process with Adam: the step is replayed as one CUDA graph
+        assert result_summary["ranks"][0]["cuda_graph_steps"] > 0
 
 
 def test_gpu_request_without_enough_gpus_is_refused(tmp_path: Path) -> None:
@@ -176,3 +178,34 @@ def test_evaluate_and_predict_on_a_gpu_equal_the_cpu(tmp_path: Path) -> None:
     gpu = predict_run(run, tmp_path / "rows.npy", tmp_path / "gpu.npy", device="gpu")
     cpu = predict_run(run, tmp_path / "rows.npy", tmp_path / "cpu.npy", device="cpu")
     assert np.max(np.abs(gpu - cpu)) <= 1e-4  # TF32 may round GPU matmuls
+
+
+@pytest.mark.parametrize(
+    ("plan_name", "settings"),
+    [
+        ("dropout_mlp", ()),  # dropout's step counter on the device, rows gathered in the graph
+        ("resnet", ("optimizer.name='adam'",)),  # convolutions, batch norm's running statistics
+        ("scaled_images", ("data.placement='host'",)),  # rows prefetched from the host
+    ],
+)
+def test_a_step_replayed_as_one_cuda_graph_trains_like_its_launched_kernels(
+    tmp_path: Path, plan_name: str, settings: tuple[str, ...]
+) -> None:
+    """The same steps, launched kernel by kernel or replayed from one graph: the same losses
+    within the world tolerance (the graph's Adam is the fused one, and its loss always
+    weighs the rows by their mask), every step after the warm-up a replay, the padded last
+    batch of each epoch included."""
+    from crosstrain.backends.torch.graphs import WARMUP_STEPS
+    from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan
+    from crosstrain.testing.runs import assert_same_eval, max_relative_difference
+
+    plan = write_plan(tmp_path, plan_name)
+    steps = ("train.max_steps=40",)
+    launched = _run_on_gpu(plan, tmp_path / "launched", "train.cuda_graph=false", *steps, *settings)
+    graphed = _run_on_gpu(plan, tmp_path / "graphed", *steps, *settings)
+    assert summary(launched)["ranks"][0]["cuda_graph_steps"] == 0
+    assert summary(graphed)["ranks"][0]["cuda_graph_steps"] == summary(graphed)["steps"] - WARMUP_STEPS
+    assert max_relative_difference(step_losses(graphed), step_losses(launched)) <= WORLD_TOLERANCE
+    assert_same_eval(
+        summary(graphed)["eval"], summary(launched)["eval"], loss_tolerance=WORLD_TOLERANCE, flips=1
+    )

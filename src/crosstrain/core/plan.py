@@ -207,6 +207,11 @@ class TrainSpec:
     #: compile the training step: torch.compile (and fused Adam/AdamW on CUDA) on torch,
     #: XLA (jit_compile) on tf; the losses stay within the parity tolerance of eager
     compile: bool = False
+    #: on one GPU, replay the whole eager step (forward, backward, update) as one CUDA graph
+    #: where it can be captured (torch; see crosstrain.backends.torch.graphs): the host then
+    #: launches one graph a step, not every kernel. Same losses within the parity tolerance.
+    #: tf's steps are graphs (tf.function) already
+    cuda_graph: bool = True
     #: a step whose global loss is not finite: "stop" ends the run there (exit non-zero,
     #: the last good checkpoint kept); "skip" leaves the weights and optimizer untouched
     on_nonfinite: OnNonFinite = "stop"

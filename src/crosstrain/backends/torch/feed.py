@@ -32,6 +32,12 @@ from crosstrain.core.tokens import TokenWindows
 _TORCH_DTYPES = (np.uint8, np.int16, np.int32, np.int64, np.float32, np.float64)
 
 Gather = Callable[[torch.Tensor], torch.Tensor]
+#: the tensors a CUDA graph copies in -> x, y, row mask and row positions, inside the graph
+Finish = Callable[..., tuple[torch.Tensor, ...]]
+
+
+def _as_they_are(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tensors
 
 
 class Feed:
@@ -97,6 +103,29 @@ class Feed:
         stored, dtype, scaling = batch.stored_x()
         x = torch.from_numpy(torch_compatible(stored)).to(self.device, non_blocking=True)
         return self.converter(dtype, scaling)(x), y, weight, rows
+
+    def settle(self) -> None:
+        """Wait until the background copies already asked for are done (a CUDA graph's
+        capture forbids other threads' device calls while it lasts)."""
+        if self._prefetcher is not None:
+            self._prefetcher.settle()
+
+    def graph_sources(self, batch: Batch) -> tuple[tuple[torch.Tensor, ...], Finish]:
+        """What a step replayed as a CUDA graph copies in, and what the graph makes of it:
+        from placed arrays the row indices, mask and positions (the rows are gathered inside
+        the graph); from the host the rows themselves (copied and converted before)."""
+        source = batch.source
+        if source is not None and id(source.dataset) in self._placed:
+            gather_x, gather_y = self._placed[id(source.dataset)]
+            indices, weight = self._indices_and_mask(source.indices, batch.weight)
+
+            def gather(
+                indices: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor
+            ) -> tuple[torch.Tensor, ...]:
+                return gather_x(indices), gather_y(indices), weight, rows
+
+            return (indices, weight, self._positions(batch.rows)), gather
+        return self.tensors(batch), _as_they_are
 
     def _x_converter(self, batch: Batch) -> Convert | None:
         """The conversion of a batch's x rows as stored (None: they are read as x is)."""
@@ -261,6 +290,10 @@ class _Prefetcher:
     def submit(self, batch: Batch, convert_x: Convert | None) -> None:
         """Start reading the batch; ``convert_x`` turns its x rows as stored into the model's."""
         self.pending[id(batch)] = (batch, self.pool.submit(self._copy, batch, convert_x))
+
+    def settle(self) -> None:
+        for _, future in self.pending.values():
+            future.result(timeout=self.timeout_seconds)
 
     def take(self, batch: Batch) -> tuple[torch.Tensor, ...] | None:
         entry = self.pending.pop(id(batch), None)

@@ -12,7 +12,9 @@ from crosstrain.core.plan import OptimizerSpec
 Params = list[torch.nn.Parameter]
 
 
-def _sgd(params: Params, spec: OptimizerSpec, fused: bool) -> torch.optim.Optimizer:
+def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
+    if capturable:  # torch's SGD has no mode that reads its learning rate from the device
+        raise ValueError("torch's SGD cannot be captured in a CUDA graph")
     return torch.optim.SGD(
         params,
         lr=spec.lr,
@@ -23,22 +25,43 @@ def _sgd(params: Params, spec: OptimizerSpec, fused: bool) -> torch.optim.Optimi
     )
 
 
-def _adam(params: Params, spec: OptimizerSpec, fused: bool) -> torch.optim.Optimizer:
+def _adam(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
     betas = (spec.beta1, spec.beta2)
     return torch.optim.Adam(
-        params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay, fused=fused or None
+        params,
+        lr=_learning_rate(params, spec, capturable),
+        betas=betas,
+        eps=spec.eps,
+        weight_decay=spec.weight_decay,
+        fused=fused or None,
+        capturable=capturable,
     )
 
 
-def _adamw(params: Params, spec: OptimizerSpec, fused: bool) -> torch.optim.Optimizer:
+def _adamw(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
     betas = (spec.beta1, spec.beta2)
     return torch.optim.AdamW(
-        params, lr=spec.lr, betas=betas, eps=spec.eps, weight_decay=spec.weight_decay, fused=fused or None
+        params,
+        lr=_learning_rate(params, spec, capturable),
+        betas=betas,
+        eps=spec.eps,
+        weight_decay=spec.weight_decay,
+        fused=fused or None,
+        capturable=capturable,
     )
 
 
-#: core optimizer name -> its torch.optim builder (``fused``: one kernel for every parameter)
-OPTIMIZERS: dict[str, Callable[[Params, OptimizerSpec, bool], torch.optim.Optimizer]] = {
+def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> float | torch.Tensor:
+    """The plan's learning rate; on the parameters' device when the update is captured in a
+    CUDA graph (the replays read it there, and the host writes it as the schedule moves)."""
+    if not capturable:
+        return spec.lr
+    return torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device)
+
+
+#: core optimizer name -> its torch.optim builder (``fused``: one kernel for every parameter;
+#: ``capturable``: the update reads its learning rate and step count from the device)
+OPTIMIZERS: dict[str, Callable[[Params, OptimizerSpec, bool, bool], torch.optim.Optimizer]] = {
     "sgd": _sgd,
     "adam": _adam,
     "adamw": _adamw,
@@ -46,11 +69,12 @@ OPTIMIZERS: dict[str, Callable[[Params, OptimizerSpec, bool], torch.optim.Optimi
 
 
 def make_optimizer(
-    module: torch.nn.Module, spec: OptimizerSpec, fused: bool = False
+    module: torch.nn.Module, spec: OptimizerSpec, fused: bool = False, capturable: bool = False
 ) -> torch.optim.Optimizer:
     """The plan's optimizer over the trainable parameters (batch norm's running statistics
-    are buffers, never optimized); ``fused`` on CUDA under ``train.compile``."""
-    return OPTIMIZERS[spec.name](list(module.parameters()), spec, fused)
+    are buffers, never optimized); ``fused`` on CUDA under ``train.compile`` or a CUDA
+    graph, ``capturable`` under a CUDA graph."""
+    return OPTIMIZERS[spec.name](list(module.parameters()), spec, fused, capturable)
 
 
 #: torch.optim's state key -> crosstrain's neutral slot name (core.strategy.OPTIMIZER_SLOTS)
@@ -94,8 +118,8 @@ def load_neutral_optimizer_state(
     if slots - known:
         raise KeyError(f"no torch parameter for optimizer slots {sorted(slots - known)}")
     counts_steps = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
-    # fused Adam keeps its count as float32 on the parameters' device
-    fused = any(group.get("fused") for group in optimizer.param_groups)
+    # fused or capturable Adam keeps its count as float32 on the parameters' device
+    fused = any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups)
     for neutral, (param, axes) in parameters.items():
         entry: dict[str, torch.Tensor] = {}
         for native, slot in TORCH_SLOTS.items():

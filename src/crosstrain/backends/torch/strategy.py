@@ -7,6 +7,7 @@ the backend (and say torch is missing) on a machine without torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from crosstrain.backends.torch.feed import Feed
+    from crosstrain.backends.torch.graphs import StepGraph
 
 
 @attrs.define
@@ -41,6 +43,7 @@ class TorchState:
     optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
     gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)
+    step_graph: StepGraph | None = None  # the whole eager step replayed as one CUDA graph
 
     def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""
@@ -154,6 +157,7 @@ class TorchStrategy:
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TorchState:
         import torch
 
+        from crosstrain.backends.torch.graphs import StepGraph, capture_blocker
         from crosstrain.backends.torch.model import build_module, load_neutral
         from crosstrain.backends.torch.optimizer import make_optimizer
 
@@ -174,7 +178,9 @@ class TorchStrategy:
         from crosstrain.backends.torch.feed import Feed
 
         on_cuda = self.device.startswith("cuda")
-        optimizer = make_optimizer(module, plan.optimizer, fused=plan.train.compile and on_cuda)
+        graphed = capture_blocker(plan, self.device, self.world.process_count) is None
+        fused = (plan.train.compile and on_cuda) or graphed
+        optimizer = make_optimizer(module, plan.optimizer, fused=fused, capturable=graphed)
         if plan.train.compile:
             # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
             # the gradient all-reduce still overlaps the backward
@@ -189,6 +195,8 @@ class TorchStrategy:
             utilisation = GpuUtilisation(lambda: torch.cuda.utilization(device)).start()
         state = TorchState(module, model, optimizer, scaler, plan, Feed(self.device), utilisation)
         state.cuda_graphs = mode == "reduce-overhead"
+        if graphed:
+            state.step_graph = StepGraph(torch.device(self.device), optimizer.param_groups[0]["lr"])
         return state
 
     def _compile_mode(self, plan: Plan) -> str | None:
@@ -213,11 +221,13 @@ class TorchStrategy:
         from crosstrain.backends.torch.model import summed_loss
 
         state.set_training(True)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
         # DESIGN rule 4: sum over real targets / global real targets. DDP averages gradients
         # over processes, so multiply by the process count to turn that average into a sum.
         scale = self.world.process_count / step.global_real_targets
+        if state.step_graph is not None:
+            return self._graphed_step(state, state.step_graph, step, lr, scale)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
         if state.cuda_graphs:  # a new iteration: the last one's graph outputs may be overwritten
             import torch
 
@@ -249,6 +259,46 @@ class TorchStrategy:
         # a chunk of steps at once (resolve_metrics), dividing there: no kernel a step for it
         return {"loss": DeviceMean(self._sum_across(loss_sum), step.global_real_targets)}
 
+    def _graphed_step(
+        self, state: TorchState, graph: StepGraph, step: StepBatch, lr: float, scale: float
+    ) -> dict[str, Any]:
+        """The step replayed as one CUDA graph (its first steps warm it up)."""
+        (micro,) = step.micro_batches
+        if graph.captures_next:
+            state.feed.settle()
+        sources, finish = state.feed.graph_sources(micro)
+        update = functools.partial(self._update, state, graph)
+        loss_sum = graph.run(update, sources, finish, lr, scale, step.step)
+        state.optimizer_steps += 1  # here: a replay runs no Python
+        return {"loss": DeviceMean(loss_sum, step.global_real_targets)}
+
+    def _update(
+        self,
+        state: TorchState,
+        graph: StepGraph,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        rows: torch.Tensor,
+        counter: torch.Tensor,
+    ) -> torch.Tensor:
+        """Forward, backward and the optimizer's update, every value on the device (what a
+        CUDA graph captures): the gradients' seed, the learning rate and the step counter
+        dropout reads are the graph's tensors; the row mask weighs every step's loss (a
+        padded batch replays the same graph). The gradients are dropped first: the capture
+        then makes its own, which every replay writes afresh."""
+        from crosstrain.backends.torch.model import summed_loss
+
+        state.optimizer.zero_grad(set_to_none=True)
+        with self._autocast(state.plan, cache=False):  # a capture must not keep cached casts
+            outputs = self._forward(state, state.model, x, weight, rows, counter)
+        loss_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
+        loss_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
+        self._clip(state)
+        state.optimizer.step()
+        counter.add_(1)
+        return loss_sum.detach()
+
     def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         """One device-to-host copy for a chunk of steps' metrics."""
         import torch
@@ -271,7 +321,7 @@ class TorchStrategy:
         ]
 
     def _forward(
-        self, state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int
+        self, state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int | torch.Tensor
     ) -> torch.Tensor:
         """A native model sees the inputs only; the neutral graph also gets what batch norm
         (the row mask) and dropout (rows, step) need."""
@@ -280,20 +330,23 @@ class TorchStrategy:
         return model(x, weight, rows, step, self._distributed())  # type: ignore[no-any-return]
 
     def _optimizer_step(self, state: TorchState) -> None:
-        import torch
-
-        clip = state.plan.train.clip_grad_norm
         if state.scaler is not None:
-            if clip is not None:
+            if state.plan.train.clip_grad_norm is not None:
                 state.scaler.unscale_(state.optimizer)
-                torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
+                self._clip(state)
             state.scaler.step(state.optimizer)
             state.scaler.update()
         else:
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
+            self._clip(state)
             state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
+
+    def _clip(self, state: TorchState) -> None:
+        import torch
+
+        clip = state.plan.train.clip_grad_norm
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
 
     def eval_step(self, state: TorchState, batch: Batch) -> dict[str, float]:
         import torch
@@ -342,6 +395,8 @@ class TorchStrategy:
         return {
             "peak_device_memory_bytes": float(torch.cuda.max_memory_allocated(self.device)),
             "gpu_utilisation_percent": state.utilisation.stop() if state.utilisation else None,
+            # steps replayed as one CUDA graph (train.cuda_graph; 0: every kernel launched)
+            "cuda_graph_steps": float(state.step_graph.replays if state.step_graph else 0),
         }
 
     # ----------------------------------------------------------------- collectives
@@ -447,14 +502,14 @@ class TorchStrategy:
             return state.model.no_sync()  # type: ignore[operator,no-any-return]
         return contextlib.nullcontext()
 
-    def _autocast(self, plan: Plan) -> contextlib.AbstractContextManager[Any]:
+    def _autocast(self, plan: Plan, cache: bool = True) -> contextlib.AbstractContextManager[Any]:
         import torch
 
         name = PRECISIONS[plan.train.precision]
         if name is None:
             return contextlib.nullcontext()
         dtype = getattr(torch, name)
-        return torch.autocast(device_type=torch.device(self.device).type, dtype=dtype)
+        return torch.autocast(device_type=torch.device(self.device).type, dtype=dtype, cache_enabled=cache)
 
     def _sum_across(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist

@@ -1,0 +1,160 @@
+"""The whole training step replayed as one CUDA graph.
+
+A small model's eager step on a GPU is bound by the host: Python launches some fifty
+kernels (forward, backward, the optimizer's update) and the GPU finishes each before the
+next arrives. Captured once, the step is one graph launch: the gather of the batch's rows
+from placed arrays, the forward, the backward and the optimizer's update all replay from
+fixed addresses, and per step the host only copies in what changed (the row indices, the
+learning rate) and queues the replay.
+
+What a replay needs, and why some steps are not captured (:func:`capture_blocker`):
+the shapes never change (core pads the last batch, so they do not), nothing in the step
+reads the device from the host (fp16's loss scaler and ``on_nonfinite = "skip"`` do), the
+optimizer takes its learning rate and step count from the device (torch's Adam and AdamW
+with ``capturable=True``; SGD has no such mode), one process (DDP's gradient hooks run on
+the host between kernels), one micro-batch, and every op can be captured (``nn.Embedding``'s
+backward sorts its indices with a host sync, pytorch#82886). ``train.compile`` has its own
+graphs (``mode="reduce-overhead"``). The first steps run eagerly on a side stream (torch's
+recipe: the optimizer's state and cuBLAS's workspaces are made outside the capture); they
+are real steps, as are the replays.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from crosstrain.backends.torch.feed import Finish
+from crosstrain.core.layers import Embedding
+from crosstrain.core.plan import Plan
+
+#: real steps run eagerly (on a side stream) before the capture
+WARMUP_STEPS = 2
+#: the optimizers whose update reads its learning rate and step count from the device
+CAPTURABLE_OPTIMIZERS = frozenset({"adam", "adamw"})
+#: layer types with an op that cannot be captured -> why
+UNCAPTURABLE_LAYERS: dict[type, str] = {
+    Embedding: "an embedding's backward syncs with the host (pytorch#82886)",
+}
+
+#: x, y, row mask, row positions and the step counter -> the step's summed loss (forward,
+#: backward and the optimizer's update)
+Update = Callable[..., torch.Tensor]
+
+
+def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
+    """Why this plan's step is not replayed as a CUDA graph on ``device``; None: it is."""
+    train = plan.train
+    reasons = (
+        (not train.cuda_graph, "train.cuda_graph is false"),
+        (not device.startswith("cuda"), "not on a GPU"),
+        (train.compile, "train.compile replays its own graphs"),
+        (processes > 1, "several processes (DDP)"),
+        (train.grad_accum_steps > 1, "gradient accumulation"),
+        (train.precision == "fp16", "fp16's loss scaler reads the device"),
+        (train.on_nonfinite == "skip", 'on_nonfinite = "skip" reads the device'),
+        (plan.optimizer.name not in CAPTURABLE_OPTIMIZERS, f"optimizer {plan.optimizer.name!r}"),
+        (plan.model.native is not None, "a native model"),
+    )
+    for blocked, reason in reasons:
+        if blocked:
+            return reason
+    for node in plan.model.graph().nodes:
+        if type(node.layer) in UNCAPTURABLE_LAYERS:
+            return UNCAPTURABLE_LAYERS[type(node.layer)]
+    return None
+
+
+class StepGraph:
+    """One process's training step as a CUDA graph: warmed up, captured at the first step
+    after the warm-up, replayed from then on. The learning rate, the gradient's seed (the
+    loss scale) and the step counter dropout reads live on the device; the host writes
+    them only when they change."""
+
+    def __init__(self, device: torch.device, lr: torch.Tensor) -> None:
+        self.device = device
+        self.lr = lr  # the optimizer's own: its update reads it from the device
+        self.seed = torch.ones((), dtype=torch.float32, device=device)
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
+        self._values: dict[str, float] = {"lr": float("nan"), "seed": float("nan"), "step": -1.0}
+        self.warm_steps = 0
+        self.replays = 0
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._inputs: list[torch.Tensor] = []  # what the graph reads
+        self._sources: list[torch.Tensor] = []  # what was last copied into them
+        self._loss: torch.Tensor | None = None  # where the graph writes the step's loss
+
+    def run(
+        self,
+        update: Update,
+        sources: Sequence[torch.Tensor],
+        finish: Finish,
+        lr: float,
+        seed: float,
+        step: int,
+    ) -> torch.Tensor:
+        """One training step; its summed loss, a tensor of its own (the next replay
+        overwrites the graph's)."""
+        self._set("lr", self.lr, lr)
+        self._set("seed", self.seed, seed)
+        self._set("step", self.step, step)
+        self._values["step"] += 1  # the step increments its counter on the device
+        if self._graph is None and self.warm_steps < WARMUP_STEPS:
+            return self._warm_up(update, finish(*sources))
+        if self._graph is None:
+            self._capture(update, sources, finish)
+        else:
+            self._copy_in(sources)
+        assert self._graph is not None and self._loss is not None
+        self._graph.replay()
+        self.replays += 1
+        return self._loss.clone()
+
+    @property
+    def captures_next(self) -> bool:
+        """Whether the next step is captured: no other thread may then use the device."""
+        return self._graph is None and self.warm_steps >= WARMUP_STEPS
+
+    def _set(self, name: str, tensor: torch.Tensor, value: float) -> None:
+        if self._values[name] != value:  # one small launch, when the value changes
+            tensor.fill_(value)
+            self._values[name] = value
+
+    def _warm_up(self, update: Update, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        side.wait_stream(current)
+        with torch.cuda.stream(side), warnings.catch_warnings():
+            # torch warns that a capturable optimizer steps outside a capture: these do
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")
+            loss = update(*inputs, self.step)
+        current.wait_stream(side)
+        loss.record_stream(current)
+        self.warm_steps += 1
+        return loss
+
+    def _capture(self, update: Update, sources: Sequence[torch.Tensor], finish: Finish) -> None:
+        self._inputs = [source.clone() for source in sources]
+        self._sources = list(sources)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._loss = update(*finish(*self._inputs), self.step)
+        self._graph = graph
+
+    def _copy_in(self, sources: Sequence[torch.Tensor]) -> None:
+        """Copy what changed into the graph's inputs: a step's row indices or rows (new
+        tensors), not the cached row mask and positions a full batch shares (the same ones)."""
+        if len(sources) != len(self._inputs):
+            raise RuntimeError("a step's inputs differ from those its CUDA graph was captured with")
+        for index, (source, held) in enumerate(zip(sources, self._inputs, strict=True)):
+            if source is self._sources[index]:
+                continue
+            if source.shape != held.shape or source.dtype != held.dtype:
+                raise RuntimeError(
+                    f"a step's input {index} is {source.dtype} {tuple(source.shape)}, "
+                    f"its CUDA graph's {held.dtype} {tuple(held.shape)}"
+                )
+            held.copy_(source, non_blocking=True)
+            self._sources[index] = source
