@@ -139,8 +139,14 @@ class StepGraph:
         self._inputs = [source.clone() for source in sources]
         self._sources = list(sources)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._loss = update(*finish(*self._inputs), self.step)
+        try:
+            with torch.cuda.graph(graph):
+                self._loss = update(*finish(*self._inputs), self.step)
+        except RuntimeError as error:  # an op this table does not know reads the device
+            raise RuntimeError(
+                f"the training step could not be captured as one CUDA graph ({error}); "
+                "train with train.cuda_graph = false"
+            ) from error
         self._graph = graph
 
     def _copy_in(self, sources: Sequence[torch.Tensor]) -> None:
