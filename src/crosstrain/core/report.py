@@ -29,6 +29,7 @@ RANK_FIELDS = (
     "peak_host_memory_bytes",
     "peak_device_memory_bytes",
     "gpu_utilisation_percent",
+    "cuda_graph_steps",  # steps replayed as one CUDA graph (torch; None where not reported)
 )
 
 
@@ -56,7 +57,7 @@ def gather_rank_reports(
 def _json_value(name: str, value: float) -> float | int | None:
     if np.isnan(value):
         return None
-    return int(value) if name.endswith("_bytes") else round(float(value), 4)
+    return int(value) if name.endswith(("_bytes", "_steps")) else round(float(value), 4)
 
 
 class GpuUtilisation:
