@@ -58,7 +58,7 @@ class ForwardContext(NamedTuple):
 
     weight: torch.Tensor | None = None
     rows: torch.Tensor | None = None
-    step: int = 0
+    step: int | torch.Tensor = 0  # a device counter when the step is a CUDA graph's replay
     seed: int = 0
     distributed: bool = False
 
@@ -290,7 +290,7 @@ def _mix(value: Any) -> Any:
 @torch.compiler.disable  # type: ignore[untyped-decorator]
 def keep_mask(
     seed: int,
-    step: int,
+    step: int | torch.Tensor,
     layer: int,
     rows: torch.Tensor,
     features: int,
@@ -302,7 +302,8 @@ def keep_mask(
     mask32 = neutral_dropout.MASK32
     device = rows.device
     # the row-independent part on the host, in Python ints: the same low 32 bits as int64
-    # ops give, and no scalar copied to the device (which would wait for its stream) per layer
+    # ops give, and no scalar copied to the device (which would wait for its stream) per layer;
+    # a CUDA graph's replay passes its step counter, and the same ops run on the device
     state = _mix(seed & mask32)
     state = _mix(state ^ (step & mask32))
     state = _mix(state ^ (layer & mask32))

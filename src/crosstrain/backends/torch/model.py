@@ -122,7 +122,7 @@ class GraphModule(nn.Module):
         x: torch.Tensor,
         weight: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
-        step: int = 0,
+        step: int | torch.Tensor = 0,
         distributed: bool = False,
     ) -> torch.Tensor:
         context = ForwardContext(weight, rows, step, self.seed, distributed)
