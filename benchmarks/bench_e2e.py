@@ -442,6 +442,14 @@ def _fabric_class() -> Any:
     return Fabric
 
 
+def _replayed_as_a_graph(plan: Path) -> bool:
+    """Whether crosstrain replays this plan's step as one CUDA graph on one GPU."""
+    from crosstrain.backends.torch.graphs import capture_blocker
+    from crosstrain.core.plan import load_plan
+
+    return capture_blocker(load_plan(plan), "cuda", 1) is None
+
+
 def _available(module: str) -> bool:
     import importlib.util
 
@@ -497,7 +505,7 @@ def _benchmark_round(
     plan.write_text(plan_text(name, config, epochs, directory))
     rates, split = run_crosstrain(plan, directory / "run", device, backend)
     results, cpu_results = {"crosstrain": rates}, {}
-    if device == "cuda" and backend == "torch" and not config.get("compile"):
+    if device == "cuda" and backend == "torch" and _replayed_as_a_graph(plan):
         # the same run with every kernel launched: what replaying the step as one CUDA
         # graph (train.cuda_graph, on where the step can be captured) buys
         launched = directory / "plan-launched.toml"
