@@ -88,11 +88,10 @@ class Feed:
             prefetched = self._prefetcher.take(batch)
             if prefetched is not None:
                 return prefetched
-        source = batch.source
-        if source is not None and id(source.dataset) in self._placed:
-            gather_x, gather_y = self._placed[id(source.dataset)]
-            indices, weight = self._indices_and_mask(source.indices, batch.weight)
-            return gather_x(indices), gather_y(indices), weight, self._positions(batch.rows)
+        placed = self._placed_sources(batch)
+        if placed is not None:
+            sources, gather = placed
+            return gather(*sources)
         weight = torch.from_numpy(batch.weight).to(self.device, non_blocking=True)
         rows = torch.from_numpy(batch.rows).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
@@ -114,18 +113,23 @@ class Feed:
         """What a step replayed as a CUDA graph copies in, and what the graph makes of it:
         from placed arrays the row indices, mask and positions (the rows are gathered inside
         the graph); from the host the rows themselves (copied and converted before)."""
+        return self._placed_sources(batch) or (self.tensors(batch), _as_they_are)
+
+    def _placed_sources(self, batch: Batch) -> tuple[tuple[torch.Tensor, ...], Finish] | None:
+        """A batch of placed arrays as its row indices, mask and positions on the device, and
+        the gather of its rows from them; None when its rows are not placed."""
         source = batch.source
-        if source is not None and id(source.dataset) in self._placed:
-            gather_x, gather_y = self._placed[id(source.dataset)]
-            indices, weight = self._indices_and_mask(source.indices, batch.weight)
+        if source is None or id(source.dataset) not in self._placed:
+            return None
+        gather_x, gather_y = self._placed[id(source.dataset)]
+        indices, weight = self._indices_and_mask(source.indices, batch.weight)
 
-            def gather(
-                indices: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor
-            ) -> tuple[torch.Tensor, ...]:
-                return gather_x(indices), gather_y(indices), weight, rows
+        def gather(
+            indices: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
+            return gather_x(indices), gather_y(indices), weight, rows
 
-            return (indices, weight, self._positions(batch.rows)), gather
-        return self.tensors(batch), _as_they_are
+        return (indices, weight, self._positions(batch.rows)), gather
 
     def _x_converter(self, batch: Batch) -> Convert | None:
         """The conversion of a batch's x rows as stored (None: they are read as x is)."""

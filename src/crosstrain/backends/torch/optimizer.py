@@ -10,6 +10,8 @@ import torch
 from crosstrain.core.plan import OptimizerSpec
 
 Params = list[torch.nn.Parameter]
+#: (parameters, the plan's optimizer, fused, capturable) -> the torch.optim optimizer
+Builder = Callable[[Params, OptimizerSpec, bool, bool], torch.optim.Optimizer]
 
 
 def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
@@ -25,30 +27,22 @@ def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> 
     )
 
 
-def _adam(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
-    betas = (spec.beta1, spec.beta2)
-    return torch.optim.Adam(
-        params,
-        lr=_learning_rate(params, spec, capturable),
-        betas=betas,
-        eps=spec.eps,
-        weight_decay=spec.weight_decay,
-        fused=fused or None,
-        capturable=capturable,
-    )
+def _adam_family(optimizer: type[torch.optim.Adam | torch.optim.AdamW]) -> Builder:
+    """The builder of torch's Adam or AdamW (the same arguments; AdamW decays the weights
+    apart from the gradient)."""
 
+    def build(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
+        return optimizer(
+            params,
+            lr=_learning_rate(params, spec, capturable),
+            betas=(spec.beta1, spec.beta2),
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+            fused=fused or None,
+            capturable=capturable,
+        )
 
-def _adamw(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
-    betas = (spec.beta1, spec.beta2)
-    return torch.optim.AdamW(
-        params,
-        lr=_learning_rate(params, spec, capturable),
-        betas=betas,
-        eps=spec.eps,
-        weight_decay=spec.weight_decay,
-        fused=fused or None,
-        capturable=capturable,
-    )
+    return build
 
 
 def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> float | torch.Tensor:
@@ -61,10 +55,10 @@ def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> flo
 
 #: core optimizer name -> its torch.optim builder (``fused``: one kernel for every parameter;
 #: ``capturable``: the update reads its learning rate and step count from the device)
-OPTIMIZERS: dict[str, Callable[[Params, OptimizerSpec, bool, bool], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Builder] = {
     "sgd": _sgd,
-    "adam": _adam,
-    "adamw": _adamw,
+    "adam": _adam_family(torch.optim.Adam),
+    "adamw": _adam_family(torch.optim.AdamW),
 }
 
 
