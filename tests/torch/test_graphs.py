@@ -1,17 +1,25 @@
-"""Which steps are replayed as one CUDA graph: the table of what blocks a capture. (The
-replays themselves need a GPU: tests/torch/test_gpu.py.)"""
+"""Which steps are replayed as one CUDA graph (the table of what blocks a capture), and
+the host's side of the replays on a CPU, where a stand-in records and replays the step's
+ops as a CUDA graph does. (The real graph: tests/torch/test_gpu.py.)"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.graphs import capture_blocker
-from crosstrain.core.plan import load_plan
-from crosstrain.testing.conformance import write_plan
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from crosstrain.backends.torch.graphs import WARMUP_STEPS, Replayable, StepGraph, capture_blocker  # noqa: E402
+from crosstrain.core.plan import load_plan  # noqa: E402
+from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan  # noqa: E402
+from crosstrain.testing.runs import max_relative_difference  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -49,3 +57,182 @@ def test_the_machine_and_the_model_can_block_the_capture(tmp_path: Path) -> None
     assert _blocker(tmp_path, "dropout_mlp", device="cpu") == "not on a GPU"
     assert _blocker(tmp_path, "dropout_mlp", processes=2) == "several processes (DDP)"
     assert _blocker(tmp_path, "gpt") == "an embedding's backward syncs with the host (pytorch#82886)"
+
+
+# --------------------------------------------------------------- the replays, on a CPU
+
+
+class _CapturedOps(TorchDispatchMode):
+    """What a CUDA graph does with a step, on a CPU: capturing records every op the step
+    runs and leaves every tensor made before it as it was (a capture runs no kernel);
+    a replay runs the ops again on the same tensors and writes each fresh result where the
+    capture's went (a graph's fixed addresses). So a value the step took from the host at
+    capture (a Python number, a tensor made anew since) is what every replay uses, as on a
+    GPU, and an op that reads the device from the host fails the capture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = []
+        self._made: set[int] = set()  # storages the capture allocated
+        self._before: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise RuntimeError("operation not permitted when stream is capturing (a host read)")
+        for tensor in _written(func, args, kwargs):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in self._made and storage.data_ptr() not in self._before:
+                self._before[storage.data_ptr()] = (storage, storage.clone())
+        result = func(*args, **kwargs)
+        read = {tensor.untyped_storage().data_ptr() for tensor in _tensors((args, kwargs))}
+        self._made |= {out.untyped_storage().data_ptr() for out in _tensors(result)} - read
+        self.ops.append((func, args, kwargs, result))
+        return result
+
+    def undo(self) -> None:
+        for storage, before in self._before.values():
+            storage.copy_(before)
+
+    def replay(self) -> None:
+        with torch._C._AutoDispatchBelowADInplaceOrView():  # as the capture saw them: below autograd
+            self._run_again()
+
+    def _run_again(self) -> None:
+        for func, args, kwargs, captured in self.ops:
+            fresh = func(*args, **kwargs)
+            for old, new in zip(_tensors(captured), _tensors(fresh), strict=True):
+                if old.untyped_storage().data_ptr() != new.untyped_storage().data_ptr():
+                    old.copy_(new)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an op writes in place (``Tensor(a!)`` in its schema)."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        written += _tensors(value)
+    return written
+
+
+class _StepGraphOnACpu(StepGraph):
+    """StepGraph with its two CUDA calls (the warm-up's side stream, the capture) done by
+    :class:`_CapturedOps`: everything else, the host's side of every replay, is its own."""
+
+    def _on_side_stream(self, work: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return work()
+
+    def _record(self, work: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
+        ops = _CapturedOps()
+        with ops:
+            result = work()
+        ops.undo()
+        return ops, result
+
+
+class _LossesByStep:
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def crosstrain_step_end(self, metrics: Mapping[str, float], **_: Any) -> None:
+        self.losses.append(metrics["loss"])
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda **kwargs: None
+
+
+def _train_on_a_cpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_file: Path, graphed: bool, *settings: str
+) -> tuple[list[float], StepGraph | None]:
+    """The loop in this process on the CPU, its steps launched or (``graphed``) replayed by
+    :class:`_StepGraphOnACpu` as build() makes it on a GPU."""
+    from crosstrain.backends.torch import graphs
+    from crosstrain.backends.torch.strategy import TorchStrategy
+    from crosstrain.core.loop import train
+    from crosstrain.core.strategy import Job
+
+    on_a_gpu = graphs.capture_blocker
+    with monkeypatch.context() as patch:
+        if graphed:
+            patch.setattr(
+                graphs, "capture_blocker", lambda plan, device, processes: on_a_gpu(plan, "cuda:0", processes)
+            )
+            patch.setattr(graphs, "StepGraph", _StepGraphOnACpu)
+        plan = load_plan(plan_file, ["output.checkpoint=false", *settings])
+        recorder = _LossesByStep()
+        folder = tmp_path / ("graphed" if graphed else "launched")
+        _, state = train(
+            TorchStrategy.local("cpu"), Job(plan=plan, backend="torch", out_dir=str(folder)), recorder
+        )  # type: ignore[arg-type]
+    assert (state.step_graph is not None) == graphed
+    return recorder.losses, state.step_graph
+
+
+#: a learning rate that moves every step, a padded last batch every epoch, a new epoch order
+SCHEDULED = ("schedule.name='cosine'", "schedule.warmup_steps=5", "train.epochs=2")
+
+
+@pytest.mark.parametrize(
+    ("plan_name", "settings"),
+    [
+        # rows gathered in the step from the placed arrays; dropout reads the step counter
+        ("dropout_mlp", ("data.placement='device'", "train.clip_grad_norm=0.5")),
+        # batch norm's running statistics, AdamW's decay
+        ("resnet", ("data.placement='device'", "optimizer.name='adamw'", "optimizer.weight_decay=0.1")),
+        # rows from the host copied in before each replay (uint8 pixels, scaled)
+        ("scaled_images", ("data.placement='host'", "optimizer.name='adam'")),
+    ],
+)
+def test_the_replayed_step_trains_like_the_launched_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_name: str, settings: tuple[str, ...]
+) -> None:
+    """The host's side of the graph (what it writes before each replay: the row indices,
+    the mask of a padded batch, the learning rate, the step counter) gives the launched
+    steps' losses; the GPU tests run the same on a real CUDA graph."""
+    plan = write_plan(tmp_path, plan_name)
+    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path, plan, False, *SCHEDULED, *settings)
+    replayed, graph = _train_on_a_cpu(monkeypatch, tmp_path, plan, True, *SCHEDULED, *settings)
+    assert graph is not None and graph.replays == len(replayed) - WARMUP_STEPS >= 30
+    assert max_relative_difference(np.array(replayed), np.array(launched)) <= WORLD_TOLERANCE
+
+
+def test_a_value_the_host_stops_writing_is_frozen_in_the_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The stand-in can fail: a graph whose learning rate is not written after the capture
+    replays the capture's rate, and the losses part from the launched ones."""
+    plan = write_plan(tmp_path, "dropout_mlp")
+    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path, plan, False, *SCHEDULED)
+    real_set = StepGraph._set
+
+    def set_until_the_capture(graph: StepGraph, name: str, tensor: torch.Tensor, value: float) -> None:
+        if name != "lr" or graph.replays == 0:
+            real_set(graph, name, tensor, value)
+
+    monkeypatch.setattr(StepGraph, "_set", set_until_the_capture)
+    frozen, _ = _train_on_a_cpu(monkeypatch, tmp_path, plan, True, *SCHEDULED)
+    assert max_relative_difference(np.array(frozen), np.array(launched)) > 1e-3
+
+
+def test_a_step_that_reads_the_device_fails_its_capture_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An op the table does not know to read the device from the host (here a clip that
+    reads the gradients' norm) ends the run at the capture, saying how to train anyway."""
+    from crosstrain.backends.torch.strategy import TorchStrategy
+
+    def clip_reading_the_norm(self: TorchStrategy, state: Any) -> None:
+        if float(torch.nn.utils.clip_grad_norm_(state.module.parameters(), 1.0)) > 1e9:
+            raise AssertionError("unreachable")
+
+    monkeypatch.setattr(TorchStrategy, "_clip", clip_reading_the_norm)
+    with pytest.raises(RuntimeError, match=r"could not be captured .* train with train\.cuda_graph = false"):
+        _train_on_a_cpu(monkeypatch, tmp_path, write_plan(tmp_path, "dropout_mlp"), True)

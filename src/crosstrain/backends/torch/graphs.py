@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -42,6 +43,12 @@ UNCAPTURABLE_LAYERS: dict[type, str] = {
 #: x, y, row mask, row positions and the step counter -> the step's summed loss (forward,
 #: backward and the optimizer's update)
 Update = Callable[..., torch.Tensor]
+
+
+class Replayable(Protocol):
+    """A captured step: :class:`torch.cuda.CUDAGraph`, or a test's stand-in on a CPU."""
+
+    def replay(self) -> None: ...
 
 
 def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
@@ -81,7 +88,7 @@ class StepGraph:
         self._values: dict[str, float] = {"lr": float("nan"), "seed": float("nan"), "step": -1.0}
         self.warm_steps = 0
         self.replays = 0
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph: Replayable | None = None
         self._inputs: list[torch.Tensor] = []  # what the graph reads
         self._sources: list[torch.Tensor] = []  # what was last copied into them
         self._loss: torch.Tensor | None = None  # where the graph writes the step's loss
@@ -123,31 +130,42 @@ class StepGraph:
             self._values[name] = value
 
     def _warm_up(self, update: Update, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        with warnings.catch_warnings():
+            # torch warns that a capturable optimizer steps outside a capture: these do
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")
+            loss = self._on_side_stream(lambda: update(*inputs, self.step))
+        self.warm_steps += 1
+        return loss
+
+    def _on_side_stream(self, work: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``work`` on a side stream, as torch's recipe warms up a capture, ordered after
+        and before the current stream's work."""
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side.wait_stream(current)
-        with torch.cuda.stream(side), warnings.catch_warnings():
-            # torch warns that a capturable optimizer steps outside a capture: these do
-            warnings.filterwarnings("ignore", message=".*capturable=True.*")
-            loss = update(*inputs, self.step)
+        with torch.cuda.stream(side):
+            result = work()
         current.wait_stream(side)
-        loss.record_stream(current)
-        self.warm_steps += 1
-        return loss
+        result.record_stream(current)
+        return result
 
     def _capture(self, update: Update, sources: Sequence[torch.Tensor], finish: Finish) -> None:
         self._inputs = [source.clone() for source in sources]
         self._sources = list(sources)
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                self._loss = update(*finish(*self._inputs), self.step)
+            self._graph, self._loss = self._record(lambda: update(*finish(*self._inputs), self.step))
         except RuntimeError as error:  # an op this table does not know reads the device
             raise RuntimeError(
                 f"the training step could not be captured as one CUDA graph ({error}); "
                 "train with train.cuda_graph = false"
             ) from error
-        self._graph = graph
+
+    def _record(self, work: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
+        """``work`` captured, not run: the graph and where its replays write the result."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            result = work()
+        return graph, result
 
     def _copy_in(self, sources: Sequence[torch.Tensor]) -> None:
         """Copy what changed into the graph's inputs: a step's row indices or rows (new
