@@ -139,39 +139,55 @@ class _StepGraphOnACpu(StepGraph):
 
 
 class _LossesByStep:
-    def __init__(self) -> None:
+    """The loop's hooks: every step's loss; a failure after ``fail_after`` steps."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
         self.losses: list[float] = []
+        self.fail_after = fail_after
 
     def crosstrain_step_end(self, metrics: Mapping[str, float], **_: Any) -> None:
         self.losses.append(metrics["loss"])
+        if len(self.losses) == self.fail_after:
+            raise _Interrupted
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda **kwargs: None
 
 
+class _Interrupted(Exception):
+    pass
+
+
 def _train_on_a_cpu(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_file: Path, graphed: bool, *settings: str
+    monkeypatch: pytest.MonkeyPatch,
+    folder: Path,
+    plan_file: Path,
+    graphed: bool,
+    *settings: str,
+    resume: bool = False,
+    fail_after: int | None = None,
 ) -> tuple[list[float], StepGraph | None]:
     """The loop in this process on the CPU, its steps launched or (``graphed``) replayed by
-    :class:`_StepGraphOnACpu` as build() makes it on a GPU."""
+    :class:`_StepGraphOnACpu` as build() makes it on a GPU; the losses of the steps it ran."""
     from crosstrain.backends.torch import graphs
     from crosstrain.backends.torch.strategy import TorchStrategy
     from crosstrain.core.loop import train
     from crosstrain.core.strategy import Job
 
     on_a_gpu = graphs.capture_blocker
+    recorder = _LossesByStep(fail_after)
     with monkeypatch.context() as patch:
         if graphed:
             patch.setattr(
                 graphs, "capture_blocker", lambda plan, device, processes: on_a_gpu(plan, "cuda:0", processes)
             )
             patch.setattr(graphs, "StepGraph", _StepGraphOnACpu)
-        plan = load_plan(plan_file, ["output.checkpoint=false", *settings])
-        recorder = _LossesByStep()
-        folder = tmp_path / ("graphed" if graphed else "launched")
-        _, state = train(
-            TorchStrategy.local("cpu"), Job(plan=plan, backend="torch", out_dir=str(folder)), recorder
-        )  # type: ignore[arg-type]
+        plan = load_plan(plan_file, settings)
+        job = Job(plan=plan, backend="torch", out_dir=str(folder), resume=resume)
+        try:
+            _, state = train(TorchStrategy.local("cpu"), job, recorder)  # type: ignore[arg-type]
+        except _Interrupted:
+            return recorder.losses, None
     assert (state.step_graph is not None) == graphed
     return recorder.losses, state.step_graph
 
@@ -198,8 +214,8 @@ def test_the_replayed_step_trains_like_the_launched_one(
     the mask of a padded batch, the learning rate, the step counter) gives the launched
     steps' losses; the GPU tests run the same on a real CUDA graph."""
     plan = write_plan(tmp_path, plan_name)
-    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path, plan, False, *SCHEDULED, *settings)
-    replayed, graph = _train_on_a_cpu(monkeypatch, tmp_path, plan, True, *SCHEDULED, *settings)
+    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path / "launched", plan, False, *SCHEDULED, *settings)
+    replayed, graph = _train_on_a_cpu(monkeypatch, tmp_path / "graphed", plan, True, *SCHEDULED, *settings)
     assert graph is not None and graph.replays == len(replayed) - WARMUP_STEPS >= 30
     assert max_relative_difference(np.array(replayed), np.array(launched)) <= WORLD_TOLERANCE
 
@@ -210,7 +226,7 @@ def test_a_value_the_host_stops_writing_is_frozen_in_the_replays(
     """The stand-in can fail: a graph whose learning rate is not written after the capture
     replays the capture's rate, and the losses part from the launched ones."""
     plan = write_plan(tmp_path, "dropout_mlp")
-    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path, plan, False, *SCHEDULED)
+    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path / "launched", plan, False, *SCHEDULED)
     real_set = StepGraph._set
 
     def set_until_the_capture(graph: StepGraph, name: str, tensor: torch.Tensor, value: float) -> None:
@@ -218,7 +234,7 @@ def test_a_value_the_host_stops_writing_is_frozen_in_the_replays(
             real_set(graph, name, tensor, value)
 
     monkeypatch.setattr(StepGraph, "_set", set_until_the_capture)
-    frozen, _ = _train_on_a_cpu(monkeypatch, tmp_path, plan, True, *SCHEDULED)
+    frozen, _ = _train_on_a_cpu(monkeypatch, tmp_path / "graphed", plan, True, *SCHEDULED)
     assert max_relative_difference(np.array(frozen), np.array(launched)) > 1e-3
 
 
@@ -235,4 +251,27 @@ def test_a_step_that_reads_the_device_fails_its_capture_naming_the_setting(
 
     monkeypatch.setattr(TorchStrategy, "_clip", clip_reading_the_norm)
     with pytest.raises(RuntimeError, match=r"could not be captured .* train with train\.cuda_graph = false"):
-        _train_on_a_cpu(monkeypatch, tmp_path, write_plan(tmp_path, "dropout_mlp"), True)
+        _train_on_a_cpu(monkeypatch, tmp_path / "run", write_plan(tmp_path, "dropout_mlp"), True)
+
+
+def test_a_resumed_run_replays_its_steps_as_the_uninterrupted_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Resumed from its checkpoint at step 20, a run whose steps are replayed takes the
+    uninterrupted run's steps: the learning rate, the step counter and Adam's state and
+    count restored before its capture."""
+    plan = write_plan(tmp_path, "dropout_mlp")
+    settings = (*SCHEDULED, "data.placement='device'", "output.checkpoint_every_steps=20")
+    whole, _ = _train_on_a_cpu(monkeypatch, tmp_path / "whole", plan, True, *settings)
+    folder = tmp_path / "interrupted"
+    before, _ = _train_on_a_cpu(
+        monkeypatch, folder, plan, True, *settings, "output.log_every_steps=1", fail_after=30
+    )
+    after, graph = _train_on_a_cpu(monkeypatch, folder, plan, True, *settings, resume=True)
+    assert (
+        len(before) == 30
+        and len(after) == len(whole) - 20
+        and graph is not None
+        and graph.replays == len(after) - WARMUP_STEPS
+    )
+    assert max_relative_difference(np.array(after), np.array(whole[20:])) <= WORLD_TOLERANCE
