@@ -1,0 +1,113 @@
+"""What crosstrain's loop costs the host per step, whatever the backend: a backend whose step
+does nothing, trained through the worker (the built-in plugins loaded: metrics.jsonl, the
+progress line) in this process.
+
+    python benchmarks/bench_loop_floor.py [--rounds 3] [--epochs 8]
+
+The loop's share of every real step: the sampler's next batch, the step log (chunked reads,
+metrics.jsonl, progress), the heartbeat, the schedule. "rows read" also has the step read
+its rows on the host (what a backend whose data is not placed pays: core's numpy gather).
+A step replayed as one CUDA graph leaves the host little else to do, so this is the floor
+under such a step's time. Prints microseconds per step, the best of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.plan import load_plan
+from crosstrain.core.strategy import Job, World
+from crosstrain.core.worker import run_worker
+
+ROWS, FEATURES, BATCH = 65536, 16, 256
+
+
+class _Read:
+    """A step's loss as a backend leaves it: read when the loop reads a chunk."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __float__(self) -> float:
+        return self.value
+
+
+class NullStrategy:
+    """Trains nothing; with ``read_rows``, reads each step's rows on the host."""
+
+    name: ClassVar[str] = "null"
+    install_hint: ClassVar[str] = ""
+    world = World()
+
+    def __init__(self, read_rows: bool) -> None:
+        self.read_rows = read_rows
+
+    def build(self, plan: Any, weights: Any) -> dict[str, int]:
+        return {}
+
+    def train_step(self, state: Any, step: StepBatch, lr: float) -> dict[str, Any]:
+        if self.read_rows:
+            for micro in step.micro_batches:
+                _ = micro.x, micro.y
+        return {"loss": _Read(1.0)}
+
+    def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+        return [{name: float(value) for name, value in metrics.items()} for metrics in pending]
+
+    def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:
+        return {"loss_sum": 0.0, "correct": 0.0, "count": float(batch.weight.sum())}
+
+    def barrier(self) -> None: ...
+
+    def all_reduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
+        return values
+
+    def state_dict(self, state: Any) -> dict[str, np.ndarray]:
+        return {}
+
+
+def write_plan(folder: Path, epochs: int) -> Path:
+    rng = np.random.default_rng(0)
+    np.save(folder / "x.npy", rng.normal(size=(ROWS, FEATURES)).astype(np.float32))
+    np.save(folder / "y.npy", rng.integers(0, 10, ROWS))
+    plan = folder / "floor.toml"
+    plan.write_text(
+        f'name = "loop_floor"\n[model]\ninput_shape = [{FEATURES}]\n'
+        '[[model.layers]]\ntype = "dense"\nunits = 10\n'
+        f'[data]\nsource = "npy"\nx_path = "x.npy"\ny_path = "y.npy"\neval_fraction = 0.01\n'
+        f"[train]\nglobal_batch_size = {BATCH}\nepochs = {epochs}\n"
+    )
+    return plan
+
+
+def microseconds_per_step(plan_file: Path, out: Path, read_rows: bool) -> float:
+    plan = load_plan(plan_file, ["output.checkpoint=false"])
+    summary = run_worker(NullStrategy(read_rows), Job(plan=plan, backend="null", out_dir=str(out)))
+    return 1e6 * BATCH / float(summary["samples_per_second"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        plan = write_plan(Path(folder), args.epochs)
+        for label, read_rows in (("indices only", False), ("rows read", True)):
+            times = [
+                microseconds_per_step(plan, Path(folder) / f"run{index}", read_rows)
+                for index in range(args.rounds)
+            ]
+            rounds = " ".join(f"{value:.1f}" for value in times)
+            print(f"{label}: {min(times):.1f} us a step (rounds: {rounds})")
+
+
+if __name__ == "__main__":
+    main()
