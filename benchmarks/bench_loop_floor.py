@@ -15,62 +15,16 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 
-from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.plan import load_plan
-from crosstrain.core.strategy import Job, World
+from crosstrain.core.strategy import Job
 from crosstrain.core.worker import run_worker
+from crosstrain.testing.null import NullStrategy
 
 ROWS, FEATURES, BATCH = 65536, 16, 256
-
-
-class _Read:
-    """A step's loss as a backend leaves it: read when the loop reads a chunk."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def __float__(self) -> float:
-        return self.value
-
-
-class NullStrategy:
-    """Trains nothing; with ``read_rows``, reads each step's rows on the host."""
-
-    name: ClassVar[str] = "null"
-    install_hint: ClassVar[str] = ""
-    world = World()
-
-    def __init__(self, read_rows: bool) -> None:
-        self.read_rows = read_rows
-
-    def build(self, plan: Any, weights: Any) -> dict[str, int]:
-        return {}
-
-    def train_step(self, state: Any, step: StepBatch, lr: float) -> dict[str, Any]:
-        if self.read_rows:
-            for micro in step.micro_batches:
-                _ = micro.x, micro.y
-        return {"loss": _Read(1.0)}
-
-    def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
-        return [{name: float(value) for name, value in metrics.items()} for metrics in pending]
-
-    def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:
-        return {"loss_sum": 0.0, "correct": 0.0, "count": float(batch.weight.sum())}
-
-    def barrier(self) -> None: ...
-
-    def all_reduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
-        return values
-
-    def state_dict(self, state: Any) -> dict[str, np.ndarray]:
-        return {}
 
 
 def write_plan(folder: Path, epochs: int) -> Path:

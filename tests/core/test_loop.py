@@ -7,60 +7,35 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.data import StepBatch
 from crosstrain.core.loop import train
 from crosstrain.core.plan import load_plan
-from crosstrain.core.strategy import Job, World
+from crosstrain.core.strategy import Job
+from crosstrain.testing.null import NullStrategy
 
 
-class LazyLoss:
-    """A device scalar stand-in: float() reads it."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def __float__(self) -> float:
-        return self.value
-
-
-class CountingStrategy:
+class CountingStrategy(NullStrategy):
     """Returns the step number as the loss; fails at ``fail_at`` if set."""
 
     name = "counting"
-    install_hint = ""
-    world = World()
 
     def __init__(self, fail_at: int | None = None, resolves: bool = False) -> None:
+        super().__init__()
         self.fail_at, self.chunks = fail_at, []
         if resolves:
             self.resolve_metrics = self._resolve  # the optional capability, per instance
 
-    def build(self, plan: Any, weights: Any) -> dict[str, int]:
-        return {"steps": 0}
-
-    def train_step(self, state: dict[str, int], step: StepBatch, lr: float) -> dict[str, Any]:
+    def train_step(self, state: Any, step: StepBatch, lr: float) -> dict[str, Any]:
         assert step.micro_batches[0].source is not None  # index batches: rows not gathered
         if step.step + 1 == self.fail_at:
             raise RuntimeError(f"failed at step {self.fail_at}")
-        return {"loss": LazyLoss(float(step.step + 1))}
+        return super().train_step(state, step, lr)
 
     def _resolve(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         self.chunks.append(len(pending))
         return [{name: float(value) for name, value in metrics.items()} for metrics in pending]
-
-    def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:
-        return {"loss_sum": 0.0, "correct": 0.0, "count": float(batch.weight.sum())}
-
-    def barrier(self) -> None: ...
-
-    def all_reduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
-        return values
-
-    def state_dict(self, state: Any) -> dict[str, np.ndarray]:
-        return {}
 
 
 class StepRecorder:
