@@ -11,9 +11,10 @@ What a replay needs, and why some steps are not captured (:func:`capture_blocker
 the shapes never change (core pads the last batch, so they do not), nothing in the step
 reads the device from the host (fp16's loss scaler and ``on_nonfinite = "skip"`` do), the
 optimizer takes its learning rate and step count from the device (torch's Adam and AdamW
-with ``capturable=True``; SGD has no such mode), one process (DDP's gradient hooks run on
-the host between kernels), one micro-batch, and every op can be captured (``nn.Embedding``'s
-backward sorts its indices with a host sync, pytorch#82886). ``train.compile`` has its own
+with ``capturable=True``; for SGD, which has no such mode, the backend's own
+:class:`~crosstrain.backends.torch.optimizer.CapturableSGD`), one process (DDP's gradient
+hooks run on the host between kernels), one micro-batch, and every op can be captured
+(``nn.Embedding``'s backward sorts its indices with a host sync, pytorch#82886). ``train.compile`` has its own
 graphs (``mode="reduce-overhead"``). The first steps run eagerly on a side stream (torch's
 recipe: the optimizer's state and cuBLAS's workspaces are made outside the capture); they
 are real steps, as are the replays.
@@ -33,8 +34,6 @@ from crosstrain.core.plan import Plan
 
 #: real steps run eagerly (on a side stream) before the capture
 WARMUP_STEPS = 2
-#: the optimizers whose update reads its learning rate and step count from the device
-CAPTURABLE_OPTIMIZERS = frozenset({"adam", "adamw"})
 #: layer types with an op that cannot be captured -> why
 UNCAPTURABLE_LAYERS: dict[type, str] = {
     Embedding: "an embedding's backward syncs with the host (pytorch#82886)",
@@ -62,7 +61,6 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
         (train.grad_accum_steps > 1, "gradient accumulation"),
         (train.precision == "fp16", "fp16's loss scaler reads the device"),
         (train.on_nonfinite == "skip", 'on_nonfinite = "skip" reads the device'),
-        (plan.optimizer.name not in CAPTURABLE_OPTIMIZERS, f"optimizer {plan.optimizer.name!r}"),
         (plan.model.native is not None, "a native model"),
     )
     for blocked, reason in reasons:
