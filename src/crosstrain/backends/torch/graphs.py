@@ -14,10 +14,10 @@ optimizer takes its learning rate and step count from the device (torch's Adam a
 with ``capturable=True``; for SGD, which has no such mode, the backend's own
 :class:`~crosstrain.backends.torch.optimizer.CapturableSGD`), one process (DDP's gradient
 hooks run on the host between kernels), one micro-batch, and every op can be captured
-(``nn.Embedding``'s backward sorts its indices with a host sync, pytorch#82886). ``train.compile`` has its own
-graphs (``mode="reduce-overhead"``). The first steps run eagerly on a side stream (torch's
-recipe: the optimizer's state and cuBLAS's workspaces are made outside the capture); they
-are real steps, as are the replays.
+(``nn.Embedding``'s backward sorts its indices with a host sync, pytorch#82886).
+``train.compile`` has its own graphs (``mode="reduce-overhead"``). The first steps run
+eagerly on a side stream (torch's recipe: the optimizer's state and cuBLAS's workspaces are
+made outside the capture); they are real steps, as are the replays.
 """
 
 from __future__ import annotations
