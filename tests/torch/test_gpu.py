@@ -186,7 +186,7 @@ def test_evaluate_and_predict_on_a_gpu_equal_the_cpu(tmp_path: Path) -> None:
         ("dropout_mlp", ()),  # dropout's step counter on the device, rows gathered in the graph
         ("resnet", ("optimizer.name='adam'",)),  # convolutions, batch norm's running statistics
         ("scaled_images", ("optimizer.name='adam'", "data.placement='host'")),  # prefetched rows
-        ("dropout_mlp", ("optimizer.name='sgd'", "optimizer.momentum=0.9")),  # CapturableSGD
+        ("dropout_mlp", ("optimizer.name='sgd'", "optimizer.momentum=0.9")),  # fused SGD, rate on the GPU
     ],
 )
 def test_a_step_replayed_as_one_cuda_graph_trains_like_its_launched_kernels(

@@ -203,15 +203,12 @@ SCHEDULED = ("schedule.name='cosine'", "schedule.warmup_steps=5", "train.epochs=
         ("dropout_mlp", ("data.placement='device'", "train.clip_grad_norm=0.5")),
         # batch norm's running statistics, AdamW's decay
         ("resnet", ("data.placement='device'", "optimizer.name='adamw'", "optimizer.weight_decay=0.1")),
-        # SGD with momentum, Nesterov and weight decay, its learning rate on the device (on
-        # the residual CNN a ReLU flips at step 36 on differences of 1e-7, and the runs part,
-        # as any two rounding orders do there: an MLP shows the update itself)
+        # SGD with momentum, Nesterov and weight decay: its fused kernel, the rate on the device
         (
-            "dropout_mlp",
+            "resnet",
             (
                 "data.placement='device'",
                 "optimizer.name='sgd'",
-                "optimizer.lr=0.05",
                 "optimizer.momentum=0.9",
                 "optimizer.nesterov=true",
                 "optimizer.weight_decay=0.01",

@@ -11,9 +11,9 @@ What a replay needs, and why some steps are not captured (:func:`capture_blocker
 the shapes never change (core pads the last batch, so they do not), nothing in the step
 reads the device from the host (fp16's loss scaler and ``on_nonfinite = "skip"`` do), the
 optimizer takes its learning rate and step count from the device (torch's Adam and AdamW
-with ``capturable=True``; for SGD, which has no such mode, the backend's own
-:class:`~crosstrain.backends.torch.optimizer.CapturableSGD`), one process (DDP's gradient
-hooks run on the host between kernels), one micro-batch, and every op can be captured
+with ``capturable=True``; torch's SGD, which has no such flag, in its fused kernel, which
+reads a tensor learning rate on the device), one process (DDP's gradient hooks run on the
+host between kernels), one micro-batch, and every op can be captured
 (``nn.Embedding``'s backward sorts its indices with a host sync, pytorch#82886).
 ``train.compile`` has its own graphs (``mode="reduce-overhead"``). The first steps run
 eagerly on a side stream (torch's recipe: the optimizer's state and cuBLAS's workspaces are

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import numpy as np
 import torch
@@ -16,63 +15,16 @@ Builder = Callable[[Params, OptimizerSpec, bool, bool], torch.optim.Optimizer]
 
 
 def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
-    if capturable:  # torch's SGD takes its learning rate as a number, frozen into a capture
-        return CapturableSGD(params, _device_learning_rate(params, spec), spec)
+    # captured: the fused kernel, which reads a tensor learning rate on the device (torch's
+    # foreach and for-loop SGD read it on the host, and SGD has no ``capturable`` flag)
     return torch.optim.SGD(
         params,
-        lr=spec.lr,
+        lr=_learning_rate(params, spec, capturable),
         momentum=spec.momentum,
         nesterov=spec.nesterov,
         weight_decay=spec.weight_decay,
-        fused=fused or None,
+        fused=fused or capturable or None,
     )
-
-
-class CapturableSGD(torch.optim.Optimizer):
-    """torch's SGD (momentum with no dampening, Nesterov, weight decay as L2 on the gradient)
-    reading its learning rate from a tensor on the parameters' device: a CUDA graph's replays
-    then apply the rate the host last wrote. torch.optim.SGD has no such mode. Its momentum
-    buffers are torch's (``momentum_buffer``: checkpoints read and load them alike); a buffer
-    starts at zero, so its first update is the gradient itself, as torch's first step sets it."""
-
-    def __init__(self, params: Params, lr: torch.Tensor, spec: OptimizerSpec) -> None:
-        defaults = {
-            "lr": lr,
-            "momentum": spec.momentum,
-            "nesterov": spec.nesterov,
-            "weight_decay": spec.weight_decay,
-            "capturable": True,
-        }
-        super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: None = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            params: list[torch.Tensor] = [param for param in group["params"] if param.grad is not None]
-            if params:
-                torch._foreach_sub_(params, torch._foreach_mul(self._updates(group, params), group["lr"]))
-
-    def _updates(self, group: dict[str, Any], params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each parameter's update before the learning rate: its gradient with the weight
-        decay added, through the momentum buffer when there is momentum."""
-        updates = [param.grad for param in params if param.grad is not None]
-        if group["weight_decay"]:
-            updates = list(torch._foreach_add(updates, params, alpha=group["weight_decay"]))
-        if not group["momentum"]:
-            return updates
-        buffers = [self._momentum_buffer(param) for param in params]
-        torch._foreach_mul_(buffers, group["momentum"])
-        torch._foreach_add_(buffers, updates)
-        if group["nesterov"]:
-            return list(torch._foreach_add(updates, buffers, alpha=group["momentum"]))
-        return buffers
-
-    def _momentum_buffer(self, param: torch.Tensor) -> torch.Tensor:
-        state = self.state[param]
-        if state.get("momentum_buffer") is None:
-            state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        buffer: torch.Tensor = state["momentum_buffer"]
-        return buffer
 
 
 def _adam_family(optimizer: type[torch.optim.Adam | torch.optim.AdamW]) -> Builder:
@@ -96,10 +48,8 @@ def _adam_family(optimizer: type[torch.optim.Adam | torch.optim.AdamW]) -> Build
 def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> float | torch.Tensor:
     """The plan's learning rate; on the parameters' device when the update is captured in a
     CUDA graph (the replays read it there, and the host writes it as the schedule moves)."""
-    return _device_learning_rate(params, spec) if capturable else spec.lr
-
-
-def _device_learning_rate(params: Params, spec: OptimizerSpec) -> torch.Tensor:
+    if not capturable:
+        return spec.lr
     return torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device)
 
 
