@@ -294,8 +294,7 @@ class TorchStrategy:
             outputs = self._forward(state, state.model, x, weight, rows, counter)
         loss_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
         loss_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
-        self._clip(state)
-        state.optimizer.step()
+        self._apply_update(state)
         counter.add_(1)
         return loss_sum.detach()
 
@@ -330,16 +329,21 @@ class TorchStrategy:
         return model(x, weight, rows, step, self._distributed())  # type: ignore[no-any-return]
 
     def _optimizer_step(self, state: TorchState) -> None:
-        if state.scaler is not None:
-            if state.plan.train.clip_grad_norm is not None:
-                state.scaler.unscale_(state.optimizer)
-                self._clip(state)
-            state.scaler.step(state.optimizer)
-            state.scaler.update()
-        else:
+        self._apply_update(state)
+        state.optimizer.zero_grad(set_to_none=True)
+
+    def _apply_update(self, state: TorchState) -> None:
+        """Clip the gradients (unscaled first under fp16) and step the optimizer (through
+        fp16's scaler, which skips a step whose gradients overflowed)."""
+        if state.scaler is None:
             self._clip(state)
             state.optimizer.step()
-        state.optimizer.zero_grad(set_to_none=True)
+            return
+        if state.plan.train.clip_grad_norm is not None:
+            state.scaler.unscale_(state.optimizer)
+            self._clip(state)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
 
     def _clip(self, state: TorchState) -> None:
         import torch
