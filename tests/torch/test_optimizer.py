@@ -58,22 +58,22 @@ def _module(values: list[np.ndarray]) -> torch.nn.Module:
     return module
 
 
-def test_fused_sgd_after_a_first_step_fp16_skipped_updates_as_torchs_sgd() -> None:
-    """torch's fused SGD (the backend's under train.compile on a GPU, so with fp16 there)
-    makes its momentum buffers empty at its first step and fills them in its kernel: when
-    fp16's scaler skips that step (an overflow), they kept whatever memory held, and the next
-    updates added it (three runs of this test without the fix: off by 6e19, 3e-3 and 2e26).
-    The backend's fused SGD starts them at zero, and updates as the for-loop SGD does."""
+def test_sgd_under_fp16_after_a_skipped_first_step_updates_as_torchs_for_loop_sgd() -> None:
+    """torch's fused SGD (the backend's under train.compile on a GPU) makes its momentum
+    buffers empty at its first step and fills them in its kernel: when fp16's scaler skips
+    that step (an overflow), they keep whatever memory held, and the next updates add it
+    (here, three runs of the fused kernel were off by 6e19, 3e-3 and 2e26). Asked for a fused
+    SGD that fp16's scaler steps, the backend builds torch's other kernels."""
     spec = OptimizerSpec(name="sgd", lr=0.1, momentum=0.9)
     rng = np.random.default_rng(0)
     start = [rng.normal(size=(4, 4)).astype(np.float32)]
-    steps = [np.full((4, 4), np.inf, np.float32)] + [
-        rng.normal(size=(4, 4)).astype(np.float32) * 512 for _ in range(3)
-    ]
+    steps = [np.full((4, 4), np.inf, np.float32)]
+    steps += [rng.normal(size=(4, 4)).astype(np.float32) * 512 for _ in range(3)]
     weights = []
     for fused in (True, False):
         module = _module(start)
-        optimizer = make_optimizer(module, spec, fused=fused)
+        optimizer = make_optimizer(module, spec, fused=fused, loss_scaled=True)
+        assert not optimizer.defaults["fused"]
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         for gradient in steps:
             scaler.scale(torch.ones(()))

@@ -71,12 +71,27 @@ OPTIMIZERS: dict[str, Builder] = {
 }
 
 
+#: optimizers whose fused kernel mishandles a step fp16's loss scaler skips: torch's fused
+#: SGD makes its momentum buffers with empty_like at its first step and fills them in the
+#: kernel, so a first step the scaler skips (an overflow, which its first scales often
+#: cause) leaves them unwritten, and every later update adds whatever memory held (measured
+#: on a CPU; LibreYOLO/libreyolo#771 saw weights explode on CUDA). Under fp16 they keep
+#: torch's other kernels. Fused Adam and AdamW leave their state alone on a skipped step.
+NO_FUSED_KERNEL_UNDER_LOSS_SCALING = frozenset({"sgd"})
+
+
 def make_optimizer(
-    module: torch.nn.Module, spec: OptimizerSpec, fused: bool = False, capturable: bool = False
+    module: torch.nn.Module,
+    spec: OptimizerSpec,
+    fused: bool = False,
+    capturable: bool = False,
+    loss_scaled: bool = False,
 ) -> torch.optim.Optimizer:
     """The plan's optimizer over the trainable parameters (batch norm's running statistics
     are buffers, never optimized); ``fused`` on CUDA under ``train.compile`` or a CUDA
-    graph, ``capturable`` under a CUDA graph."""
+    graph, ``capturable`` under a CUDA graph; ``loss_scaled``: fp16's scaler steps it."""
+    if loss_scaled and spec.name in NO_FUSED_KERNEL_UNDER_LOSS_SCALING:
+        fused = False
     return OPTIMIZERS[spec.name](list(module.parameters()), spec, fused, capturable)
 
 

@@ -180,7 +180,9 @@ class TorchStrategy:
         on_cuda = self.device.startswith("cuda")
         graphed = capture_blocker(plan, self.device, self.world.process_count) is None
         fused = (plan.train.compile and on_cuda) or graphed
-        optimizer = make_optimizer(module, plan.optimizer, fused=fused, capturable=graphed)
+        optimizer = make_optimizer(
+            module, plan.optimizer, fused=fused, capturable=graphed, loss_scaled=scaler is not None
+        )
         if plan.train.compile:
             # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
             # the gradient all-reduce still overlaps the backward
