@@ -17,23 +17,14 @@ Builder = Callable[[Params, OptimizerSpec, bool, bool], torch.optim.Optimizer]
 def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
     # captured: the fused kernel, which reads a tensor learning rate on the device (torch's
     # foreach and for-loop SGD read it on the host, and SGD has no ``capturable`` flag)
-    fused = fused or capturable
-    optimizer = torch.optim.SGD(
+    return torch.optim.SGD(
         params,
         lr=_learning_rate(params, spec, capturable),
         momentum=spec.momentum,
         nesterov=spec.nesterov,
         weight_decay=spec.weight_decay,
-        fused=fused or None,
+        fused=fused or capturable or None,
     )
-    if fused and spec.momentum:
-        # torch's fused SGD makes its momentum buffers with empty_like at its first step and
-        # fills them in the kernel; a first step that fp16's scaler skips (an overflow, which
-        # its first scales often cause) leaves them unwritten, and every later update adds
-        # whatever memory held. Zeros give the first update torch's does: momentum * 0 + grad.
-        for param in params:
-            optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
-    return optimizer
 
 
 def _adam_family(optimizer: type[torch.optim.Adam | torch.optim.AdamW]) -> Builder:
