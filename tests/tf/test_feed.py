@@ -1,5 +1,6 @@
-"""Data placement on the tf backend: rows gathered from placed variables equal the host's.
-(That training gives the same losses whatever the placement is a conformance check.)"""
+"""Data placement on the tf backend: rows gathered from placed variables equal the host's,
+and rows read ahead to the replicas' devices train as rows read in the step. (That
+training gives the same losses whatever the placement is a conformance check.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import pytest
 
 from crosstrain.core.data import load_datasets
 from crosstrain.core.plan import load_plan
-from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
+from crosstrain.testing.plans import (
+    DROPOUT_MLP_PLAN,
+    GPT_PLAN,
+    RESNET_PLAN,
+    SCALED_IMAGES_PLAN,
+    write_images,
+    write_tokens,
+)
+from tests.conftest import json_from_fresh_process
 from tests.support import scaled_images_on_the_host
 
 tf = pytest.importorskip("tensorflow")
@@ -66,3 +75,37 @@ def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[...
         feed = TfFeed(tf.distribute.get_strategy(), "cpu")
         feed.place(plan, load_datasets(plan))
         assert not feed.placed
+
+
+def _on_the_host(text: str, batch: str, epochs: int, accumulation: int) -> str:
+    """A plan whose rows stay on the host, trained over ``epochs`` (each epoch's first step
+    is read in the step: the loop names only the next step ahead)."""
+    text = text.replace("[data]\n", '[data]\nplacement = "host"\n')
+    text = text.replace(f"global_batch_size = {batch}\nepochs = 1", "")
+    train = f"global_batch_size = 24\nepochs = {epochs}\ngrad_accum_steps = {accumulation}"
+    return text.replace("[train]\n", f"[train]\n{train}\n") + "[output]\ncheckpoint = false\n"
+
+
+def test_rows_read_ahead_to_each_replicas_device_train_as_rows_read_in_the_step(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Two replicas (logical CPU devices), through core's loop: uint8 images scaled on the
+    replicas and float digits with dropout, 24-row steps (the last of each epoch padded),
+    two micro-batches; the same losses, to the bit, whether each step's rows were read in
+    the step or copied to the replicas' devices while the step before ran."""
+    write_images(str(tmp_path))
+    plans = [
+        write_plan(_on_the_host(SCALED_IMAGES_PLAN, "16", epochs=2, accumulation=2), "images.toml"),
+        write_plan(_on_the_host(DROPOUT_MLP_PLAN, "32", epochs=1, accumulation=1), "digits.toml"),
+    ]
+    results = json_from_fresh_process(
+        "tests.tf.workers:prefetch_main", str(tmp_path / "runs"), *map(str, plans), timeout=300
+    )
+    # 256 and 1,437 training rows: each epoch's last step is padded
+    for name, steps, epochs in (("scaled_images", 11, 2), ("dropout_mlp", 60, 1)):
+        run = results[name]
+        assert len(run["losses"]) == steps * epochs
+        assert run["prefetched_losses"] == run["losses"]
+        assert run["max_weight_difference"] == 0.0
+        # every step but each epoch's first found its rows on the replicas' devices
+        assert run["prefetched_steps"] == (steps - 1) * epochs

@@ -3,17 +3,22 @@ devices must be configured before TensorFlow's first op, so never in pytest's pr
 
     python -c "from tests.tf.workers import main; main()" DIGITS_PLAN ODD_NPZ_PLAN
     python -c "from tests.tf.workers import graph_main; graph_main()" PLAN...
+    python -c "from tests.tf.workers import prefetch_main; prefetch_main()" OUT_DIR PLAN...
 
 prints one JSON line with what it measured; the tests assert on it. It goes through the
 same pieces as `crosstrain run`: configure_devices, MirroredStrategy, TfStrategy, the
 core sampler and evaluate(). ``graph_main`` trains and evaluates each plan at one and two
-replicas (plans with batch norm, dropout, token ids and attention).
+replicas (plans with batch norm, dropout, token ids and attention); ``prefetch_main`` trains
+each plan through core's loop at two replicas, with and without the host's rows read ahead
+to the replicas' devices.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,9 +26,9 @@ import numpy as np
 from crosstrain.backends.tf.launch import Layout, configure_devices
 from crosstrain.backends.tf.strategy import TfState, TfStrategy
 from crosstrain.core.data import Batch, GlobalSampler, load_datasets, step_batch
-from crosstrain.core.loop import evaluate, initial_weights
+from crosstrain.core.loop import evaluate, initial_weights, train
 from crosstrain.core.plan import Plan, load_plan
-from crosstrain.core.strategy import World
+from crosstrain.core.strategy import Job, World
 
 STEPS = 6
 
@@ -106,4 +111,56 @@ def graph_main() -> None:
     for path in sys.argv[1:]:
         plan = load_plan(path)
         results[plan.name] = {**train_both(plan, one, two), **eval_both(plan, one, two)}
+    print(json.dumps(results))
+
+
+class _StepLosses:
+    """A hook relay that records each step's loss and ignores every other hook."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def crosstrain_step_end(
+        self, context: Any, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
+    ) -> None:
+        self.losses.append(metrics["loss"])
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda **kwargs: None
+
+
+def prefetch_main() -> None:
+    """Train each plan given through core's loop (``train``) at two replicas on /cpu:0 and
+    /cpu:1, once reading each step's host rows in the step and once reading them ahead to
+    the replicas' devices: {plan name: per-step losses of both, final weights' largest
+    difference, steps that found their rows read ahead}."""
+    import tensorflow as tf
+
+    configure_devices(Layout(workers=1, local_replicas=2, device="cpu"), 0)
+    # one distribution for every run: each would number its collectives from the same key
+    distribution = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    out, results = Path(sys.argv[1]), {}
+    for path in sys.argv[2:]:
+        plan = load_plan(path)
+        runs = {}
+        for prefetch in (False, True):
+            strategy = TfStrategy(World(local_replicas=2), distribution, prefetch)
+            recorder = _StepLosses()
+            job = Job(plan=plan, backend="tf", out_dir=str(out / f"{plan.name}-{prefetch}"))
+            _, state = train(strategy, job, recorder)  # type: ignore[arg-type]
+            prefetcher = state.feed.prefetcher
+            runs[prefetch] = (
+                recorder.losses,
+                strategy.state_dict(state),
+                0 if prefetcher is None else prefetcher.pending.taken,
+            )
+        (losses, weights, _), (prefetched_losses, prefetched_weights, taken) = runs[False], runs[True]
+        results[plan.name] = {
+            "losses": losses,
+            "prefetched_losses": prefetched_losses,
+            "max_weight_difference": max(
+                float(np.max(np.abs(weights[k] - prefetched_weights[k]))) for k in weights
+            ),
+            "prefetched_steps": taken,
+        }
     print(json.dumps(results))

@@ -6,8 +6,10 @@ As the torch backend's feed (:mod:`crosstrain.backends.torch.feed`): placed on t
 non-trainable variable made under the distribution's scope, so every replica's device
 holds one copy; a step then hands over row indices only, and each replica gathers its
 rows from its own copy inside the compiled step. Otherwise the rows are gathered on the
-host as their data set stores them (a file's uint8 images stay uint8) and copied each
-step; each replica casts and scales its rows inside the compiled step (:meth:`TfFeed.converter`).
+host as their data set stores them (a file's uint8 images stay uint8); each replica casts
+and scales its rows inside the compiled step (:meth:`TfFeed.converter`). On GPUs the next
+step's rows are read by a background thread and each replica's share copied to its device
+while the current step runs (:class:`Prefetcher`); the step takes them as per-replica values.
 
 Integer arrays of a dtype TensorFlow has no GPU gather for (uint8 images, uint16 tokens)
 are kept as int32: the values, and so every later cast, are the same.
@@ -18,13 +20,14 @@ This module imports tensorflow only inside functions.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from crosstrain.backends.common import should_place, unplaceable
-from crosstrain.core.data import ArrayDataset, Datasets, Rows, input_scaling
+from crosstrain.backends.common import Prefetched, should_place, unplaceable
+from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows, input_scaling
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -38,6 +41,8 @@ _TF_DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
 Gather = Callable[[Any], Any]
 #: rows as stored -> the rows the model takes, inside a replica's part of the step
 Convert = Callable[[Any], Any]
+#: what a step of rows read on the host converts: x as stored, its dtype and its scaling
+Conversion = tuple[np.dtype[Any], InputScaling | None]
 
 
 def kept_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -48,13 +53,25 @@ def kept_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
 
 
 class TfFeed:
-    """The placed data sets: per data set, gathers of its x and y rows."""
+    """The placed data sets (per data set, gathers of its x and y rows), and the rows of the
+    host's data sets read ahead to the replicas' devices."""
 
-    def __init__(self, distribution: Any, device: str) -> None:
+    def __init__(self, distribution: Any, device: str, local: int = 1, prefetch: bool | None = None) -> None:
         self.distribution = distribution
         self.device = device  # "cpu" or "gpu": what the replicas compute on
         self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
-        self._converters: dict[tuple[np.dtype[Any], InputScaling | None], Convert] = {}
+        self._converters: dict[Conversion, Convert] = {}
+        # on a CPU there is no copy to overlap: the host is the device (tests ask for it
+        # there, on logical devices, to run the same code)
+        prefetches = device == "gpu" if prefetch is None else prefetch
+        self.prefetcher = Prefetcher(distribution, local) if prefetches else None
+
+    def prefetch(self, batches: Sequence[Batch]) -> None:
+        """Start reading a step's rows and copying them to the replicas' devices, when they
+        are on the host; :meth:`Prefetcher.take` finds them."""
+        source = batches[0].source
+        if self.prefetcher is not None and (source is None or self.gathers(source.dataset) is None):
+            self.prefetcher.submit(batches)
 
     @property
     def placed(self) -> bool:
@@ -85,7 +102,7 @@ class TfFeed:
         per conversion, under the distribution's scope: a scaling's operands are variables)."""
         import tensorflow as tf
 
-        key = (np.dtype(dtype), scaling)
+        key: Conversion = (np.dtype(dtype), scaling)
         if key not in self._converters:
             if scaling is None:
                 cast_to = tf.as_dtype(dtype)
@@ -108,6 +125,66 @@ class TfFeed:
             raise unplaceable(rows)
         array, dtype = _variable(rows, on_device), tf.as_dtype(rows.dtype)
         return lambda indices: tf.cast(tf.gather(array, indices), dtype)
+
+
+def host_inputs(batches: Sequence[Batch]) -> tuple[np.ndarray, np.ndarray, Conversion]:
+    """A step's x and y rows read on the host, stacked on a leading micro-batch axis: x as
+    its data set stores them (uint8 images stay uint8), with the conversion the step makes."""
+    stored = [batch.stored_x() for batch in batches]
+    xs, ys = np.stack([rows for rows, _, _ in stored]), np.stack([batch.y for batch in batches])
+    _, dtype, scaling = stored[0]
+    return xs, ys, (np.dtype(dtype), scaling)
+
+
+#: each local replica's (x, y) rows on its device, and their conversion
+Prefetch = tuple[tuple[tuple[Any, Any], ...], Conversion]
+
+
+class Prefetcher:
+    """One background thread that reads the next step's rows on the host, as their data set
+    stores them, and copies each local replica's share to that replica's device while the
+    current step runs; the step takes them as per-replica values, with no copy in its path
+    (the role of tf.data's prefetch to the device: here the loop, not a dataset, decides the
+    steps, and names each one just before the step ahead of it runs)."""
+
+    def __init__(self, distribution: Any, local: int) -> None:
+        self.distribution, self.local = distribution, local
+        self.devices = tuple(distribution.extended.worker_devices)  # this process's, in order
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crosstrain-prefetch")
+        self.pending: Prefetched[Prefetch] = Prefetched()
+
+    def submit(self, batches: Sequence[Batch]) -> None:
+        self.pending.put(batches[0], self.pool.submit(self._copy, batches))
+
+    def take(self, batches: Sequence[Batch]) -> tuple[tuple[Any, Any], Conversion] | None:
+        """The step's (x, y) as per-replica values on the replicas' devices, and their
+        conversion; None when its rows were not read ahead."""
+        found = self.pending.take(batches[0])
+        if found is None:
+            return None
+        parts, conversion = found
+
+        def replica_rows(which: int) -> Any:
+            return self.distribution.experimental_distribute_values_from_function(
+                lambda context: parts[context.replica_id_in_sync_group % self.local][which]
+            )
+
+        return (replica_rows(0), replica_rows(1)), conversion
+
+    def _copy(self, batches: Sequence[Batch]) -> Prefetch:
+        """Each replica's contiguous share of every micro-batch's rows (as the step's
+        :func:`~crosstrain.backends.tf.steps.replica_rows` would cut them), on its device."""
+        import tensorflow as tf
+
+        xs, ys, conversion = host_inputs(batches)
+        rows = xs.shape[1] // self.local
+        parts = []
+        for part, device in enumerate(self.devices):
+            mine = slice(part * rows, (part + 1) * rows)
+            with tf.device(device):
+                x, y = (tf.identity(np.ascontiguousarray(rows[:, mine])) for rows in (xs, ys))
+            parts.append((x, y))
+        return tuple(parts), conversion
 
 
 def _variable(array: np.ndarray, on_device: dict[int, Any]) -> Any:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import attrs
 import numpy as np
 
+from crosstrain.backends.tf.feed import TfFeed, host_inputs
 from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_scalars
 from crosstrain.backends.tf.steps import (
     Fetch,
@@ -37,8 +38,6 @@ from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import keras
-
-    from crosstrain.backends.tf.feed import TfFeed
 
 #: environment every TensorFlow process of crosstrain gets unless the user set it
 TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
@@ -60,7 +59,8 @@ class TfState:
     predict_function: Any = None  # tf.function: x -> outputs, made by the first predict()
     #: ("train" | "eval", id(data set)) -> the function taking (indices,) of placed rows;
     #: ("train" | "eval", (dtype, scaling)) -> the function taking (xs, ys) of host rows as
-    #: stored, which it casts to dtype and scales
+    #: stored, which it casts to dtype and scales; ("train", ("per replica", dtype, scaling))
+    #: -> the same, taking each replica's rows already on its device (read ahead)
     functions: dict[tuple[str, Any], Any] = attrs.field(factory=dict)
 
 
@@ -68,10 +68,15 @@ class TfStrategy:
     name: ClassVar[str] = "tf"
     install_hint: ClassVar[str] = "pip install 'crosstrain[tf]' (no GPU: 'crosstrain[tf-cpu]')"
 
-    def __init__(self, world: World | None = None, distribution: Any = None) -> None:
+    def __init__(
+        self, world: World | None = None, distribution: Any = None, prefetch: bool | None = None
+    ) -> None:
         self.world = world or World()
         self._distribution = distribution  # a tf.distribute.Strategy; None: TF's default
         self._gather_function: Any = None
+        # whether the next step's host rows are copied to the replicas' devices ahead;
+        # None: on GPUs (on a CPU there is no copy to overlap)
+        self._prefetch = prefetch
 
     @property
     def distribution(self) -> Any:
@@ -139,7 +144,6 @@ class TfStrategy:
     # ----------------------------------------------------------------- model
 
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TfState:
-        from crosstrain.backends.tf.feed import TfFeed
         from crosstrain.backends.tf.model import build_model, load_neutral
 
         with self.distribution.scope():
@@ -156,7 +160,12 @@ class TfStrategy:
             plan,
             variables,
             slots,
-            TfFeed(self.distribution, "gpu" if "gpu" in self.world.device.lower() else "cpu"),
+            TfFeed(
+                self.distribution,
+                "gpu" if "gpu" in self.world.device.lower() else "cpu",
+                self.world.local_replicas,
+                self._prefetch,
+            ),
             train_function(
                 self.distribution, self.world.local_replicas, model, variables, slots, plan, fetch
             ),
@@ -168,6 +177,9 @@ class TfStrategy:
         state.feed.place(state.plan, datasets)
 
     # ----------------------------------------------------------------- steps
+
+    def prefetch(self, state: TfState, step: StepBatch) -> None:
+        state.feed.prefetch(step.micro_batches)
 
     def train_step(self, state: TfState, step: StepBatch, lr: float) -> dict[str, Any]:
         micro = step.micro_batches
@@ -225,13 +237,21 @@ class TfStrategy:
         self, state: TfState, kind: str, batches: Sequence[Batch]
     ) -> tuple[Any, tuple[np.ndarray, ...]]:
         """The rows as their data set stores them (uint8 images stay uint8 until the step
-        casts and scales them on its device), with the function that converts them."""
-        stored = [batch.stored_x() for batch in batches]
-        xs, ys = np.stack([rows for rows, _, _ in stored]), np.stack([batch.y for batch in batches])
-        _, dtype, scaling = stored[0]
+        casts and scales them on its device), with the function that converts them: already
+        on each replica's device when they were read ahead (:meth:`prefetch`)."""
+        prefetched = None if state.feed.prefetcher is None else state.feed.prefetcher.take(batches)
+        if prefetched is not None:
+            inputs, (dtype, scaling) = prefetched
+            key: tuple[str, Any] = (kind, ("per replica", dtype, scaling))
+            if key not in state.functions:
+                # each replica's rows arrive as its own: nothing to cut, only to convert
+                fetch = host_rows(1, state.feed.converter(dtype, scaling))
+                state.functions[key] = self._function(state, kind, fetch)
+            return state.functions[key], inputs
+        xs, ys, (dtype, scaling) = host_inputs(batches)
         if xs.dtype == dtype and scaling is None:
             return (state.train_function if kind == "train" else state.eval_function), (xs, ys)
-        key = (kind, (np.dtype(dtype), scaling))
+        key = (kind, (dtype, scaling))
         if key not in state.functions:
             convert = state.feed.converter(dtype, scaling)
             state.functions[key] = self._function(state, kind, host_rows(self.world.local_replicas, convert))

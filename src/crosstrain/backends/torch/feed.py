@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from crosstrain.backends.common import should_place, unplaceable
+from crosstrain.backends.common import PREFETCH_TIMEOUT_SECONDS, Prefetched, should_place, unplaceable
 from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, input_scaling, stored_rows
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
@@ -43,7 +43,7 @@ def _as_they_are(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 class Feed:
     """Turns a batch into tensors on the device, from placed arrays when it has them."""
 
-    def __init__(self, device: str, timeout_seconds: float = 300.0) -> None:
+    def __init__(self, device: str, timeout_seconds: float = PREFETCH_TIMEOUT_SECONDS) -> None:
         self.device = torch.device(device)
         self.timeout_seconds = timeout_seconds
         self._placed: dict[int, tuple[Gather, Gather]] = {}  # id(dataset) -> gathers of x, y
@@ -282,33 +282,29 @@ class _Prefetcher:
     stream. The step's stream waits for that copy's event, never for the host."""
 
     def __init__(self, device: torch.device, timeout_seconds: float) -> None:
-        self.device, self.timeout_seconds = device, timeout_seconds
+        self.device = device
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crosstrain-prefetch")
         self.gatherers = ThreadPoolExecutor(
             max_workers=GATHER_THREADS, thread_name_prefix="crosstrain-gather"
         )
         self.staging: dict[str, _Staging] = {name: _Staging() for name in ("x", "y", "weight", "rows")}
-        self.pending: dict[int, tuple[Batch, Future[tuple[tuple[torch.Tensor, ...], torch.cuda.Event]]]] = {}
+        self.pending: Prefetched[tuple[tuple[torch.Tensor, ...], torch.cuda.Event]] = Prefetched(
+            timeout_seconds
+        )
 
     def submit(self, batch: Batch, convert_x: Convert | None) -> None:
         """Start reading the batch; ``convert_x`` turns its x rows as stored into the model's."""
-        self.pending[id(batch)] = (batch, self.pool.submit(self._copy, batch, convert_x))
+        self.pending.put(batch, self.pool.submit(self._copy, batch, convert_x))
 
     def settle(self) -> None:
-        for _, future in self.pending.values():
-            future.result(timeout=self.timeout_seconds)
+        self.pending.settle()
 
     def take(self, batch: Batch) -> tuple[torch.Tensor, ...] | None:
-        entry = self.pending.pop(id(batch), None)
-        if entry is None or entry[0] is not batch:
+        found = self.pending.take(batch)
+        if found is None:
             return None
-        try:
-            tensors, copied = entry[1].result(timeout=self.timeout_seconds)
-        except TimeoutError:
-            raise TimeoutError(
-                f"reading a batch's rows took more than {self.timeout_seconds:.0f} s"
-            ) from None
+        tensors, copied = found
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(copied)
         for tensor in tensors:  # made on the side stream, used on this one
