@@ -187,6 +187,7 @@ def test_evaluate_and_predict_on_a_gpu_equal_the_cpu(tmp_path: Path) -> None:
         ("resnet", ("optimizer.name='adam'",)),  # convolutions, batch norm's running statistics
         ("scaled_images", ("optimizer.name='adam'", "data.placement='host'")),  # prefetched rows
         ("dropout_mlp", ("optimizer.name='sgd'", "optimizer.momentum=0.9")),  # fused SGD, rate on the GPU
+        ("dropout_mlp", ("train.grad_accum_steps=2",)),  # two micro-batches' backward in the graph
     ],
 )
 def test_a_step_replayed_as_one_cuda_graph_trains_like_its_launched_kernels(

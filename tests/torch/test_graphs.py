@@ -35,6 +35,7 @@ def test_one_gpu_process_is_captured_with_every_optimizer(tmp_path: Path) -> Non
     for optimizer in ("sgd", "adam", "adamw"):
         assert _blocker(tmp_path, "dropout_mlp", f"optimizer.name='{optimizer}'") is None
     assert _blocker(tmp_path, "dropout_mlp", "train.precision='bf16'", "train.clip_grad_norm=1.0") is None
+    assert _blocker(tmp_path, "dropout_mlp", "train.grad_accum_steps=2") is None
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,6 @@ def test_one_gpu_process_is_captured_with_every_optimizer(tmp_path: Path) -> Non
     [
         (("train.cuda_graph=false",), "train.cuda_graph is false"),
         (("train.compile=true",), "train.compile replays its own graphs"),
-        (("train.grad_accum_steps=2",), "gradient accumulation"),
         (("train.precision='fp16'",), "fp16's loss scaler reads the device"),
         (("train.on_nonfinite='skip'",), 'on_nonfinite = "skip" reads the device'),
     ],
@@ -217,6 +217,9 @@ SCHEDULED = ("schedule.name='cosine'", "schedule.warmup_steps=5", "train.epochs=
         ("dropout_mlp", ("data.placement='host'", "optimizer.name='sgd'", "optimizer.lr=0.05")),
         # rows from the host copied in before each replay (uint8 pixels, scaled)
         ("scaled_images", ("data.placement='host'", "optimizer.name='adam'")),
+        # gradient accumulation: every micro-batch's forward and backward in the one graph
+        ("dropout_mlp", ("data.placement='device'", "train.grad_accum_steps=2")),
+        ("scaled_images", ("data.placement='host'", "optimizer.name='adam'", "train.grad_accum_steps=2")),
     ],
 )
 def test_the_replayed_step_trains_like_the_launched_one(

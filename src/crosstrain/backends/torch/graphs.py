@@ -3,7 +3,8 @@
 A small model's eager step on a GPU is bound by the host: Python launches some fifty
 kernels (forward, backward, the optimizer's update) and the GPU finishes each before the
 next arrives. Captured once, the step is one graph launch: the gather of the batch's rows
-from placed arrays, the forward, the backward and the optimizer's update all replay from
+from placed arrays, the forward and the backward (of every micro-batch, under gradient
+accumulation) and the optimizer's update all replay from
 fixed addresses, and per step the host only copies in what changed (the row indices, the
 learning rate) and queues the replay.
 
@@ -13,7 +14,7 @@ reads the device from the host (fp16's loss scaler and ``on_nonfinite = "skip"``
 optimizer takes its learning rate and step count from the device (torch's Adam and AdamW
 with ``capturable=True``; torch's SGD, which has no such flag, in its fused kernel, which
 reads a tensor learning rate on the device), one process (DDP's gradient hooks run on the
-host between kernels), one micro-batch, and every op can be captured
+host between kernels), and every op can be captured
 (``nn.Embedding``'s backward sorts its indices with a host sync, pytorch#82886).
 ``train.compile`` has its own graphs (``mode="reduce-overhead"``). The first steps run
 eagerly on a side stream (torch's recipe: the optimizer's state and cuBLAS's workspaces are
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -39,8 +40,11 @@ UNCAPTURABLE_LAYERS: dict[type, str] = {
     Embedding: "an embedding's backward syncs with the host (pytorch#82886)",
 }
 
-#: x, y, row mask, row positions and the step counter -> the step's summed loss (forward,
-#: backward and the optimizer's update)
+#: what a step copies in -> the update's arguments (its micro-batches' x, y, row mask and
+#: row positions), made inside the graph
+Unpack = Callable[..., tuple[Any, ...]]
+#: the update's arguments and the step counter -> the step's summed loss (forward and
+#: backward of every micro-batch, then the optimizer's update)
 Update = Callable[..., torch.Tensor]
 
 
@@ -58,7 +62,6 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
         (not device.startswith("cuda"), "not on a GPU"),
         (train.compile, "train.compile replays its own graphs"),
         (processes > 1, "several processes (DDP)"),
-        (train.grad_accum_steps > 1, "gradient accumulation"),
         (train.precision == "fp16", "fp16's loss scaler reads the device"),
         (train.on_nonfinite == "skip", 'on_nonfinite = "skip" reads the device'),
         (plan.model.native is not None, "a native model"),
@@ -70,6 +73,24 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
         if type(node.layer) in UNCAPTURABLE_LAYERS:
             return UNCAPTURABLE_LAYERS[type(node.layer)]
     return None
+
+
+def step_inputs(
+    micro_batches: Sequence[tuple[tuple[torch.Tensor, ...], Finish]],
+) -> tuple[list[torch.Tensor], Unpack]:
+    """What a step copies in (every micro-batch's, in a row), and how the graph unpacks it
+    into the update's one argument: each micro-batch's (x, y, row mask, row positions)."""
+    sources = [source for held, _ in micro_batches for source in held]
+    sizes = [len(held) for held, _ in micro_batches]
+
+    def unpack(*copied: torch.Tensor) -> tuple[Any, ...]:
+        unpacked, start = [], 0
+        for size, (_, finish) in zip(sizes, micro_batches, strict=True):
+            unpacked.append(finish(*copied[start : start + size]))
+            start += size
+        return (unpacked,)
+
+    return sources, unpack
 
 
 class StepGraph:
@@ -95,7 +116,7 @@ class StepGraph:
         self,
         update: Update,
         sources: Sequence[torch.Tensor],
-        finish: Finish,
+        unpack: Unpack,
         lr: float,
         seed: float,
         step: int,
@@ -107,9 +128,9 @@ class StepGraph:
         self._set("step", self.step, step)
         self._values["step"] += 1  # the step increments its counter on the device
         if self._graph is None and self.warm_steps < WARMUP_STEPS:
-            return self._warm_up(update, finish(*sources))
+            return self._warm_up(update, unpack(*sources))
         if self._graph is None:
-            self._capture(update, sources, finish)
+            self._capture(update, sources, unpack)
         else:
             self._copy_in(sources)
         assert self._graph is not None and self._loss is not None
@@ -127,7 +148,7 @@ class StepGraph:
             tensor.fill_(value)
             self._values[name] = value
 
-    def _warm_up(self, update: Update, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _warm_up(self, update: Update, inputs: Sequence[Any]) -> torch.Tensor:
         with warnings.catch_warnings():
             # torch warns that a capturable optimizer steps outside a capture: these do
             warnings.filterwarnings("ignore", message=".*capturable=True.*")
@@ -147,11 +168,11 @@ class StepGraph:
         result.record_stream(current)
         return result
 
-    def _capture(self, update: Update, sources: Sequence[torch.Tensor], finish: Finish) -> None:
+    def _capture(self, update: Update, sources: Sequence[torch.Tensor], unpack: Unpack) -> None:
         self._inputs = [source.clone() for source in sources]
         self._sources = list(sources)
         try:
-            self._graph, self._loss = self._record(lambda: update(*finish(*self._inputs), self.step))
+            self._graph, self._loss = self._record(lambda: update(*unpack(*self._inputs), self.step))
         except RuntimeError as error:  # an op this table does not know reads the device
             raise RuntimeError(
                 f"the training step could not be captured as one CUDA graph ({error}); "

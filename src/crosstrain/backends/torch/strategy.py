@@ -265,12 +265,13 @@ class TorchStrategy:
         self, state: TorchState, graph: StepGraph, step: StepBatch, lr: float, scale: float
     ) -> dict[str, Any]:
         """The step replayed as one CUDA graph (its first steps warm it up)."""
-        (micro,) = step.micro_batches
+        from crosstrain.backends.torch.graphs import step_inputs
+
         if graph.captures_next:
             state.feed.settle()
-        sources, finish = state.feed.graph_sources(micro)
+        sources, unpack = step_inputs([state.feed.graph_sources(micro) for micro in step.micro_batches])
         update = functools.partial(self._update, state, graph)
-        loss_sum = graph.run(update, sources, finish, lr, scale, step.step)
+        loss_sum = graph.run(update, sources, unpack, lr, scale, step.step)
         state.optimizer_steps += 1  # here: a replay runs no Python
         return {"loss": DeviceMean(loss_sum, step.global_real_targets)}
 
@@ -278,27 +279,31 @@ class TorchStrategy:
         self,
         state: TorchState,
         graph: StepGraph,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        rows: torch.Tensor,
+        micro_batches: Sequence[tuple[torch.Tensor, ...]],
         counter: torch.Tensor,
     ) -> torch.Tensor:
-        """Forward, backward and the optimizer's update, every value on the device (what a
-        CUDA graph captures): the gradients' seed, the learning rate and the step counter
-        dropout reads are the graph's tensors; the row mask weighs every step's loss (a
-        padded batch replays the same graph). The gradients are dropped first: the capture
-        then makes its own, which every replay writes afresh."""
+        """Forward and backward of each micro-batch's (x, y, row mask, row positions), then
+        the optimizer's update, every value on the device (what a CUDA graph captures): the
+        gradients' seed, the learning rate and the step counter dropout reads are the
+        graph's tensors; the row mask weighs every step's loss (a padded batch replays the
+        same graph). The gradients are dropped first: the capture then makes its own, which
+        every replay writes afresh, and the micro-batches add to. As the launched step,
+        several micro-batches' losses add up in float64."""
         from crosstrain.backends.torch.model import summed_loss
 
         state.optimizer.zero_grad(set_to_none=True)
-        with self._autocast(state.plan, cache=False):  # a capture must not keep cached casts
-            outputs = self._forward(state, state.model, x, weight, rows, counter)
-        loss_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
-        loss_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
+        loss_sum = None
+        for x, y, weight, rows in micro_batches:
+            with self._autocast(state.plan, cache=False):  # a capture must not keep cached casts
+                outputs = self._forward(state, state.model, x, weight, rows, counter)
+            micro_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
+            micro_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
+            micro_sum = micro_sum.detach()
+            loss_sum = micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
+        assert loss_sum is not None  # a step has at least one micro-batch
         self._apply_update(state)
         counter.add_(1)
-        return loss_sum.detach()
+        return loss_sum
 
     def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         """One device-to-host copy for a chunk of steps' metrics."""
