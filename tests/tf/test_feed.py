@@ -109,3 +109,4 @@ def test_rows_read_ahead_to_each_replicas_device_train_as_rows_read_in_the_step(
         assert run["max_weight_difference"] == 0.0
         # every step but each epoch's first found its rows on the replicas' devices
         assert run["prefetched_steps"] == (steps - 1) * epochs
+        assert run["traces"] == [1]  # per-replica rows do not retrace the step

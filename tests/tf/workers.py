@@ -153,8 +153,17 @@ def prefetch_main() -> None:
                 recorder.losses,
                 strategy.state_dict(state),
                 0 if prefetcher is None else prefetcher.pending.taken,
+                # the function taking the replicas' own rows, traced once for every step
+                [
+                    int(function.experimental_get_tracing_count())
+                    for (kind, key), function in state.functions.items()
+                    if kind == "train" and isinstance(key, tuple) and key[0] == "per replica"
+                ],
             )
-        (losses, weights, _), (prefetched_losses, prefetched_weights, taken) = runs[False], runs[True]
+        (losses, weights, *_), (prefetched_losses, prefetched_weights, taken, traces) = (
+            runs[False],
+            runs[True],
+        )
         results[plan.name] = {
             "losses": losses,
             "prefetched_losses": prefetched_losses,
@@ -162,5 +171,6 @@ def prefetch_main() -> None:
                 float(np.max(np.abs(weights[k] - prefetched_weights[k]))) for k in weights
             ),
             "prefetched_steps": taken,
+            "traces": traces,
         }
     print(json.dumps(results))
