@@ -19,7 +19,6 @@ This module imports tensorflow only inside functions.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from crosstrain.backends.common import Prefetched, should_place, unplaceable
+from crosstrain.backends.tf.gpu import free_gpu_bytes
 from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows, input_scaling
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
@@ -84,7 +84,7 @@ class TfFeed:
     def place(self, plan: Plan, datasets: Datasets) -> None:
         """Copy the data sets to every replica's device when the plan's placement says so."""
         parts = [part for part in (datasets.train, datasets.eval) if part is not None]
-        free = _free_gpu_bytes if self.device == "gpu" else None
+        free = free_gpu_bytes if self.device == "gpu" else None
         if not should_place(plan, parts, free, lambda dtype: kept_dtype(dtype).itemsize):
             for part in parts:  # a scaling's variables are made here, on every worker alike
                 self.converter(part.x.dtype, input_scaling(part.x))
@@ -261,32 +261,3 @@ def _window_gather(windows: TokenWindows, tokens: Any) -> Gather:
         return tf.cast(tf.gather(tokens, starts[:, None] + offsets[None, :]), dtype)
 
     return gather
-
-
-def _free_gpu_bytes() -> int | None:
-    """Free memory of this process's first GPU, from NVML (None without ``pynvml``, or
-    when NVML cannot say: "auto" then keeps the data on the host)."""
-    import tensorflow as tf
-
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    # the CUDA ordinal of the first GPU this worker was given (launch.configure_devices),
-    # which CUDA_VISIBLE_DEVICES maps to NVML's index (or UUID)
-    ordinal = int(tf.config.get_visible_devices("GPU")[0].name.rsplit(":", 1)[1])
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    name = visible.split(",")[ordinal].strip() if visible else str(ordinal)
-    try:
-        pynvml.nvmlInit()
-        try:
-            handle = (
-                pynvml.nvmlDeviceGetHandleByIndex(int(name))
-                if name.isdigit()
-                else pynvml.nvmlDeviceGetHandleByUUID(name)
-            )
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        return None

@@ -33,6 +33,7 @@ from crosstrain.backends.tf.steps import (
 from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.plan import Plan
+from crosstrain.core.report import GpuUtilisation
 from crosstrain.core.strategy import OPTIMIZER_SLOTS, FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
 
@@ -62,6 +63,7 @@ class TfState:
     #: stored, which it casts to dtype and scales; ("train", ("per replica", dtype, scaling))
     #: -> the same, taking each replica's rows already on its device (read ahead)
     functions: dict[tuple[str, Any], Any] = attrs.field(factory=dict)
+    utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
 
 
 class TfStrategy:
@@ -155,6 +157,12 @@ class TfStrategy:
             slots = make_slots(plan.optimizer, variables)
         loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
         fetch = host_rows(self.world.local_replicas)
+        utilisation = None
+        if self._on_gpu():
+            from crosstrain.backends.tf.gpu import reset_peak_memory, sample_utilisation
+
+            reset_peak_memory()
+            utilisation = sample_utilisation()
         return TfState(
             model,
             plan,
@@ -162,7 +170,7 @@ class TfStrategy:
             slots,
             TfFeed(
                 self.distribution,
-                "gpu" if "gpu" in self.world.device.lower() else "cpu",
+                "gpu" if self._on_gpu() else "cpu",
                 self.world.local_replicas,
                 self._prefetch,
             ),
@@ -171,7 +179,21 @@ class TfStrategy:
             ),
             eval_function(self.distribution, self.world.local_replicas, model, plan, fetch),
             loss_scale=loss_scale,
+            utilisation=utilisation,
         )
+
+    def _on_gpu(self) -> bool:
+        return "gpu" in self.world.device.lower()
+
+    def device_report(self, state: TfState) -> dict[str, float | None]:
+        if not self._on_gpu():
+            return {}  # on a CPU the host's peak memory (always reported) is the device's
+        from crosstrain.backends.tf.gpu import peak_memory_bytes
+
+        return {
+            "peak_device_memory_bytes": peak_memory_bytes(),
+            "gpu_utilisation_percent": state.utilisation.stop() if state.utilisation else None,
+        }
 
     def place_data(self, state: TfState, datasets: Datasets) -> None:
         state.feed.place(state.plan, datasets)
