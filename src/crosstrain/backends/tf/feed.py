@@ -177,10 +177,10 @@ class Prefetcher:
         import tensorflow as tf
 
         xs, ys, conversion = host_inputs(batches)
-        rows = xs.shape[1] // self.local
+        share = xs.shape[1] // self.local  # rows of a micro-batch per replica
         parts = []
         for part, device in enumerate(self.devices):
-            mine = slice(part * rows, (part + 1) * rows)
+            mine = slice(part * share, (part + 1) * share)
             with tf.device(device):
                 x, y = (tf.identity(np.ascontiguousarray(rows[:, mine])) for rows in (xs, ys))
             parts.append((x, y))
