@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -40,12 +40,12 @@ UNCAPTURABLE_LAYERS: dict[type, str] = {
     Embedding: "an embedding's backward syncs with the host (pytorch#82886)",
 }
 
-#: what a step copies in -> the update's arguments (its micro-batches' x, y, row mask and
-#: row positions), made inside the graph
-Unpack = Callable[..., tuple[Any, ...]]
-#: the update's arguments and the step counter -> the step's summed loss (forward and
-#: backward of every micro-batch, then the optimizer's update)
-Update = Callable[..., torch.Tensor]
+#: one micro-batch: what the step copies in for it, and how the graph makes its x, y, row
+#: mask and row positions of those tensors (gathered from placed arrays, or as they are)
+MicroBatch = tuple[tuple[torch.Tensor, ...], Finish]
+#: every micro-batch's (x, y, row mask, row positions) and the step counter -> the step's
+#: summed loss (forward and backward of every micro-batch, then the optimizer's update)
+Update = Callable[[list[tuple[torch.Tensor, ...]], torch.Tensor], torch.Tensor]
 
 
 class Replayable(Protocol):
@@ -75,22 +75,16 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
     return None
 
 
-def step_inputs(
-    micro_batches: Sequence[tuple[tuple[torch.Tensor, ...], Finish]],
-) -> tuple[list[torch.Tensor], Unpack]:
-    """What a step copies in (every micro-batch's, in a row), and how the graph unpacks it
-    into the update's one argument: each micro-batch's (x, y, row mask, row positions)."""
-    sources = [source for held, _ in micro_batches for source in held]
-    sizes = [len(held) for held, _ in micro_batches]
-
-    def unpack(*copied: torch.Tensor) -> tuple[Any, ...]:
-        unpacked, start = [], 0
-        for size, (_, finish) in zip(sizes, micro_batches, strict=True):
-            unpacked.append(finish(*copied[start : start + size]))
-            start += size
-        return (unpacked,)
-
-    return sources, unpack
+def _made_of(
+    micro_batches: Sequence[MicroBatch], tensors: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, ...]]:
+    """Each micro-batch's (x, y, row mask, row positions), made by its finish of its share of
+    ``tensors`` (what the step copied in, every micro-batch's in a row)."""
+    made, start = [], 0
+    for held, finish in micro_batches:
+        made.append(finish(*tensors[start : start + len(held)]))
+        start += len(held)
+    return made
 
 
 class StepGraph:
@@ -115,8 +109,7 @@ class StepGraph:
     def run(
         self,
         update: Update,
-        sources: Sequence[torch.Tensor],
-        unpack: Unpack,
+        micro_batches: Sequence[MicroBatch],
         lr: float,
         seed: float,
         step: int,
@@ -127,10 +120,11 @@ class StepGraph:
         self._set("seed", self.seed, seed)
         self._set("step", self.step, step)
         self._values["step"] += 1  # the step increments its counter on the device
+        sources = [source for held, _ in micro_batches for source in held]
         if self._graph is None and self.warm_steps < WARMUP_STEPS:
-            return self._warm_up(update, unpack(*sources))
+            return self._warm_up(update, _made_of(micro_batches, sources))
         if self._graph is None:
-            self._capture(update, sources, unpack)
+            self._capture(update, sources, micro_batches)
         else:
             self._copy_in(sources)
         assert self._graph is not None and self._loss is not None
@@ -148,11 +142,11 @@ class StepGraph:
             tensor.fill_(value)
             self._values[name] = value
 
-    def _warm_up(self, update: Update, inputs: Sequence[Any]) -> torch.Tensor:
+    def _warm_up(self, update: Update, inputs: list[tuple[torch.Tensor, ...]]) -> torch.Tensor:
         with warnings.catch_warnings():
             # torch warns that a capturable optimizer steps outside a capture: these do
             warnings.filterwarnings("ignore", message=".*capturable=True.*")
-            loss = self._on_side_stream(lambda: update(*inputs, self.step))
+            loss = self._on_side_stream(lambda: update(inputs, self.step))
         self.warm_steps += 1
         return loss
 
@@ -168,11 +162,16 @@ class StepGraph:
         result.record_stream(current)
         return result
 
-    def _capture(self, update: Update, sources: Sequence[torch.Tensor], unpack: Unpack) -> None:
+    def _capture(
+        self, update: Update, sources: list[torch.Tensor], micro_batches: Sequence[MicroBatch]
+    ) -> None:
         self._inputs = [source.clone() for source in sources]
-        self._sources = list(sources)
+        self._sources = sources
         try:
-            self._graph, self._loss = self._record(lambda: update(*unpack(*self._inputs), self.step))
+            # the rows are made inside the capture: a placed batch's gather replays each step
+            self._graph, self._loss = self._record(
+                lambda: update(_made_of(micro_batches, self._inputs), self.step)
+            )
         except RuntimeError as error:  # an op this table does not know reads the device
             raise RuntimeError(
                 f"the training step could not be captured as one CUDA graph ({error}); "

@@ -87,6 +87,14 @@ def _ieee_convolutions() -> None:
     torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
 
 
+def _add_loss(loss_sum: torch.Tensor | None, micro_sum: torch.Tensor) -> torch.Tensor:
+    """A step's summed loss so far plus a micro-batch's, off the autograd graph: several
+    micro-batches add up in float64 (one alone is widened when it is read), launched or
+    replayed alike."""
+    micro_sum = micro_sum.detach()
+    return micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
+
+
 def _no_buffer_sync(ddp: type) -> dict[str, Any]:
     """Every rank computes the same batch-norm statistics, so DDP need not broadcast buffers
     before each forward (``forward_sync_buffers`` from torch 2.13, ``broadcast_buffers`` before)."""
@@ -248,9 +256,7 @@ class TorchStrategy:
                     state.scaler.scale(micro_sum * scale).backward()  # type: ignore[no-untyped-call]
                 else:  # backward from d(loss)/d(sum) = scale: no multiply, no seed of ones
                     micro_sum.backward(state.gradient_seed(scale, micro_sum))  # type: ignore[no-untyped-call]
-            micro_sum = micro_sum.detach()
-            # several micro-batches add up in float64; one is widened when it is read
-            loss_sum = micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
+            loss_sum = _add_loss(loss_sum, micro_sum)
         if self._skip_nonfinite(state):
             state.optimizer.zero_grad(set_to_none=True)
         else:
@@ -265,13 +271,11 @@ class TorchStrategy:
         self, state: TorchState, graph: StepGraph, step: StepBatch, lr: float, scale: float
     ) -> dict[str, Any]:
         """The step replayed as one CUDA graph (its first steps warm it up)."""
-        from crosstrain.backends.torch.graphs import step_inputs
-
         if graph.captures_next:
             state.feed.settle()
-        sources, unpack = step_inputs([state.feed.graph_sources(micro) for micro in step.micro_batches])
+        micro_batches = [state.feed.graph_sources(micro) for micro in step.micro_batches]
         update = functools.partial(self._update, state, graph)
-        loss_sum = graph.run(update, sources, unpack, lr, scale, step.step)
+        loss_sum = graph.run(update, micro_batches, lr, scale, step.step)
         state.optimizer_steps += 1  # here: a replay runs no Python
         return {"loss": DeviceMean(loss_sum, step.global_real_targets)}
 
@@ -287,8 +291,7 @@ class TorchStrategy:
         gradients' seed, the learning rate and the step counter dropout reads are the
         graph's tensors; the row mask weighs every step's loss (a padded batch replays the
         same graph). The gradients are dropped first: the capture then makes its own, which
-        every replay writes afresh, and the micro-batches add to. As the launched step,
-        several micro-batches' losses add up in float64."""
+        every replay writes afresh, and the micro-batches add to."""
         from crosstrain.backends.torch.model import summed_loss
 
         state.optimizer.zero_grad(set_to_none=True)
@@ -298,8 +301,7 @@ class TorchStrategy:
                 outputs = self._forward(state, state.model, x, weight, rows, counter)
             micro_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
             micro_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
-            micro_sum = micro_sum.detach()
-            loss_sum = micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
+            loss_sum = _add_loss(loss_sum, micro_sum)
         assert loss_sum is not None  # a step has at least one micro-batch
         self._apply_update(state)
         counter.add_(1)
