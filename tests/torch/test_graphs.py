@@ -258,13 +258,13 @@ def test_a_step_that_reads_the_device_fails_its_capture_naming_the_setting(
 ) -> None:
     """An op the table does not know to read the device from the host (here a clip that
     reads the gradients' norm) ends the run at the capture, saying how to train anyway."""
-    from crosstrain.backends.torch.strategy import TorchStrategy
+    from crosstrain.backends.torch import steps
 
-    def clip_reading_the_norm(self: TorchStrategy, state: Any) -> None:
+    def clip_reading_the_norm(state: Any) -> None:
         if float(torch.nn.utils.clip_grad_norm_(state.module.parameters(), 1.0)) > 1e9:
             raise AssertionError("unreachable")
 
-    monkeypatch.setattr(TorchStrategy, "_clip", clip_reading_the_norm)
+    monkeypatch.setattr(steps, "clip_gradients", clip_reading_the_norm)
     with pytest.raises(RuntimeError, match=r"could not be captured .* train with train\.cuda_graph = false"):
         _train_on_a_cpu(monkeypatch, tmp_path / "run", write_plan(tmp_path, "dropout_mlp"), True)
 

@@ -6,8 +6,6 @@ the backend (and say torch is missing) on a machine without torch.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.util
 import inspect
 from collections.abc import Mapping, Sequence
@@ -39,11 +37,17 @@ class TorchState:
     scaler: torch.amp.GradScaler | None
     plan: Plan
     feed: Feed  # where the data sits and how a batch's rows reach the device
+    device: str  # "cpu" or "cuda:<index>"
+    processes: int = 1  # DDP's processes: each step's gradients are all-reduced over them
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
     optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
     gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)
     step_graph: StepGraph | None = None  # the whole eager step replayed as one CUDA graph
+
+    @property
+    def distributed(self) -> bool:
+        return self.processes > 1
 
     def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""
@@ -60,18 +64,6 @@ class TorchState:
             self.model.train(training)
 
 
-@attrs.frozen
-class DeviceMean:
-    """A step's metric still on the device: a sum and the count that divides it, in float64
-    once read (:meth:`TorchStrategy.resolve_metrics` reads a chunk of them at once)."""
-
-    total: torch.Tensor
-    count: int
-
-    def __float__(self) -> float:
-        return float(self.total.double()) / self.count
-
-
 #: core precision -> the autocast dtype (None: plain fp32)
 PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
@@ -85,14 +77,6 @@ def _ieee_convolutions() -> None:
     import torch
 
     torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
-
-
-def _add_loss(loss_sum: torch.Tensor | None, micro_sum: torch.Tensor) -> torch.Tensor:
-    """A step's summed loss so far plus a micro-batch's, off the autograd graph: several
-    micro-batches add up in float64 (one alone is widened when it is read), launched or
-    replayed alike."""
-    micro_sum = micro_sum.detach()
-    return micro_sum if loss_sum is None else loss_sum.double() + micro_sum.double()
 
 
 def _no_buffer_sync(ddp: type) -> dict[str, Any]:
@@ -203,7 +187,10 @@ class TorchStrategy:
             device = torch.device(self.device)
             # torch maps its device index to NVML's (CUDA_VISIBLE_DEVICES); needs pynvml
             utilisation = GpuUtilisation(lambda: torch.cuda.utilization(device)).start()
-        state = TorchState(module, model, optimizer, scaler, plan, Feed(self.device), utilisation)
+        processes = self.world.process_count if self._distributed() else 1
+        state = TorchState(
+            module, model, optimizer, scaler, plan, Feed(self.device), self.device, processes, utilisation
+        )
         state.cuda_graphs = mode == "reduce-overhead"
         if graphed:
             state.step_graph = StepGraph(torch.device(self.device), optimizer.param_groups[0]["lr"])
@@ -225,172 +212,27 @@ class TorchStrategy:
     def prefetch(self, state: TorchState, step: StepBatch) -> None:
         state.feed.prefetch(step.micro_batches)
 
-    # ----------------------------------------------------------------- steps
+    # ----------------------------------------------------------------- steps (steps.py)
 
     def train_step(self, state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
-        from crosstrain.backends.torch.model import summed_loss
+        from crosstrain.backends.torch.steps import train_step
 
-        state.set_training(True)
-        # DESIGN rule 4: sum over real targets / global real targets. DDP averages gradients
-        # over processes, so multiply by the process count to turn that average into a sum.
-        scale = self.world.process_count / step.global_real_targets
-        if state.step_graph is not None:
-            return self._graphed_step(state, state.step_graph, step, lr, scale)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
-        if state.cuda_graphs:  # a new iteration: the last one's graph outputs may be overwritten
-            import torch
-
-            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
-        loss_sum = None
-        last = len(step.micro_batches) - 1
-        for index, micro in enumerate(step.micro_batches):
-            x, y, weight, rows = state.feed.tensors(micro)
-            with self._no_sync(state, skip=index < last):
-                with self._autocast(state.plan):
-                    outputs = self._forward(state, state.model, x, weight, rows, step.step)
-                # without padding the mask is all ones: the same sum, fewer kernels
-                mask = None if micro.weight.all() else weight
-                micro_sum = summed_loss(state.plan.loss.name, outputs, y, mask)
-                if state.scaler is not None:
-                    state.scaler.scale(micro_sum * scale).backward()  # type: ignore[no-untyped-call]
-                else:  # backward from d(loss)/d(sum) = scale: no multiply, no seed of ones
-                    micro_sum.backward(state.gradient_seed(scale, micro_sum))  # type: ignore[no-untyped-call]
-            loss_sum = _add_loss(loss_sum, micro_sum)
-        if self._skip_nonfinite(state):
-            state.optimizer.zero_grad(set_to_none=True)
-        else:
-            self._optimizer_step(state)
-            state.optimizer_steps += 1
-        assert loss_sum is not None  # a step has at least one micro-batch
-        # stays on the device: NCCL's all-reduce does not block the host, and the loop reads
-        # a chunk of steps at once (resolve_metrics), dividing there: no kernel a step for it
-        return {"loss": DeviceMean(self._sum_across(loss_sum), step.global_real_targets)}
-
-    def _graphed_step(
-        self, state: TorchState, graph: StepGraph, step: StepBatch, lr: float, scale: float
-    ) -> dict[str, Any]:
-        """The step replayed as one CUDA graph (its first steps warm it up)."""
-        if graph.captures_next:
-            state.feed.settle()
-        micro_batches = [state.feed.graph_sources(micro) for micro in step.micro_batches]
-        update = functools.partial(self._update, state, graph)
-        loss_sum = graph.run(update, micro_batches, lr, scale, step.step)
-        state.optimizer_steps += 1  # here: a replay runs no Python
-        return {"loss": DeviceMean(loss_sum, step.global_real_targets)}
-
-    def _update(
-        self,
-        state: TorchState,
-        graph: StepGraph,
-        micro_batches: Sequence[tuple[torch.Tensor, ...]],
-        counter: torch.Tensor,
-    ) -> torch.Tensor:
-        """Forward and backward of each micro-batch's (x, y, row mask, row positions), then
-        the optimizer's update, every value on the device (what a CUDA graph captures): the
-        gradients' seed, the learning rate and the step counter dropout reads are the
-        graph's tensors; the row mask weighs every step's loss (a padded batch replays the
-        same graph). The gradients are dropped first: the capture then makes its own, which
-        every replay writes afresh, and the micro-batches add to."""
-        from crosstrain.backends.torch.model import summed_loss
-
-        state.optimizer.zero_grad(set_to_none=True)
-        loss_sum = None
-        for x, y, weight, rows in micro_batches:
-            with self._autocast(state.plan, cache=False):  # a capture must not keep cached casts
-                outputs = self._forward(state, state.model, x, weight, rows, counter)
-            micro_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
-            micro_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
-            loss_sum = _add_loss(loss_sum, micro_sum)
-        assert loss_sum is not None  # a step has at least one micro-batch
-        self._apply_update(state)
-        counter.add_(1)
-        return loss_sum
+        return train_step(state, step, lr)
 
     def resolve_metrics(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
-        """One device-to-host copy for a chunk of steps' metrics."""
-        import torch
+        from crosstrain.backends.torch.steps import resolve_metrics
 
-        names = list(pending[0])
-        values = [metrics[name] for metrics in pending for name in names]
-        totals = [
-            value.total if isinstance(value, DeviceMean) else torch.as_tensor(value) for value in values
-        ]
-        if len({(total.dtype, total.device) for total in totals}) > 1:
-            totals = [total.double().cpu() for total in totals]
-        read = torch.stack(totals).double().tolist()
-        means = [
-            total / value.count if isinstance(value, DeviceMean) else total
-            for total, value in zip(read, values, strict=True)
-        ]
-        return [
-            dict(zip(names, means[row * len(names) : (row + 1) * len(names)], strict=True))
-            for row in range(len(pending))
-        ]
-
-    def _forward(
-        self, state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int | torch.Tensor
-    ) -> torch.Tensor:
-        """A native model sees the inputs only; the neutral graph also gets what batch norm
-        (the row mask) and dropout (rows, step) need."""
-        if state.plan.model.native is not None:
-            return model(x)  # type: ignore[no-any-return]
-        return model(x, weight, rows, step, self._distributed())  # type: ignore[no-any-return]
-
-    def _optimizer_step(self, state: TorchState) -> None:
-        self._apply_update(state)
-        state.optimizer.zero_grad(set_to_none=True)
-
-    def _apply_update(self, state: TorchState) -> None:
-        """Clip the gradients (unscaled first under fp16) and step the optimizer (through
-        fp16's scaler, which skips a step whose gradients overflowed)."""
-        if state.scaler is None:
-            self._clip(state)
-            state.optimizer.step()
-            return
-        if state.plan.train.clip_grad_norm is not None:
-            state.scaler.unscale_(state.optimizer)
-            self._clip(state)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-
-    def _clip(self, state: TorchState) -> None:
-        import torch
-
-        clip = state.plan.train.clip_grad_norm
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
+        return resolve_metrics(pending)
 
     def eval_step(self, state: TorchState, batch: Batch) -> dict[str, float]:
-        import torch
+        from crosstrain.backends.torch.steps import eval_step
 
-        from crosstrain.backends.torch.model import correct_per_row, per_row_loss
-
-        state.set_training(False)
-        x, y, weight, rows = state.feed.tensors(batch)
-        with torch.no_grad(), self._autocast(state.plan):
-            # the module, not DDP: no gradient sync is needed
-            outputs = self._forward(state, state.module, x, weight, rows, 0)
-        with torch.no_grad():
-            weight64 = weight.double()
-            classify = state.plan.loss.name == "cross_entropy"
-            positions = y[0].numel() if classify else 1  # target positions per row
-            sums = [(per_row_loss(state.plan.loss.name, outputs, y).double() * weight64).sum()]
-            if classify:
-                sums.append((correct_per_row(outputs, y).double() * weight64).sum())
-            sums.append(weight64.sum() * positions)
-            totals = self._sum_across(torch.stack(sums)).tolist()
-        names = ["loss_sum", "correct", "count"] if len(totals) == 3 else ["loss_sum", "count"]
-        return dict(zip(names, totals, strict=True))
+        return eval_step(state, batch)
 
     def predict(self, state: TorchState, x: np.ndarray) -> np.ndarray:
-        import torch
+        from crosstrain.backends.torch.steps import predict
 
-        state.set_training(False)
-        inputs = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
-        with torch.no_grad(), self._autocast(state.plan):
-            outputs = self._forward(state, state.module, inputs, None, None, 0)
-        return np.asarray(outputs.float().cpu().numpy())
+        return predict(state, x)
 
     def export_formats(self) -> tuple[str, ...]:
         return ("torch",)
@@ -495,39 +337,7 @@ class TorchStrategy:
 
     # ----------------------------------------------------------------- helpers
 
-    def _skip_nonfinite(self, state: TorchState) -> bool:
-        """``on_nonfinite = "skip"``: a step whose summed gradients are not finite applies no
-        update (one host read per step, in this mode only; fp16's GradScaler skips on its own)."""
-        from crosstrain.backends.torch.optimizer import grads_finite
-
-        if state.plan.train.on_nonfinite != "skip" or state.scaler is not None:
-            return False
-        return not grads_finite(state.module.parameters())
-
     def _distributed(self) -> bool:
         import torch.distributed as dist
 
         return self.world.process_count > 1 and dist.is_initialized()
-
-    def _no_sync(self, state: TorchState, skip: bool) -> contextlib.AbstractContextManager[Any]:
-        """Skip DDP's all-reduce on every accumulation micro-step but the last."""
-        if skip and self._distributed():
-            return state.model.no_sync()  # type: ignore[operator,no-any-return]
-        return contextlib.nullcontext()
-
-    def _autocast(self, plan: Plan, cache: bool = True) -> contextlib.AbstractContextManager[Any]:
-        import torch
-
-        name = PRECISIONS[plan.train.precision]
-        if name is None:
-            return contextlib.nullcontext()
-        dtype = getattr(torch, name)
-        return torch.autocast(device_type=torch.device(self.device).type, dtype=dtype, cache_enabled=cache)
-
-    def _sum_across(self, tensor: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        if self._distributed():
-            tensor = tensor.double()  # a new tensor, summed in float64 as every backend does
-            dist.all_reduce(tensor)
-        return tensor
