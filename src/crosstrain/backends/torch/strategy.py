@@ -38,16 +38,13 @@ class TorchState:
     plan: Plan
     feed: Feed  # where the data sits and how a batch's rows reach the device
     device: str  # "cpu" or "cuda:<index>"
-    processes: int = 1  # DDP's processes: each step's gradients are all-reduced over them
+    processes: int = 1  # the world's processes: DDP averages each step's gradients over them
+    distributed: bool = False  # in a process group: the step's sums are all-reduced
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
     optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
     gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)
     step_graph: StepGraph | None = None  # the whole eager step replayed as one CUDA graph
-
-    @property
-    def distributed(self) -> bool:
-        return self.processes > 1
 
     def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""
@@ -187,10 +184,10 @@ class TorchStrategy:
             device = torch.device(self.device)
             # torch maps its device index to NVML's (CUDA_VISIBLE_DEVICES); needs pynvml
             utilisation = GpuUtilisation(lambda: torch.cuda.utilization(device)).start()
-        processes = self.world.process_count if self._distributed() else 1
         state = TorchState(
-            module, model, optimizer, scaler, plan, Feed(self.device), self.device, processes, utilisation
-        )
+            module, model, optimizer, scaler, plan, Feed(self.device), self.device,
+            self.world.process_count, self._distributed(), utilisation,
+        )  # fmt: skip
         state.cuda_graphs = mode == "reduce-overhead"
         if graphed:
             state.step_graph = StepGraph(torch.device(self.device), optimizer.param_groups[0]["lr"])
