@@ -1,7 +1,10 @@
 """Helpers for tests: crosstrain.testing's readers of what a real run wrote, in one place,
-and the scaled-image batches both backends' feed tests read."""
+the scaled-image batches both backends' feed tests read, and a recorder of the loop's
+step losses."""
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +14,7 @@ from crosstrain.testing import assert_same_eval, max_relative_difference, step_l
 from crosstrain.testing.plans import write_images
 
 __all__ = [
+    "StepRecorder",
     "assert_same_eval",
     "max_relative_difference",
     "scaled_images_on_the_host",
@@ -31,3 +35,26 @@ def scaled_images_on_the_host(plan_file: Path) -> tuple[Plan, Datasets, list[Bat
         for part in parts
     ]
     return plan, datasets, batches
+
+
+class StepRecorder:
+    """The loop's hooks, passed to ``train`` as its relay: every step's (step, loss); with
+    ``stop_at``, asks the loop to stop after that step. Every other hook does nothing."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.steps: list[tuple[int, float]] = []
+        self.stop_at = stop_at
+
+    @property
+    def losses(self) -> list[float]:
+        return [loss for _, loss in self.steps]
+
+    def crosstrain_step_end(
+        self, context: Any, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
+    ) -> None:
+        self.steps.append((step, metrics["loss"]))
+        if step == self.stop_at:
+            context.request_stop("enough")
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda **kwargs: None

@@ -14,6 +14,7 @@ from crosstrain.core.loop import train
 from crosstrain.core.plan import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.testing.null import NullStrategy
+from tests.support import StepRecorder
 
 
 class CountingStrategy(NullStrategy):
@@ -36,19 +37,6 @@ class CountingStrategy(NullStrategy):
     def _resolve(self, pending: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         self.chunks.append(len(pending))
         return [{name: float(value) for name, value in metrics.items()} for metrics in pending]
-
-
-class StepRecorder:
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, float]] = []
-
-    def crosstrain_step_end(
-        self, context: Any, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
-    ) -> None:
-        self.steps.append((step, metrics["loss"]))
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda **kwargs: None
 
 
 def _job(write_plan: Callable[..., Path], tmp_path: Path, every: int) -> Job:

@@ -25,6 +25,7 @@ from crosstrain.core.loop import train
 from crosstrain.core.plan import load_plan
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.strategy import Job, World
+from tests.support import StepRecorder
 
 
 class MomentumStrategy:
@@ -76,24 +77,6 @@ class MomentumStrategy:
         state["steps"] = int(tensors["optimizer.step"])
 
 
-class Recorder:
-    """Records step losses and lets a test ask to stop from a hook."""
-
-    def __init__(self, stop_at: int | None = None) -> None:
-        self.steps: list[tuple[int, float]] = []
-        self.stop_at = stop_at
-
-    def crosstrain_step_end(
-        self, context: Any, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
-    ) -> None:
-        self.steps.append((step, metrics["loss"]))
-        if step == self.stop_at:
-            context.request_stop("enough")
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda **kwargs: None
-
-
 SETTINGS = [
     "train.epochs=2",
     "train.max_steps=60",  # 45 steps an epoch: the run crosses into the second
@@ -109,8 +92,10 @@ def _job(write_plan: Callable[..., Path], out: Path, *settings: str, resume: boo
     return Job(plan=plan, backend="numpy", out_dir=str(out), resume=resume)
 
 
-def _run(strategy: MomentumStrategy, job: Job, recorder: Recorder | None = None) -> tuple[Any, Any, Recorder]:
-    recorder = recorder or Recorder()
+def _run(
+    strategy: MomentumStrategy, job: Job, recorder: StepRecorder | None = None
+) -> tuple[Any, Any, StepRecorder]:
+    recorder = recorder or StepRecorder()
     summary, state = train(strategy, job, recorder)  # type: ignore[arg-type]
     return summary, state, recorder
 
@@ -170,7 +155,7 @@ def test_keep_best_keeps_the_best_evaluation(write_plan: Callable[..., Path], tm
 
 
 def test_a_plugin_stops_the_run_normally(write_plan: Callable[..., Path], tmp_path: Path) -> None:
-    summary, _, recorder = _run(MomentumStrategy(), _job(write_plan, tmp_path), Recorder(stop_at=12))
+    summary, _, recorder = _run(MomentumStrategy(), _job(write_plan, tmp_path), StepRecorder(stop_at=12))
     # asked at step 12 (read in the chunk of steps 11-15): the ranks agree after that chunk
     assert summary["stopped"] == {"kind": "requested", "reason": "enough", "step": 15}
     assert summary["steps"] == 15 and recorder.steps[-1][0] == 15

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from crosstrain.core.data import Batch, GlobalSampler, load_datasets, step_batch
 from crosstrain.core.loop import evaluate, initial_weights, train
 from crosstrain.core.plan import Plan, load_plan
 from crosstrain.core.strategy import Job, World
+from tests.support import StepRecorder
 
 STEPS = 6
 
@@ -114,21 +114,6 @@ def graph_main() -> None:
     print(json.dumps(results))
 
 
-class _StepLosses:
-    """A hook relay that records each step's loss and ignores every other hook."""
-
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def crosstrain_step_end(
-        self, context: Any, step: int, epoch: int, lr: float, metrics: Mapping[str, float]
-    ) -> None:
-        self.losses.append(metrics["loss"])
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda **kwargs: None
-
-
 def prefetch_main() -> None:
     """Train each plan given through core's loop (``train``) at two replicas on /cpu:0 and
     /cpu:1, once reading each step's host rows in the step and once reading them ahead to
@@ -145,7 +130,7 @@ def prefetch_main() -> None:
         runs = {}
         for prefetch in (False, True):
             strategy = TfStrategy(World(local_replicas=2), distribution, prefetch)
-            recorder = _StepLosses()
+            recorder = StepRecorder()
             job = Job(plan=plan, backend="tf", out_dir=str(out / f"{plan.name}-{prefetch}"))
             _, state = train(strategy, job, recorder)  # type: ignore[arg-type]
             prefetcher = state.feed.prefetcher
