@@ -1,4 +1,4 @@
-"""The global sampler and batches of DESIGN rule 3."""
+"""The global sampler and batches: crosstrain, not the framework, makes every batch."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The tf backend on real replicas: MirroredStrategy over two logical CPU devices and
-MultiWorkerMirroredStrategy over two local processes. DESIGN rules 3 and 4 hold, end to end.
+MultiWorkerMirroredStrategy over two local processes. World N trains as world 1 (crosstrain's
+batches, the loss normalised by the global count of real rows), end to end.
 
 TensorFlow's distributed code always runs in fresh processes (the CLI, crosstrain.fit's
 workers, or tests/tf/workers.py), never in pytest's own.

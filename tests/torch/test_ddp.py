@@ -1,4 +1,5 @@
-"""The torch backend on real gloo processes: DESIGN rules 3 and 4 hold, end to end."""
+"""The torch backend on real gloo processes: world N trains as world 1 (crosstrain's batches,
+the loss normalised by the global count of real rows), end to end."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The same plan on torch and on jax: identical initial weights and batches, so the per-step
-losses agree to float rounding (DESIGN rules 1-5, across frameworks)."""
+losses agree to float rounding, across frameworks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Real runs of the jax backend through crosstrain's API and CLI: DESIGN rules 3 and 4 hold
-when the replicas are devices of one process, and failures end the run cleanly."""
+"""Real runs of the jax backend through crosstrain's API and CLI: crosstrain's batches and the
+global loss normalisation hold when the replicas are devices of one process, and failures
+end the run cleanly."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Checkpoints: neutral names and channels-last layouts in safetensors, readable by any backend.
 
-A run folder's periodic checkpoints (DESIGN "Runs, checkpoints and resume")::
+A run folder's periodic checkpoints (docs/checkpoints.md)::
 
     checkpoints/step-00000040/
         model.safetensors       weights (running statistics too) under neutral names

@@ -1,4 +1,4 @@
-"""Data sets, the global sampler and the batches every replica sees (DESIGN rule 3).
+"""Data sets, the global sampler and the batches every replica sees, made by crosstrain.
 
 crosstrain, not the framework, decides which rows form each optimizer step: a
 seeded permutation per epoch, cut into global batches, the last one padded with
@@ -148,7 +148,7 @@ class StepBatch:
     ``global_real_rows`` is the number of real rows in the whole global batch, across
     every replica and micro-step; ``global_real_targets`` the number of real target
     positions in it (rows x positions per row for token targets): the loss normaliser of
-    DESIGN rule 4. ``step`` counts optimizer steps from 0 (what dropout masks hash).
+    every backend. ``step`` counts optimizer steps from 0 (what dropout masks hash).
     """
 
     micro_batches: tuple[Batch, ...]

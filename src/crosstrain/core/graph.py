@@ -66,7 +66,7 @@ class Graph:
         }
 
     def init_weights(self, seed: int) -> Weights:
-        """DESIGN rule 2: seeded numpy weights, identical for every backend."""
+        """Seeded numpy weights, identical for every backend."""
         weights: Weights = {}
         for node in self.nodes:
             rng = np.random.default_rng([seed, *node.seed_path])

@@ -3,8 +3,8 @@
 Each layer knows its output shape (so a plan is checked end to end before any process
 starts), the shapes of its weights and how each starts (Glorot-uniform kernels, zero
 biases, unit scales, small normal embeddings), and its multiply-add count for
-``crosstrain describe``. Both backends receive exactly the arrays made here (DESIGN
-rules 1 and 2). How layers connect (names, ``inputs``, blocks) lives in
+``crosstrain describe``. Every backend receives exactly the arrays made here (numpy,
+channels-last, seeded). How layers connect (names, ``inputs``, blocks) lives in
 :mod:`crosstrain.core.graph`.
 
 Shapes here are one row's: the batch axis is never part of them.

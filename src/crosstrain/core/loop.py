@@ -55,7 +55,7 @@ def total_steps(plan: Plan, train_rows: int) -> int:
 
 
 def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
-    """DESIGN rule 2: the same numpy weights for every backend (none for a native model)."""
+    """Seeded numpy weights, the same for every backend (none for a native model)."""
     if plan.model.native is not None:
         return {}
     return plan.model.graph().init_weights(plan.seed)

@@ -56,7 +56,7 @@ def _lt1(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
 
 @attrs.frozen(init=False)
 class NativeModel:
-    """DESIGN rule 6: a native model factory per framework, ``"package.module:function"``.
+    """The native escape hatch: a model factory per framework, ``"package.module:function"``.
 
     The factory is called with the plan and returns the framework's model, which takes
     neutral (channels-last) inputs and returns logits. Weights are the framework's own,

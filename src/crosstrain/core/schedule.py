@@ -1,4 +1,4 @@
-"""Learning rate per optimizer step, computed by core and handed to train_step (DESIGN rule 5)."""
+"""Learning rate per optimizer step, computed by core (never by a framework) and handed to train_step."""
 
 from __future__ import annotations
 

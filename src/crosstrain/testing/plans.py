@@ -1,6 +1,6 @@
 """Small plans of every kind, shared by the suites of every backend (and a third party's).
 
-Each is a TOML text (format: DESIGN's "Model graphs") small enough to train a few steps in
+Each is a TOML text (the plan format of docs/plans.md) small enough to train a few steps in
 seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
 batch norm, and a GPT-style decoder with dropout on token data.
 """

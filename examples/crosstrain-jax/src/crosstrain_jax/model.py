@@ -515,7 +515,7 @@ def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> C
     see), ``buffers`` the others (batch norm's moving statistics, updated by each
     micro-batch's forward pass in order). ``xs``/``ys``/``ws``/``rows`` stack the step's
     micro-batches on axis 0; their batch axis is sharded over the devices, so XLA sums each
-    gradient across devices (DESIGN rule 4: each micro-batch loss is sum(weight * row loss)
+    gradient across devices (each micro-batch loss is sum(weight * row loss)
     * ``scale``, scale = 1 / global real target positions).
     """
     loss, spec, clip = LOSSES[plan.loss.name], plan.optimizer, plan.train.clip_grad_norm

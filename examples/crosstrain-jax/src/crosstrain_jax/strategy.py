@@ -161,7 +161,7 @@ class JaxStrategy:
         )
         state.optimizer_steps += 1
         scalars = as_float32(host_scalars(state.plan.optimizer, lr, state.optimizer_steps))
-        # DESIGN rule 4: one global computation over the whole batch, normalised once, by
+        # one global computation over the whole batch, normalised once, by
         # the real target positions (rows for a label or a regression, rows x length for tokens)
         scale = np.float32(1.0 / step.global_real_targets)
         state.params, state.buffers, state.optimizer_state, micro_sums = state.train_fn(

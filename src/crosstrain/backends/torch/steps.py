@@ -37,7 +37,7 @@ class DeviceMean:
 def train_step(state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
     """One optimizer step over the step's micro-batches; its loss stays on the device."""
     state.set_training(True)
-    # DESIGN rule 4: sum over real targets / global real targets. DDP averages gradients
+    # the loss is the sum over real targets / the global real targets. DDP averages gradients
     # over processes, so multiply by the process count to turn that average into a sum.
     scale = state.processes / step.global_real_targets
     if state.step_graph is not None:
