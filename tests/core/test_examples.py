@@ -17,7 +17,7 @@ PLANS = sorted(EXAMPLES.glob("*.toml")) + sorted(EXAMPLES.glob("*.py"))
 @pytest.mark.parametrize("path", PLANS, ids=lambda path: path.name)
 def test_example_plan_is_valid(path: Path) -> None:
     plan = load_plan(path)
-    check_world_fits(plan, 2)  # the README runs every example with --nproc 2
+    check_world_fits(plan, 2)  # docs/plans.md: every example runs with --nproc 2
     data = load_datasets(plan)
     assert data.train.x.shape[1:] == plan.model.input_shape
 
