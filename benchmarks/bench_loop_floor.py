@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.core.worker import run_worker
 from crosstrain.testing.null import NullStrategy

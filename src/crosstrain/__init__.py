@@ -48,8 +48,8 @@ from crosstrain.core.plan import (
     Plan,
     ScheduleSpec,
     TrainSpec,
-    load_plan,
 )
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import (
     ChecksJob,
     DeviceChoice,

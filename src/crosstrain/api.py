@@ -12,7 +12,8 @@ from typing import Any
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import BackendError, CrosstrainError, InputError
-from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
+from crosstrain.core.plan import Plan, check_world_fits, validate_plan
+from crosstrain.core.planfile import apply_override, load_plan
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import open_run_folder, write_run_plan
 from crosstrain.core.strategy import (

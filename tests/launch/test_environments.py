@@ -210,7 +210,7 @@ def test_only_rank_0_minds_the_run_folder(
     owns: bool,
 ) -> None:
     from crosstrain.api import owns_run_folder
-    from crosstrain.core.plan import load_plan
+    from crosstrain.core.planfile import load_plan
     from crosstrain.core.strategy import Job
 
     for name, value in environ.items():

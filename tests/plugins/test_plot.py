@@ -12,7 +12,7 @@ import pytest
 
 from crosstrain import CrosstrainError
 from crosstrain.compare import write_compare_file
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.plugins.plot import FIGURE_DPI, FIGURE_INCHES, RunDirError, build_figure, plot_runs
 from tests.conftest import EXAMPLES, run_cli
 
