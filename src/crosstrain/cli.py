@@ -16,6 +16,7 @@ from rich.text import Text
 from crosstrain.api import default_out_dir, make_job, prepare_plan, run_job
 from crosstrain.core.errors import CrosstrainError, Interrupted, WorkerError
 from crosstrain.launch import interrupts_raise
+from crosstrain.plot import add_plot_command
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
     backend_registry,
@@ -24,7 +25,6 @@ from crosstrain.plugins.manager import (
     report_failures,
     selection_from_args,
 )
-from crosstrain.plugins.plot import add_plot_command
 
 _RUN_ARGUMENTS = {
     "plan",
