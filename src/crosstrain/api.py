@@ -26,7 +26,7 @@ from crosstrain.core.strategy import (
 )
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.launch.environments import check_cluster, detect_environment
-from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
+from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, hook_relay, make_plugin_manager
 
 
 def prepare_plan(plan: Plan | str | Path, overrides: Iterable[str] = ()) -> Plan:
@@ -89,6 +89,7 @@ def make_job(
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
+        load_hooks=hook_relay,
     )
 
 

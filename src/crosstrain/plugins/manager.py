@@ -101,6 +101,12 @@ def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> Cross
     return manager
 
 
+def hook_relay(selection: PluginSelection) -> pluggy.HookRelay:
+    """The hook relay of ``selection``'s plugins: what every worker calls, handed down to
+    core in ``Job.load_hooks`` (core may not import this module)."""
+    return make_plugin_manager(selection).hook
+
+
 def _register(
     manager: CrosstrainPluginManager,
     name: str,
