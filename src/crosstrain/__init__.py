@@ -14,6 +14,7 @@ from crosstrain.core.errors import (
     CrosstrainError,
     InputError,
     PlanError,
+    PluginError,
     WorkerError,
 )
 from crosstrain.core.graph import MODEL_INPUT, Graph, Node
@@ -75,7 +76,6 @@ from crosstrain.core.strategy import (
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
 from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.plugins.hookspecs import hookimpl
-from crosstrain.plugins.manager import PluginError
 
 __all__ = [
     "GELU",

@@ -11,7 +11,7 @@ from typing import Any
 
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import load_datasets
-from crosstrain.core.errors import BackendError, CrosstrainError, InputError
+from crosstrain.core.errors import BackendError, InputError, NonFiniteLossError
 from crosstrain.core.plan import Plan, check_world_fits, validate_plan
 from crosstrain.core.planfile import apply_override, load_plan
 from crosstrain.core.resume import check_backend_supports
@@ -117,12 +117,6 @@ def check_out_dir(out_dir: str | Path) -> None:
         raise InputError(f"--out {path}: cannot create the folder: {error.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise InputError(f"--out {path}: the folder is not writable")
-
-
-class NonFiniteLossError(CrosstrainError):
-    """Training met a non-finite loss (``train.on_nonfinite = "stop"``) and ended there."""
-
-    exit_code = 1
 
 
 def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:

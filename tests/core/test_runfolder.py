@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.runfolder import RunFolderError, open_run_folder
+from crosstrain.core.errors import RunFolderError
+from crosstrain.core.runfolder import open_run_folder
 
 
 def test_a_new_or_empty_folder_is_used(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ import attrs
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import CheckpointError
 from crosstrain.core.plan import Plan
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -42,12 +42,6 @@ KEEP_BEST: dict[str, tuple[str, bool]] = {"eval.loss": ("loss", False), "eval.ac
 #: optimizer scalars kept in state.json rather than as tensors
 _SCALARS = {"optimizer.step": ("optimizer", "step"), "loss_scale.scale": ("loss_scale", "scale")}
 _SCALARS["loss_scale.growth_tracker"] = ("loss_scale", "growth_tracker")
-
-
-class CheckpointError(CrosstrainError):
-    """A run folder whose checkpoints cannot be resumed from (missing, from another plan)."""
-
-    exit_code = 2
 
 
 def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from crosstrain.core.checkpoint import last_checkpoint
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
 
 LOCK_FILE = ".crosstrain.lock"
@@ -35,12 +35,6 @@ RUN_OUTPUTS = (
     "checkpoints",
     "tensorboard",
 )
-
-
-class RunFolderError(CrosstrainError):
-    """A run folder that cannot be used as asked: in use, already used, nothing to resume."""
-
-    exit_code = 2
 
 
 @contextlib.contextmanager

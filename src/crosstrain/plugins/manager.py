@@ -23,20 +23,13 @@ from typing import cast
 import attrs
 import pluggy
 
-from crosstrain.core.errors import BackendError, CrosstrainError
+from crosstrain.core.errors import BackendError, PluginError
 from crosstrain.core.strategy import DistributedStrategy, PluginSelection
 from crosstrain.plugins import hookspecs
 
 GROUP = "crosstrain"
 AUTOLOAD_OFF_VARIABLE = "CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD"
 OWN_DISTRIBUTION = "crosstrain"
-
-
-class PluginError(CrosstrainError):
-    """A plugin named with ``-p`` that does not load, or one that implements a hook that
-    does not exist: refused before any process starts."""
-
-    exit_code = 2
 
 
 @attrs.frozen
