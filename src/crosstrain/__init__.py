@@ -5,7 +5,7 @@ here; nothing outside the package should import from ``crosstrain.core``. Import
 crosstrain imports no framework.
 """
 
-from crosstrain.api import fit
+from crosstrain.api import LaunchOptions, fit
 from crosstrain.core import dropout
 from crosstrain.core.context import RunContext
 from crosstrain.core.data import Batch, StepBatch
@@ -104,6 +104,7 @@ __all__ = [
     "Graph",
     "InputError",
     "Job",
+    "LaunchOptions",
     "Layer",
     "LayerNorm",
     "LossSpec",

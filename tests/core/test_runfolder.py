@@ -53,12 +53,13 @@ def test_two_runs_cannot_share_a_folder(tmp_path: Path) -> None:
 def test_the_plans_output_dir_is_the_default_run_folder(
     write_plan: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from crosstrain.api import make_job
+    from crosstrain.api import LaunchOptions, make_job
     from crosstrain.core.planfile import load_plan
 
     plan = load_plan(write_plan(), [f"output.dir='{tmp_path / 'planned'}'"])
-    assert make_job(plan, "torch").out_dir == str(tmp_path / "planned")
-    assert make_job(plan, "torch", out=tmp_path / "flag").out_dir == str(tmp_path / "flag")  # --out wins
+    assert make_job(plan, LaunchOptions()).out_dir == str(tmp_path / "planned")
+    flag = LaunchOptions(out=tmp_path / "flag")
+    assert make_job(plan, flag).out_dir == str(tmp_path / "flag")  # --out wins
 
 
 def test_the_plan_as_run_is_kept_and_read_back(tmp_path: Path) -> None:

@@ -174,13 +174,18 @@ def resume_point(run_dir: Path, plan: Plan) -> Checkpoint | None:
     path = last_checkpoint(run_dir)
     if path is None:
         return None
-    checkpoint = read_checkpoint(path)
-    if checkpoint.state.plan_hash != plan_hash(plan):
+    check_written_by(path, plan)
+    return read_checkpoint(path)
+
+
+def check_written_by(path: Path, plan: Plan) -> None:
+    """Refuse a checkpoint that another plan wrote (only its loop state is read)."""
+    written = json.loads((path / STATE_FILE).read_text())["plan_hash"]
+    if written != plan_hash(plan):
         raise CheckpointError(
-            f"{path}: written by another plan (hash {checkpoint.state.plan_hash}, this plan's is "
+            f"{path}: written by another plan (hash {written}, this plan's is "
             f"{plan_hash(plan)}); only the output section may change on --resume"
         )
-    return checkpoint
 
 
 def prune(run_dir: Path, keep: int, keep_best: str | None = None) -> list[Path]:

@@ -23,6 +23,7 @@ from typing import cast
 import attrs
 import pluggy
 
+from crosstrain.core.admission import check_framework
 from crosstrain.core.errors import BackendError, PluginError
 from crosstrain.core.strategy import DistributedStrategy, PluginSelection
 from crosstrain.plugins import hookspecs
@@ -184,10 +185,5 @@ def get_backend(manager: CrosstrainPluginManager, name: str) -> type[Distributed
     if entry is None:
         known = ", ".join(sorted(registry)) or "none"
         raise BackendError(f"unknown backend {name!r}; registered backends: {known}")
-    status = entry.strategy.framework_status()
-    if not status.importable:
-        raise BackendError(
-            f"backend {name!r} needs its framework, which does not import ({status.problem}); "
-            f"install it with: {entry.strategy.install_hint}"
-        )
+    check_framework(entry.strategy, name)  # admission asks again; a missing one fails here first
     return entry.strategy
