@@ -445,7 +445,7 @@ def _fabric_class() -> Any:
 def _replayed_as_a_graph(plan: Path) -> bool:
     """Whether crosstrain replays this plan's step as one CUDA graph on one GPU."""
     from crosstrain.backends.torch.graphs import capture_blocker
-    from crosstrain.core.plan import load_plan
+    from crosstrain.core.planfile import load_plan
 
     return capture_blocker(load_plan(plan), "cuda", 1) is None
 

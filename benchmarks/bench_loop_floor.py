@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.core.worker import run_worker
+from crosstrain.plugins.manager import hook_relay
 from crosstrain.testing.null import NullStrategy
 
 ROWS, FEATURES, BATCH = 65536, 16, 256
@@ -43,7 +44,9 @@ def write_plan(folder: Path, epochs: int) -> Path:
 
 def microseconds_per_step(plan_file: Path, out: Path, read_rows: bool) -> float:
     plan = load_plan(plan_file, ["output.checkpoint=false"])
-    summary = run_worker(NullStrategy(read_rows), Job(plan=plan, backend="null", out_dir=str(out)))
+    summary = run_worker(
+        NullStrategy(read_rows), Job(plan=plan, backend="null", out_dir=str(out), load_hooks=hook_relay)
+    )
     return 1e6 * BATCH / float(summary["samples_per_second"])
 
 

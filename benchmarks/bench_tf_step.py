@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from _shared import add_size_arguments, make_plan, print_report, timed
-from crosstrain.backends.tf.strategy import TF_ENVIRONMENT, TfStrategy
+from crosstrain.backends.tf.launch import TF_ENVIRONMENT
+from crosstrain.backends.tf.strategy import TfStrategy
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.layers import Dense, layer_name
 from crosstrain.core.loop import initial_weights

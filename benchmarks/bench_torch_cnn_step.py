@@ -28,7 +28,7 @@ from bench_e2e import CONFIGS, plan_text
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import World
 
 

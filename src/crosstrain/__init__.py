@@ -5,7 +5,7 @@ here; nothing outside the package should import from ``crosstrain.core``. Import
 crosstrain imports no framework.
 """
 
-from crosstrain.api import fit
+from crosstrain.api import LaunchOptions, fit
 from crosstrain.core import dropout
 from crosstrain.core.context import RunContext
 from crosstrain.core.data import Batch, StepBatch
@@ -14,6 +14,7 @@ from crosstrain.core.errors import (
     CrosstrainError,
     InputError,
     PlanError,
+    PluginError,
     WorkerError,
 )
 from crosstrain.core.graph import MODEL_INPUT, Graph, Node
@@ -48,8 +49,8 @@ from crosstrain.core.plan import (
     Plan,
     ScheduleSpec,
     TrainSpec,
-    load_plan,
 )
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import (
     ChecksJob,
     DeviceChoice,
@@ -75,7 +76,6 @@ from crosstrain.core.strategy import (
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
 from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.plugins.hookspecs import hookimpl
-from crosstrain.plugins.manager import PluginError
 
 __all__ = [
     "GELU",
@@ -104,6 +104,7 @@ __all__ = [
     "Graph",
     "InputError",
     "Job",
+    "LaunchOptions",
     "Layer",
     "LayerNorm",
     "LossSpec",

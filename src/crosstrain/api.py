@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import datetime
-import math
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from crosstrain.core.admission import admit, owns_run_folder
+from crosstrain.core.cluster import Cluster, default_replicas
 from crosstrain.core.convert import structure_plan, unstructure_plan
-from crosstrain.core.data import load_datasets
-from crosstrain.core.errors import BackendError, CrosstrainError, InputError
-from crosstrain.core.plan import Plan, apply_override, check_world_fits, load_plan, validate_plan
-from crosstrain.core.resume import check_backend_supports
+from crosstrain.core.errors import NonFiniteLossError
+from crosstrain.core.plan import Plan, validate_plan
+from crosstrain.core.planfile import apply_override, load_plan
 from crosstrain.core.runfolder import open_run_folder, write_run_plan
 from crosstrain.core.strategy import (
-    ChecksJob,
     DeviceChoice,
-    DistributedStrategy,
     Job,
     PluginSelection,
-    SpansNodes,
 )
-from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
-from crosstrain.launch.environments import check_cluster, detect_environment
-from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, make_plugin_manager
+from crosstrain.launch.environments import detect_environment
+from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, hook_relay, make_plugin_manager
 
 
 def prepare_plan(plan: Plan | str | Path, overrides: Iterable[str] = ()) -> Plan:
@@ -47,130 +44,72 @@ def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
     return Path("runs") / f"{plan.name}-{backend}-x{replicas}-{stamp}"
 
 
-def make_job(
-    plan: Plan,
-    backend: str,
-    replicas: int | None = None,
-    workers: int | None = None,
-    device: DeviceChoice = "auto",
-    out: str | Path | None = None,
-    options: Mapping[str, Any] | None = None,
-    plugins: PluginSelection = PluginSelection(),
-    timeout_seconds: float = 300.0,
-    resume: bool = False,
-    max_restarts: int = 0,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str = "",
-) -> Job:
-    """Check everything that can be checked before a process starts, then describe the job.
-    The run folder is ``out``, else the plan's ``output.dir``, else a new one under runs/.
-    ``replicas`` None: one per machine, or what an outside launcher (torchrun, SLURM) started."""
-    replicas = check_cluster(detect_environment(), replicas, nnodes, node_rank, rdzv_endpoint)
-    check_numbers(replicas, workers, timeout_seconds, max_restarts)
-    check_world_fits(plan, replicas)
-    load_datasets(plan)  # the data must load and fit the model before any worker starts
-    if out is None and plan.output.dir is not None:
-        out = plan.output.dir
-    out_dir = Path(out) if out is not None else default_out_dir(plan, backend, replicas)
+@attrs.frozen
+class LaunchOptions:
+    """How to launch a plan: the CLI's ``run`` flags as one record (``crosstrain.fit``'s
+    keywords). ``replicas`` None: one per machine, or what an outside launcher (torchrun,
+    SLURM) started; ``out`` None: the plan's ``output.dir``, else a new folder under runs/."""
+
+    backend: str = "torch"
+    replicas: int | None = None
+    workers: int | None = None
+    device: DeviceChoice = "auto"
+    out: str | Path | None = None
+    #: plugins' option values (their argparse dests), reaching every hook as ``context.options``
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    plugins: PluginSelection = PluginSelection()
+    timeout_seconds: float = 300.0
+    resume: bool = False
+    max_restarts: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+
+
+def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None) -> Job:
+    """Describe the job ``options`` ask for; nothing is checked here (:func:`admit` does,
+    before anything is written or started). ``cluster``: the environment this process runs
+    under, detected when not given."""
+    cluster = cluster if cluster is not None else detect_environment()
+    replicas = default_replicas(cluster, options.replicas, options.nnodes)
+    out = options.out if options.out is not None else plan.output.dir
+    out_dir = Path(out) if out is not None else default_out_dir(plan, options.backend, replicas)
     return Job(
         plan=plan,
-        backend=backend,
+        backend=options.backend,
         replicas=replicas,
-        workers=workers,
-        device=device,
+        workers=options.workers,
+        device=options.device,
         out_dir=str(out_dir.resolve()),
-        options=dict(options or {}),
-        plugins=plugins,
-        timeout_seconds=timeout_seconds,
-        resume=resume,
-        max_restarts=max_restarts,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
+        options=dict(options.options),
+        plugins=options.plugins,
+        timeout_seconds=options.timeout_seconds,
+        resume=options.resume,
+        max_restarts=options.max_restarts,
+        nnodes=options.nnodes,
+        node_rank=options.node_rank,
+        rdzv_endpoint=options.rdzv_endpoint,
+        load_hooks=hook_relay,  # each worker loads the same plugins (core may not import the manager)
     )
-
-
-def check_numbers(replicas: int, workers: int | None, timeout_seconds: float, max_restarts: int = 0) -> None:
-    """The layout and timeout numbers, refused with the flag's name before anything starts."""
-    if replicas < 1:
-        raise InputError(f"--nproc {replicas}: the number of replicas must be at least 1")
-    if workers is not None and workers < 1:
-        raise InputError(f"--workers {workers}: the number of processes must be at least 1")
-    if not math.isfinite(timeout_seconds) or timeout_seconds <= 0:
-        raise InputError(f"--timeout {timeout_seconds:g}: must be a positive number of seconds")
-    if max_restarts < 0:
-        raise InputError(f"--max-restarts {max_restarts}: must be 0 or more")
-
-
-def check_out_dir(out_dir: str | Path) -> None:
-    """The output folder can be created and written, checked before any worker starts
-    (a worker would find out only when it first writes, after the whole start-up)."""
-    path = Path(out_dir)
-    if path.exists() and not path.is_dir():
-        raise InputError(f"--out {path}: is a file, not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise InputError(f"--out {path}: cannot create the folder: {error.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise InputError(f"--out {path}: the folder is not writable")
-
-
-class NonFiniteLossError(CrosstrainError):
-    """Training met a non-finite loss (``train.on_nonfinite = "stop"``) and ended there."""
-
-    exit_code = 1
-
-
-def check_backend_can_run(strategy: DistributedStrategy, job: Job) -> None:
-    """What the backend declares it cannot build or lay out is refused here, before the
-    output folder exists or any process starts."""
-    if isinstance(strategy, SpeaksVocabulary):
-        check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
-    if isinstance(strategy, ChecksJob):
-        strategy.check_job(job)
-    check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
-    check_backend_spans(strategy, job)
-
-
-def check_backend_spans(strategy: DistributedStrategy, job: Job) -> None:
-    """A backend that runs on one machine is refused more machines, and an outside
-    launcher's group (which would otherwise run as that many separate jobs)."""
-    if isinstance(strategy, SpansNodes) and strategy.spans_nodes():
-        return
-    if job.nnodes > 1:
-        raise BackendError(f"--nnodes {job.nnodes}: the {job.backend} backend runs on one machine")
-    environment = detect_environment()
-    if not environment.starts_processes and environment.world_size() > 1:
-        raise BackendError(
-            f"{environment.describe()}, but the {job.backend} backend runs on one machine "
-            f"in one launch: run it once, outside that launcher"
-        )
-
-
-def owns_run_folder(job: Job) -> bool:
-    """Whether this process checks, clears and locks the run folder. Under an outside
-    launcher every process runs the CLI, and on ``--nnodes`` machines every node's
-    launcher does: rank 0's (node 0's) minds the folder, the others leave it to it."""
-    return job.node_rank == 0 and detect_environment().rank() == 0
 
 
 def run_job(
     job: Job, manager: CrosstrainPluginManager | None = None, overwrite: bool = False
 ) -> dict[str, Any]:
-    """Check the plan and layout against the backend, create (or check, or clear) the run
-    folder and hold its lock, launch; return rank 0's summary. A run that met a non-finite
-    loss raises :class:`NonFiniteLossError` once its summary is written."""
+    """Admit the job (:func:`crosstrain.core.admission.admit`: nothing is written before
+    it passes), create (or check, or clear) the run folder and hold its lock, launch;
+    return rank 0's summary. A run that met a non-finite loss raises
+    :class:`NonFiniteLossError` once its summary is written."""
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
-    check_backend_can_run(strategy, job)  # what the backend refuses writes nothing
-    check_out_dir(job.out_dir)
-    if owns_run_folder(job):
+    cluster = detect_environment()
+    admit(job, strategy, cluster, overwrite=overwrite)
+    if owns_run_folder(job, cluster):
         with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
             write_run_plan(Path(job.out_dir), job.plan)  # what evaluate, predict and export read
             summary = dict(strategy.launch(job).summary)
     else:
+        Path(job.out_dir).mkdir(parents=True, exist_ok=True)  # rank 0's machine minds its contents
         summary = dict(strategy.launch(job).summary)
     stopped = summary.get("stopped") or {}
     if stopped.get("kind") == "nonfinite":
@@ -208,20 +147,20 @@ def fit(
     prepared = prepare_plan(plan, overrides)
     manager = make_plugin_manager(plugins)
     get_backend(manager, backend)  # fail on an unknown backend before writing anything
-    job = make_job(
-        prepared,
-        backend,
-        nproc,
-        workers,
-        device,
-        out,
-        options,
-        plugins,
-        timeout_seconds,
-        resume,
-        max_restarts,
-        nnodes,
-        node_rank,
-        rdzv_endpoint,
+    launch_options = LaunchOptions(
+        backend=backend,
+        replicas=nproc,
+        workers=workers,
+        device=device,
+        out=out,
+        options=dict(options or {}),
+        plugins=plugins,
+        timeout_seconds=timeout_seconds,
+        resume=resume,
+        max_restarts=max_restarts,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
     )
+    job = make_job(prepared, launch_options)
     return run_job(job, manager, overwrite)

@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from crosstrain.api import default_out_dir, make_job, prepare_plan, run_job
+from crosstrain.api import LaunchOptions, default_out_dir, make_job, prepare_plan, run_job
 from crosstrain.core.errors import CrosstrainError, Interrupted, WorkerError
 from crosstrain.launch import interrupts_raise
+from crosstrain.plot import add_plot_command
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
     backend_registry,
@@ -24,7 +25,6 @@ from crosstrain.plugins.manager import (
     report_failures,
     selection_from_args,
 )
-from crosstrain.plugins.plot import add_plot_command
 
 _RUN_ARGUMENTS = {
     "plan",
@@ -165,22 +165,22 @@ def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     plan = prepare_plan(args.plan, args.overrides)
     get_backend(manager, args.backend)
-    job = make_job(
-        plan,
-        args.backend,
-        args.nproc,
-        args.workers,
-        args.device,
-        args.out,
-        _plugin_options(args),
-        selection_from_args(args.plugins),
-        args.timeout,
-        args.resume,
-        args.max_restarts,
-        args.nnodes,
-        args.node_rank,
-        args.rdzv_endpoint,
+    options = LaunchOptions(
+        backend=args.backend,
+        replicas=args.nproc,
+        workers=args.workers,
+        device=args.device,
+        out=args.out,
+        options=_plugin_options(args),
+        plugins=selection_from_args(args.plugins),
+        timeout_seconds=args.timeout,
+        resume=args.resume,
+        max_restarts=args.max_restarts,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
     )
+    job = make_job(plan, options)
     summary = run_job(job, manager, args.overwrite)
     print_summary(console, summary, job.out_dir)
     return 0

@@ -16,10 +16,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from crosstrain.api import check_backend_can_run, make_job, run_job
+from crosstrain.api import LaunchOptions, make_job, run_job
+from crosstrain.core.admission import admit
 from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import DeviceChoice, PluginSelection
+from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
 from crosstrain.plugins.metrics import METRICS_FILE, read_metrics
 
@@ -102,19 +104,20 @@ def run_backends(
         )
     jobs = []
     folders = run_folders(backends)
+    cluster = detect_environment()
     for backend, folder in zip(backends, folders, strict=True):
-        job = make_job(
-            plan,
-            backend,
-            replicas,
-            workers,
-            device,
-            out_root / folder,
+        options = LaunchOptions(
+            backend=backend,
+            replicas=replicas,
+            workers=workers,
+            device=device,
+            out=out_root / folder,
             plugins=plugins,
             timeout_seconds=timeout_seconds,
         )
+        job = make_job(plan, options, cluster)
         # every backend must exist and accept the plan before the first run starts
-        check_backend_can_run(get_backend(manager, backend)(), job)
+        admit(job, get_backend(manager, backend)(), cluster)
         jobs.append(job)
     write_compare_file(out_root, plan, backends, folders)
     runs = []

@@ -10,7 +10,7 @@ import pytest
 
 from crosstrain.core.data import ArrayDataset, GlobalSampler, epoch_slice, load_datasets, step_batch
 from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 
 
 def test_every_row_exactly_once_per_epoch_and_padding_weighs_zero() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.describe import describe_graph
 from crosstrain.testing.plans import GPT_PLAN
 from tests.conftest import EXAMPLES, run_cli, worker_env

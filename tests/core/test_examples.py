@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.data import load_datasets
-from crosstrain.core.plan import check_world_fits, load_plan
+from crosstrain.core.plan import check_world_fits
+from crosstrain.core.planfile import load_plan
 from tests.conftest import EXAMPLES
 
 PLANS = sorted(EXAMPLES.glob("*.toml")) + sorted(EXAMPLES.glob("*.py"))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from crosstrain.core.data import StepBatch
 from crosstrain.core.loop import train
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.testing.null import NullStrategy
 from tests.support import StepRecorder

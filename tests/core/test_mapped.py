@@ -11,7 +11,7 @@ import pytest
 from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 
 IMAGE_PLAN = """
 name = "npy_images"

@@ -9,7 +9,8 @@ import pytest
 
 from crosstrain.core.errors import PlanError
 from crosstrain.core.layers import Conv2D, Dense
-from crosstrain.core.plan import Plan, check_world_fits, load_plan
+from crosstrain.core.plan import Plan, check_world_fits
+from crosstrain.core.planfile import load_plan
 from tests.conftest import EXAMPLES, MLP_PLAN, run_cli
 
 

@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 
 from crosstrain.core.checkpoint import (
-    CheckpointError,
     complete_checkpoints,
     last_checkpoint,
     read_checkpoint,
 )
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.errors import BackendError
+from crosstrain.core.errors import BackendError, CheckpointError
 from crosstrain.core.loop import train
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.strategy import Job, World
 from tests.support import StepRecorder

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.runfolder import RunFolderError, open_run_folder
+from crosstrain.core.errors import RunFolderError
+from crosstrain.core.runfolder import open_run_folder
 
 
 def test_a_new_or_empty_folder_is_used(tmp_path: Path) -> None:
@@ -52,18 +53,19 @@ def test_two_runs_cannot_share_a_folder(tmp_path: Path) -> None:
 def test_the_plans_output_dir_is_the_default_run_folder(
     write_plan: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from crosstrain.api import make_job
-    from crosstrain.core.plan import load_plan
+    from crosstrain.api import LaunchOptions, make_job
+    from crosstrain.core.planfile import load_plan
 
     plan = load_plan(write_plan(), [f"output.dir='{tmp_path / 'planned'}'"])
-    assert make_job(plan, "torch").out_dir == str(tmp_path / "planned")
-    assert make_job(plan, "torch", out=tmp_path / "flag").out_dir == str(tmp_path / "flag")  # --out wins
+    assert make_job(plan, LaunchOptions()).out_dir == str(tmp_path / "planned")
+    flag = LaunchOptions(out=tmp_path / "flag")
+    assert make_job(plan, flag).out_dir == str(tmp_path / "flag")  # --out wins
 
 
 def test_the_plan_as_run_is_kept_and_read_back(tmp_path: Path) -> None:
     """plan.json: what evaluate, predict and export rebuild the model from; overrides and
     absolute data paths included, and a run output that --overwrite replaces."""
-    from crosstrain.core.plan import load_plan
+    from crosstrain.core.planfile import load_plan
     from crosstrain.core.runfolder import PLAN_FILE, RUN_OUTPUTS, read_run_plan, write_run_plan
     from crosstrain.testing.plans import GPT_PLAN, write_tokens
 

@@ -11,7 +11,7 @@ import pytest
 from crosstrain.core.data import Batch, load_datasets, stored_rows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.testing.plans import SCALED_IMAGES_PLAN, write_images
 

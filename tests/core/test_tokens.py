@@ -10,7 +10,7 @@ import pytest
 
 from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.tokens import stdlib_files
 from crosstrain.testing.plans import GPT_PLAN, write_tokens
 

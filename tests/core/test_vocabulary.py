@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary, missing_names
 from crosstrain.testing.plans import GPT_PLAN
 

@@ -18,7 +18,8 @@ import pytest
 from crosstrain.core.data import load_datasets
 from crosstrain.core.layers import Flatten, MaxPool2D, ReLU
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import ModelSpec, Plan, load_plan
+from crosstrain.core.plan import ModelSpec, Plan
+from crosstrain.core.planfile import load_plan
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("tensorflow")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.plugins.plot import build_figure  # matplotlib: the plot extra, in dev
+from crosstrain.plot import build_figure  # matplotlib: the plot extra, in dev
 from tests.conftest import EXAMPLES, run_cli
 
 pytestmark = pytest.mark.cross

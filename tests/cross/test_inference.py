@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.errors import InputError
-from crosstrain.core.plan import load_plan
-from crosstrain.core.runfolder import RunFolderError, read_run_plan
+from crosstrain.core.errors import InputError, RunFolderError
+from crosstrain.core.planfile import load_plan
+from crosstrain.core.runfolder import read_run_plan
 from crosstrain.inference import evaluate_run, export_run, predict_run, read_rows
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN
 from tests.conftest import run_cli

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from crosstrain.core.admission import check_cluster, owns_run_folder
 from crosstrain.core.errors import BackendError, InputError
 from crosstrain.launch.environments import (
     KubeflowEnvironment,
@@ -16,7 +17,7 @@ from crosstrain.launch.environments import (
     SlurmEnvironment,
     TfConfigEnvironment,
     TorchElasticEnvironment,
-    check_cluster,
+    default_replicas,
     detect_environment,
     first_host,
     parse_endpoint,
@@ -146,11 +147,17 @@ def test_a_bad_tf_config_is_refused_clearly(text: str, message: str) -> None:
 
 def test_nproc_defaults_to_one_per_machine_or_to_what_the_launcher_started() -> None:
     local = LocalEnvironment({})
-    assert check_cluster(local, None) == 1
-    assert check_cluster(local, None, nnodes=2, rdzv_endpoint="node0:29400") == 2
-    assert check_cluster(local, 4, nnodes=2, node_rank=1, rdzv_endpoint="node0:29400") == 4
-    assert check_cluster(SlurmEnvironment(SLURM), None) == 8
-    assert check_cluster(TorchElasticEnvironment(TORCHRUN), 4) == 4
+    assert default_replicas(local, None, nnodes=1) == 1
+    assert default_replicas(local, None, nnodes=2) == 2
+    assert default_replicas(local, 4, nnodes=2) == 4
+    assert default_replicas(SlurmEnvironment(SLURM), None, nnodes=1) == 8
+    assert default_replicas(TorchElasticEnvironment(TORCHRUN), 4, nnodes=1) == 4
+    # and each is admitted: the flags agree with each other and with the environment
+    check_cluster(local, 1)
+    check_cluster(local, 2, nnodes=2, rdzv_endpoint="node0:29400")
+    check_cluster(local, 4, nnodes=2, node_rank=1, rdzv_endpoint="node0:29400")
+    check_cluster(SlurmEnvironment(SLURM), 8)
+    check_cluster(TorchElasticEnvironment(TORCHRUN), 4)
 
 
 @pytest.mark.parametrize(
@@ -209,11 +216,10 @@ def test_only_rank_0_minds_the_run_folder(
     node_rank: int,
     owns: bool,
 ) -> None:
-    from crosstrain.api import owns_run_folder
-    from crosstrain.core.plan import load_plan
+    from crosstrain.core.planfile import load_plan
     from crosstrain.core.strategy import Job
 
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     job = Job(plan=load_plan(write_plan()), backend="torch", nnodes=2, node_rank=node_rank)
-    assert owns_run_folder(job) is owns
+    assert owns_run_folder(job, detect_environment()) is owns

@@ -14,7 +14,7 @@ import pytest
 
 from crosstrain.core.errors import PlanError
 from crosstrain.core.loop import train
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.plugins import early_stop, hookspecs
 from tests.core.test_resume import MomentumStrategy

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.errors import BackendError
-from crosstrain.plugins.manager import PluginError, backend_registry, make_plugin_manager, selection_from_args
+from crosstrain.core.errors import BackendError, PluginError
+from crosstrain.plugins.manager import backend_registry, make_plugin_manager, selection_from_args
 from tests.conftest import run_cli, worker_env
 
 

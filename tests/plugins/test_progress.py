@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.context import RunContext
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job, World
 from crosstrain.plugins.progress import ProgressReporter
 from tests.conftest import EXAMPLES, REPO, run_cli, worker_env

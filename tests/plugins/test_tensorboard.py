@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from crosstrain.core.context import RunContext
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job, World
 from crosstrain.plugins import tensorboard
 from tests.conftest import EXAMPLES, run_cli, worker_env

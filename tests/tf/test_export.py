@@ -11,7 +11,7 @@ import pytest
 
 from crosstrain.core.errors import InputError
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 
 pytest.importorskip("tensorflow")

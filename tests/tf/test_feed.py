@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from crosstrain.core.data import load_datasets
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import (
     DROPOUT_MLP_PLAN,
     GPT_PLAN,

@@ -11,7 +11,7 @@ import pytest
 
 from crosstrain.backends.tf.gpu import nvml_name
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 
 pytestmark = pytest.mark.tf
 

@@ -109,7 +109,8 @@ def test_a_cpu_worker_computes_on_one_thread() -> None:
     pytest.importorskip("tensorflow")
     code = (
         "import tensorflow as tf\n"
-        "from crosstrain.backends.tf.launch import Layout, configure_devices\n"
+        "from crosstrain.backends.tf.launch import Layout\n"
+        "from crosstrain.backends.tf.worker import configure_devices\n"
         "devices = configure_devices(Layout(workers=1, local_replicas=2, device='cpu'), 0)\n"
         "threading = tf.config.threading\n"
         "print(*devices, threading.get_intra_op_parallelism_threads(), "

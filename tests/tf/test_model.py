@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.plan import OptimizerSpec, Plan, load_plan
+from crosstrain.core.plan import OptimizerSpec, Plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import World
 
 pytest.importorskip("tensorflow")

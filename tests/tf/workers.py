@@ -22,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from crosstrain.backends.tf.launch import Layout, configure_devices
+from crosstrain.backends.tf.launch import Layout
 from crosstrain.backends.tf.strategy import TfState, TfStrategy
+from crosstrain.backends.tf.worker import configure_devices
 from crosstrain.core.data import Batch, GlobalSampler, load_datasets, step_batch
 from crosstrain.core.loop import evaluate, initial_weights, train
-from crosstrain.core.plan import Plan, load_plan
+from crosstrain.core.plan import Plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job, World
 from tests.support import StepRecorder
 

@@ -15,7 +15,7 @@ import pytest
 import crosstrain
 from crosstrain import cli
 from crosstrain.core.checkpoint import load_checkpoint
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, write_tokens
 from tests.conftest import EXAMPLES, run_cli, worker_env
 from tests.support import step_losses, summary

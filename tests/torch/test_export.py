@@ -11,7 +11,7 @@ import pytest
 from crosstrain.core.checkpoint import save_checkpoint
 from crosstrain.core.errors import InputError
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import write_run_plan
 from crosstrain.inference import export_run, predict_run
 from crosstrain.testing.plans import RESNET_PLAN

@@ -12,7 +12,7 @@ import pytest
 
 from crosstrain.core.data import Batch, load_datasets, stored_rows
 from crosstrain.core.mapped import MappedRows
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
 from tests.support import scaled_images_on_the_host
 

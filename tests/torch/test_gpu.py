@@ -80,7 +80,7 @@ def test_fp32_convolutions_on_the_gpu_are_ieee_not_tf32(tmp_path: Path) -> None:
     off, so the result is within fp32 rounding."""
     from crosstrain.backends.torch.strategy import TorchStrategy
     from crosstrain.core.loop import initial_weights
-    from crosstrain.core.plan import load_plan
+    from crosstrain.core.planfile import load_plan
     from crosstrain.testing.conformance import write_plan
 
     plan = load_plan(write_plan(tmp_path, "resnet"))

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from crosstrain.backends.torch.graphs import WARMUP_STEPS, Replayable, StepGraph, capture_blocker  # noqa: E402
-from crosstrain.core.plan import load_plan  # noqa: E402
+from crosstrain.core.planfile import load_plan  # noqa: E402
 from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan  # noqa: E402
 from crosstrain.testing.runs import max_relative_difference  # noqa: E402
 

@@ -24,7 +24,8 @@ from crosstrain.core.layers import (
     MaxPool2D,
     ReLU,
 )
-from crosstrain.core.plan import ModelSpec, Plan, load_plan
+from crosstrain.core.plan import ModelSpec, Plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.vocabulary import missing_names
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 

@@ -11,7 +11,7 @@ import pytest
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data import Batch, StepBatch, load_datasets
 from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 
 pytestmark = pytest.mark.torch
 

@@ -13,8 +13,8 @@ import numpy as np
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from crosstrain.backends.common import free_port
-from crosstrain.backends.torch.launch import _join_group
 from crosstrain.backends.torch.strategy import TorchStrategy
+from crosstrain.backends.torch.worker import join_group
 from crosstrain.core.data import load_datasets
 from crosstrain.core.loop import evaluate, initial_weights, train
 from crosstrain.core.strategy import Job
@@ -26,7 +26,7 @@ T = TypeVar("T")
 def _weights_entry(job: Job) -> dict[str, np.ndarray]:
     import torch.distributed as dist
 
-    world, device = _join_group(job)
+    world, device = join_group(job)
     strategy = TorchStrategy(world=world, device=device)
     _, state = train(strategy, job, make_plugin_manager(job.plugins).hook)
     weights = strategy.state_dict(state)
@@ -40,7 +40,7 @@ def _eval_entry(job: Job) -> dict[str, float]:
     between world sizes comes from evaluation alone."""
     import torch.distributed as dist
 
-    world, device = _join_group(job)
+    world, device = join_group(job)
     strategy = TorchStrategy(world=world, device=device)
     state = strategy.build(job.plan, initial_weights(job.plan))
     evaluation = load_datasets(job.plan).eval

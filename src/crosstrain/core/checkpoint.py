@@ -28,7 +28,7 @@ import attrs
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import CheckpointError
 from crosstrain.core.plan import Plan
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -42,12 +42,6 @@ KEEP_BEST: dict[str, tuple[str, bool]] = {"eval.loss": ("loss", False), "eval.ac
 #: optimizer scalars kept in state.json rather than as tensors
 _SCALARS = {"optimizer.step": ("optimizer", "step"), "loss_scale.scale": ("loss_scale", "scale")}
 _SCALARS["loss_scale.growth_tracker"] = ("loss_scale", "growth_tracker")
-
-
-class CheckpointError(CrosstrainError):
-    """A run folder whose checkpoints cannot be resumed from (missing, from another plan)."""
-
-    exit_code = 2
 
 
 def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
@@ -180,13 +174,18 @@ def resume_point(run_dir: Path, plan: Plan) -> Checkpoint | None:
     path = last_checkpoint(run_dir)
     if path is None:
         return None
-    checkpoint = read_checkpoint(path)
-    if checkpoint.state.plan_hash != plan_hash(plan):
+    check_written_by(path, plan)
+    return read_checkpoint(path)
+
+
+def check_written_by(path: Path, plan: Plan) -> None:
+    """Refuse a checkpoint that another plan wrote (only its loop state is read)."""
+    written = json.loads((path / STATE_FILE).read_text())["plan_hash"]
+    if written != plan_hash(plan):
         raise CheckpointError(
-            f"{path}: written by another plan (hash {checkpoint.state.plan_hash}, this plan's is "
+            f"{path}: written by another plan (hash {written}, this plan's is "
             f"{plan_hash(plan)}); only the output section may change on --resume"
         )
-    return checkpoint
 
 
 def prune(run_dir: Path, keep: int, keep_best: str | None = None) -> list[Path]:

@@ -75,3 +75,43 @@ class Interrupted(CrosstrainError):
         self.signal_number = signal_number
         self.exit_code = 128 + signal_number
         super().__init__("interrupted")
+
+
+# --------------------------------------------------------------------------- raised by one part each
+
+
+class CheckpointError(CrosstrainError):
+    """A run folder whose checkpoints cannot be resumed from (missing, from another plan)."""
+
+    exit_code = 2
+
+
+class RunFolderError(CrosstrainError):
+    """A run folder that cannot be used as asked: in use, already used, nothing to resume."""
+
+    exit_code = 2
+
+
+class NonFiniteLossError(CrosstrainError):
+    """Training met a non-finite loss (``train.on_nonfinite = "stop"``) and ended there."""
+
+    exit_code = 1
+
+
+class PluginError(CrosstrainError):
+    """A plugin named with ``-p`` that does not load, or one that implements a hook that
+    does not exist: refused before any process starts."""
+
+    exit_code = 2
+
+
+class TensorboardError(CrosstrainError):
+    """--tensorboard was asked for, but no installed framework can write event files."""
+
+    exit_code = 2
+
+
+class RunDirError(CrosstrainError):
+    """A folder given to ``crosstrain plot`` that holds no run to plot."""
+
+    exit_code = 2

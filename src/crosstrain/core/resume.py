@@ -16,7 +16,6 @@ import numpy as np
 
 from crosstrain.core.checkpoint import (
     Checkpoint,
-    CheckpointError,
     LoopState,
     best_checkpoint,
     plan_hash,
@@ -26,7 +25,7 @@ from crosstrain.core.checkpoint import (
     write_checkpoint,
 )
 from crosstrain.core.context import RunContext
-from crosstrain.core.errors import BackendError
+from crosstrain.core.errors import BackendError, CheckpointError
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import (
     DistributedStrategy,

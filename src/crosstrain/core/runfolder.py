@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from crosstrain.core.checkpoint import last_checkpoint
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
 
 LOCK_FILE = ".crosstrain.lock"
@@ -37,34 +37,35 @@ RUN_OUTPUTS = (
 )
 
 
-class RunFolderError(CrosstrainError):
-    """A run folder that cannot be used as asked: in use, already used, nothing to resume."""
-
-    exit_code = 2
-
-
 @contextlib.contextmanager
 def open_run_folder(out_dir: Path, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
     """Create (or check, or clear) the run folder and hold its lock for the block."""
-    if resume and overwrite:
-        raise RunFolderError("--resume and --overwrite exclude each other")
     out_dir = Path(out_dir)
-    if resume and not out_dir.is_dir():
-        raise RunFolderError(f"--resume: no run folder {out_dir}")
+    check_request(out_dir, resume, overwrite)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir):
         _check_contents(out_dir, resume, overwrite)
         yield out_dir
 
 
+def check_request(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    """What can be refused before the folder is touched (the admission step asks too):
+    the flags together, and a resumed folder that does not exist or holds no checkpoint."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    if resume and not out_dir.is_dir():
+        raise RunFolderError(f"--resume: no run folder {out_dir}")
+    if resume and last_checkpoint(out_dir) is None:
+        raise RunFolderError(
+            f"--resume: {out_dir} has no complete checkpoint (set output.checkpoint_every_steps); "
+            f"--overwrite starts it again"
+        )
+
+
 def _check_contents(out_dir: Path, resume: bool, overwrite: bool) -> None:
     existing = [out_dir / name for name in RUN_OUTPUTS if (out_dir / name).exists()]
     if resume:
-        if last_checkpoint(out_dir) is None:
-            raise RunFolderError(
-                f"--resume: {out_dir} has no complete checkpoint (set output.checkpoint_every_steps); "
-                f"--overwrite starts it again"
-            )
+        check_request(out_dir, resume, overwrite)  # again, under the lock
         return
     if existing and not overwrite:
         raise RunFolderError(

@@ -7,12 +7,13 @@ class registered through the ``crosstrain`` entry-point group (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
+import pluggy
 
 from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.plan import Plan
@@ -53,6 +54,11 @@ class PluginSelection:
     disabled: tuple[str, ...] = ()
 
 
+#: turns a process's plugin selection into the hook relay the loop calls; the plugin
+#: manager's :func:`crosstrain.plugins.manager.hook_relay` (core sits below the manager)
+HookLoader = Callable[[PluginSelection], pluggy.HookRelay]
+
+
 @attrs.frozen
 class Job:
     """Everything a worker needs to run the plan; picklable, sent to every process.
@@ -83,6 +89,11 @@ class Job:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = ""
+    #: how each worker loads ``plugins`` (:func:`crosstrain.core.worker.run_worker` calls it):
+    #: set by ``crosstrain.api.make_job`` to the plugin manager's ``hook_relay``. Core may not
+    #: import the manager, so whoever makes the job hands it down; a module-level function,
+    #: so the job still pickles (by reference) to every process
+    load_hooks: HookLoader | None = None
 
 
 @attrs.frozen

@@ -23,20 +23,14 @@ from typing import cast
 import attrs
 import pluggy
 
-from crosstrain.core.errors import BackendError, CrosstrainError
+from crosstrain.core.admission import check_framework
+from crosstrain.core.errors import BackendError, PluginError
 from crosstrain.core.strategy import DistributedStrategy, PluginSelection
 from crosstrain.plugins import hookspecs
 
 GROUP = "crosstrain"
 AUTOLOAD_OFF_VARIABLE = "CROSSTRAIN_DISABLE_PLUGIN_AUTOLOAD"
 OWN_DISTRIBUTION = "crosstrain"
-
-
-class PluginError(CrosstrainError):
-    """A plugin named with ``-p`` that does not load, or one that implements a hook that
-    does not exist: refused before any process starts."""
-
-    exit_code = 2
 
 
 @attrs.frozen
@@ -99,6 +93,12 @@ def make_plugin_manager(selection: PluginSelection = PluginSelection()) -> Cross
             _register(manager, name, "(-p)", functools.partial(importlib.import_module, name), True)
     check_hook_names(manager)
     return manager
+
+
+def hook_relay(selection: PluginSelection) -> pluggy.HookRelay:
+    """The hook relay of ``selection``'s plugins: what every worker calls, handed down to
+    core in ``Job.load_hooks`` (core may not import this module)."""
+    return make_plugin_manager(selection).hook
 
 
 def _register(
@@ -185,10 +185,5 @@ def get_backend(manager: CrosstrainPluginManager, name: str) -> type[Distributed
     if entry is None:
         known = ", ".join(sorted(registry)) or "none"
         raise BackendError(f"unknown backend {name!r}; registered backends: {known}")
-    status = entry.strategy.framework_status()
-    if not status.importable:
-        raise BackendError(
-            f"backend {name!r} needs its framework, which does not import ({status.problem}); "
-            f"install it with: {entry.strategy.install_hint}"
-        )
+    check_framework(entry.strategy, name)  # admission asks again; a missing one fails here first
     return entry.strategy

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crosstrain.core.context import RunContext
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import TensorboardError
 from crosstrain.plugins.hookspecs import hookimpl
 
 OPTION = "tensorboard"  # the argparse dest, hence the key in context.options
@@ -25,12 +25,6 @@ DEFAULT_SUBDIR = "tensorboard"
 # Tags written; eval metrics are written as eval/<name> (all but the row count).
 TRAIN_LOSS_TAG, LEARNING_RATE_TAG = "train/loss", "train/lr"
 _NOT_WRITTEN = frozenset({"count"})
-
-
-class TensorboardError(CrosstrainError):
-    """--tensorboard was asked for, but no installed framework can write event files."""
-
-    exit_code = 2
 
 
 class ScalarWriter(Protocol):

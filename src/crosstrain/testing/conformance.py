@@ -36,7 +36,7 @@ import pytest
 from crosstrain.core.checkpoint import complete_checkpoints
 from crosstrain.core.data import GlobalSampler, load_datasets
 from crosstrain.core.errors import PlanError
-from crosstrain.core.plan import load_plan
+from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager

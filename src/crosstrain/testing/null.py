@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.strategy import World
+from crosstrain.core.strategy import FrameworkStatus, World
 
 
 class LazyLoss:
@@ -33,6 +33,11 @@ class NullStrategy:
 
     def __init__(self, read_rows: bool = False) -> None:
         self.read_rows = read_rows
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        """No framework to import: always ready (the admission step asks)."""
+        return FrameworkStatus(importable=True, version="-")
 
     def build(self, plan: Any, weights: Mapping[str, np.ndarray]) -> dict[str, int]:
         return {}

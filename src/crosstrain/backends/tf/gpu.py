@@ -21,7 +21,7 @@ def nvml_name(ordinal: int, visible: str | None) -> str:
 
 
 def first_gpu_handle() -> Any | None:
-    """NVML's handle of the first GPU this worker was given (``launch.configure_devices``),
+    """NVML's handle of the first GPU this worker was given (``worker.configure_devices``),
     NVML initialised; None without ``pynvml`` or when NVML cannot say."""
     import tensorflow as tf
 

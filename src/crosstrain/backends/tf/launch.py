@@ -25,18 +25,16 @@ import json
 import os
 import pickle
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from crosstrain.backends.common import CPU_THREADS, free_port
-from crosstrain.backends.tf.strategy import TF_ENVIRONMENT, TfStrategy
+from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
-from crosstrain.core.heartbeat import collective_timeout
-from crosstrain.core.strategy import Job, RunResult, World
-from crosstrain.launch import WorkerSpec, launch_folder, run_workers, serve
+from crosstrain.core.strategy import DistributedStrategy, Job, RunResult, World
+from crosstrain.launch import WorkerSpec, launch_folder, run_workers
 from crosstrain.launch.environments import (
     TF_CONFIG,
     ClusterEnvironment,
@@ -45,9 +43,12 @@ from crosstrain.launch.environments import (
     parse_endpoint,
 )
 from crosstrain.launch.store import exchange, reachable_address, serve_store
-from crosstrain.launch.worker import restart_count, worker_folder, worker_rank
 
 JOB_FILE = "job.pkl"
+#: environment every TensorFlow process of crosstrain gets unless the user set it
+TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+#: what builds a worker's strategy from its world and tf.distribute strategy: TfStrategy itself
+StrategyMaker = Callable[[World, Any], DistributedStrategy]
 
 
 @attrs.frozen
@@ -129,13 +130,17 @@ def local_cluster_config(ports: Sequence[int], rank: int) -> str:
 # --------------------------------------------------------------------------- launcher
 
 
-def launch(job: Job) -> RunResult:
+def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
+    """Run ``job`` in fresh worker processes, each running
+    :func:`crosstrain.backends.tf.worker.worker_main` with the strategy ``make_strategy``
+    builds there (the strategy's own class, handed down by it and pickled by reference
+    into the job file: this module imports neither the strategy nor the worker)."""
     environment = detect_environment()
     cluster = cluster_from_environment()
     layout = plan_layout(job, cluster, physical_gpus() if job.device != "cpu" else 0)
     with launch_folder("tf") as run_dir, _exchange_served(job, environment):
         with open(run_dir / JOB_FILE, "wb") as handle:
-            pickle.dump((job, layout), handle)
+            pickle.dump((job, layout, make_strategy), handle)
         first = _workers_here(job, layout, environment)
         specs = functools.partial(_group_specs, job, run_dir, layout, environment, first)
         results = run_workers(specs, run_dir, job.timeout_seconds, job.max_restarts, Path(job.out_dir))
@@ -249,80 +254,6 @@ def _worker_command(local_index: int) -> list[str]:
     return [
         sys.executable,
         "-c",
-        "from crosstrain.backends.tf.launch import worker_main; worker_main()",
+        "from crosstrain.backends.tf.worker import worker_main; worker_main()",
         str(local_index),
     ]
-
-
-# --------------------------------------------------------------------------- in the worker
-
-
-def worker_main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of each worker process: ``LOCAL_INDEX``; the launch folder and rank come
-    from the environment (:mod:`crosstrain.launch.worker`)."""
-    (local_text,) = list(sys.argv[1:] if argv is None else argv)
-
-    def train() -> dict[str, Any]:
-        from crosstrain.core.worker import attempt_job
-
-        with open(worker_folder() / JOB_FILE, "rb") as handle:
-            job, layout = pickle.load(handle)
-        job = attempt_job(job, restart_count())  # a restarted group resumes
-        return _train(job, layout, worker_rank(), int(local_text))
-
-    serve(train)
-
-
-def _train(job: Job, layout: Layout, rank: int, local_index: int) -> dict[str, Any]:
-    from crosstrain.core.worker import run_worker
-
-    devices = configure_devices(layout, local_index)
-    distribution = make_distribution(job, layout, devices)
-    world = World(
-        process_index=rank,
-        process_count=layout.workers,
-        local_replicas=layout.local_replicas,
-        device=layout.device,
-    )
-    if distribution.num_replicas_in_sync != world.replicas:
-        raise BackendError(
-            f"TensorFlow made {distribution.num_replicas_in_sync} replicas, the job asks for {world.replicas}"
-        )
-    return run_worker(TfStrategy(world=world, distribution=distribution), job)
-
-
-def configure_devices(layout: Layout, local_index: int) -> list[str]:
-    """Make this process's replica devices visible; must run before any TensorFlow op."""
-    import tensorflow as tf
-
-    count = layout.local_replicas
-    if layout.device == "gpu":
-        mine = tf.config.list_physical_devices("GPU")[local_index * count : (local_index + 1) * count]
-        tf.config.set_visible_devices(mine, "GPU")
-        for gpu in mine:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        # fp32 in IEEE float32, as torch's backend computes it: TensorFlow's matrix products
-        # and convolutions default to TF32 (a 10-bit mantissa) on Ampere and later GPUs
-        tf.config.experimental.enable_tensor_float_32_execution(False)
-        return [f"/gpu:{index}" for index in range(count)]
-    tf.config.set_visible_devices([], "GPU")
-    if count > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    # as torch's workers: one thread (TensorFlow's defaults size both pools to every core).
-    # Two replicas in one process ran no faster with an inter-op thread each (measured)
-    tf.config.threading.set_intra_op_parallelism_threads(CPU_THREADS)
-    tf.config.threading.set_inter_op_parallelism_threads(CPU_THREADS)
-    return [f"/cpu:{index}" for index in range(count)]
-
-
-def make_distribution(job: Job, layout: Layout, devices: list[str]) -> Any:
-    import tensorflow as tf
-
-    if layout.workers == 1:
-        return tf.distribute.MirroredStrategy(devices=devices)
-    # longer than the launcher's heartbeat deadline: a hang is reported naming the rank behind
-    options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=collective_timeout(job.timeout_seconds)
-    )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from crosstrain.backends.tf.feed import TfFeed, host_inputs
+from crosstrain.backends.tf.launch import TF_ENVIRONMENT
 from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_scalars
 from crosstrain.backends.tf.steps import (
     Fetch,
@@ -39,9 +40,6 @@ from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import keras
-
-#: environment every TensorFlow process of crosstrain gets unless the user set it
-TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
 @attrs.define
@@ -141,7 +139,7 @@ class TfStrategy:
     def launch(self, job: Job) -> RunResult:
         from crosstrain.backends.tf.launch import launch
 
-        return launch(job)
+        return launch(job, type(self))
 
     # ----------------------------------------------------------------- model
 
@@ -376,7 +374,7 @@ class TfStrategy:
 
     def restarts_workers(self) -> bool:
         """The shared launcher restarts the group (``run_workers(max_restarts=...)``), and
-        each restarted worker resumes (see ``launch.worker_main``)."""
+        each restarted worker resumes (see ``worker.worker_main``)."""
         return True
 
     def _named_slots(self, state: TfState) -> list[tuple[str, str, Any]]:

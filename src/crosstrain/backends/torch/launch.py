@@ -11,7 +11,6 @@ SIGINT/SIGTERM ending as :class:`Interrupted` rather than a traceback.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import math
 import os
@@ -23,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from crosstrain.backends.common import CPU_THREADS, free_port
-from crosstrain.backends.torch.strategy import TorchStrategy
+from crosstrain.backends.common import free_port
+from crosstrain.backends.torch.worker import LAUNCHER_PID, StrategyMaker, resolve_device, worker_main
 from crosstrain.core.errors import (
     BackendError,
     InputError,
@@ -39,33 +37,21 @@ from crosstrain.core.errors import (
     WorkerError,
     WorkerStalled,
 )
-from crosstrain.core.heartbeat import HEARTBEAT_DIR, collective_timeout
+from crosstrain.core.heartbeat import HEARTBEAT_DIR
 from crosstrain.core.plan import check_world_fits
-from crosstrain.core.strategy import Job, RunResult, World
-from crosstrain.core.worker import attempt_job, run_worker
-from crosstrain.launch import StallMonitor, die_with_parent, launch_folder
+from crosstrain.core.strategy import Job, RunResult
+from crosstrain.launch import StallMonitor, launch_folder
 from crosstrain.launch.environments import (
-    LocalEnvironment,
-    TorchElasticEnvironment,
     detect_environment,
     mismatch,
     parse_endpoint,
 )
 from crosstrain.launch.reports import blame_order, describe_exit
 
-_LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
 #: errors of bad input, by the name torch's error file gives them, and their exit codes
 _BAD_INPUT = {error.__name__: error.exit_code for error in (PlanError, BackendError, InputError)}
 _MONITOR_SECONDS = 0.2
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def resolve_device(choice: str) -> str:
-    """'auto' is the GPU when there is one; 'gpu' without one is an error, not a silent CPU run."""
-    has_gpu = torch.cuda.is_available()
-    if choice == "gpu" and not has_gpu:
-        raise BackendError("--device gpu, but torch sees no CUDA GPU")
-    return "cuda" if choice == "gpu" or (choice == "auto" and has_gpu) else "cpu"
 
 
 def check_layout(job: Job) -> None:
@@ -88,11 +74,14 @@ def check_layout(job: Job) -> None:
         raise BackendError(f"--nproc {processes} needs {local} GPUs on each machine; torch sees {gpus}")
 
 
-def launch(job: Job) -> RunResult:
+def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
+    """Run ``job`` in one process per replica, each running :func:`worker_main` with the
+    strategy ``make_strategy`` builds there (the strategy's own class, handed down by it:
+    this module does not import the strategy's)."""
     check_layout(job)
     if not detect_environment().starts_processes:
         # torchrun, srun or Kubeflow started this process: it is one worker of the group
-        return RunResult(_worker(job) or {}, job.out_dir)
+        return RunResult(worker_main(job, make_strategy) or {}, job.out_dir)
     local = job.replicas // job.nnodes
     if job.max_restarts > 0:
         # A restarted group on the agent's shared store can read the dead workers' gloo
@@ -103,7 +92,7 @@ def launch(job: Job) -> RunResult:
     ranks = range(local) if job.nnodes == 1 else None  # on many machines: known after the rendezvous
     with launch_folder("torch") as folder, _watched(folder, local, ranks, job.timeout_seconds) as stalls:
         try:
-            results = elastic_launch(_config(job, folder), _worker)(job)
+            results = elastic_launch(_config(job, folder), worker_main)(job, make_strategy)
         except ChildFailedError as failure:
             raise (stalls[-1] if stalls else _worker_error(failure)) from None
         except SignalException as signalled:
@@ -143,7 +132,7 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
         # the address the other machines reach this one's workers at: torchrun's
         # --local-addr; on loopback every "machine" is this host
         local_addr="127.0.0.1" if host in _LOOPBACK else None,
-        max_restarts=job.max_restarts,  # each restart resumes (see _worker)
+        max_restarts=job.max_restarts,  # each restart resumes (see worker.worker_main)
         monitor_interval=0.1,
         start_method="spawn",
         # the agent's logs and error files in the launch folder, removed with it (by default
@@ -191,8 +180,8 @@ def _watched(
             if known is not None:
                 monitors.append(StallMonitor(heartbeats, known, timeout_seconds))
 
-    saved = {name: os.environ.get(name) for name in (HEARTBEAT_DIR, _LAUNCHER_PID)}
-    os.environ.update({HEARTBEAT_DIR: str(heartbeats), _LAUNCHER_PID: str(os.getpid())})
+    saved = {name: os.environ.get(name) for name in (HEARTBEAT_DIR, LAUNCHER_PID)}
+    os.environ.update({HEARTBEAT_DIR: str(heartbeats), LAUNCHER_PID: str(os.getpid())})
     watcher = threading.Thread(target=watch, name="crosstrain-heartbeat", daemon=True)
     watcher.start()
     try:
@@ -247,60 +236,3 @@ def _blame(failure: ProcessFailure) -> tuple[int, float]:
     data = failure.error_file_data
     reported = isinstance(data, dict) and isinstance(data.get("message"), dict)
     return blame_order(failure.exitcode, float(failure.timestamp) if reported else None)
-
-
-# --------------------------------------------------------------------------- in the worker
-
-
-@record
-def _worker(job: Job) -> dict[str, Any]:
-    """Entry point of each worker process: join the group, train, leave the group."""
-    _die_with_launcher()
-    world, device = _join_group(job)
-    job = attempt_job(job, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-    try:
-        return run_worker(TorchStrategy(world=world, device=device), job)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _die_with_launcher() -> None:
-    """SIGKILL when the launcher dies (torch's own parent-death signal is SIGINT, which a
-    worker blocked in a collective does not act on), and a quiet exit on SIGINT: the
-    launcher, which gets a terminal's Ctrl-C too, reports the interruption once."""
-    launcher = os.environ.get(_LAUNCHER_PID)
-    if launcher is None:  # joined a torchrun group: this process is the CLI, torchrun the agent
-        return
-    die_with_parent(int(launcher))
-    signal.signal(signal.SIGINT, lambda number, frame: os._exit(128 + number))
-
-
-def _join_group(job: Job) -> tuple[World, str]:
-    """Under the agent, torchrun or an outside launcher, the environment says where this
-    process stands (:mod:`crosstrain.launch.environments`)."""
-    environment = detect_environment()
-    rank, world_size, local_rank = environment.rank(), environment.world_size(), environment.local_rank()
-    if not isinstance(environment, (TorchElasticEnvironment, LocalEnvironment)):
-        # srun, Kubeflow or a TF_CONFIG: torch's env:// reads torchrun's names
-        os.environ.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(local_rank),
-            MASTER_ADDR=environment.main_address(),
-            MASTER_PORT=str(environment.main_port()),
-        )
-    device = resolve_device(job.device)
-    if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = f"cuda:{local_rank}"
-    else:
-        torch.set_num_threads(CPU_THREADS)  # one replica per process
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(
-            backend="nccl" if device.startswith("cuda") else "gloo",
-            # longer than the heartbeat deadline: a hang is reported naming the rank behind
-            timeout=datetime.timedelta(seconds=collective_timeout(job.timeout_seconds)),
-            device_id=torch.device(device) if device.startswith("cuda") else None,
-        )
-    return World(process_index=rank, process_count=world_size, local_replicas=1, device=device), device

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from crosstrain.backends.torch.graphs import StepGraph
 from crosstrain.backends.torch.model import correct_per_row, per_row_loss, summed_loss
 from crosstrain.backends.torch.optimizer import grads_finite
-from crosstrain.backends.torch.strategy import PRECISIONS, TorchState
+from crosstrain.backends.torch.state import PRECISIONS, TorchState
 from crosstrain.core.data import Batch, StepBatch
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from crosstrain.compare import compare_run_folders
-from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.errors import CrosstrainError, RunDirError
 from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 if TYPE_CHECKING:
@@ -39,12 +39,6 @@ PANELS = (
     ("eval loss", "loss", "o"),
     ("eval accuracy", "accuracy", "o"),
 )
-
-
-class RunDirError(CrosstrainError):
-    """A folder given to ``crosstrain plot`` that holds no run to plot."""
-
-    exit_code = 2
 
 
 @attrs.frozen

@@ -12,8 +12,9 @@ import pytest
 
 from crosstrain import CrosstrainError
 from crosstrain.compare import write_compare_file
-from crosstrain.core.plan import load_plan
-from crosstrain.plugins.plot import FIGURE_DPI, FIGURE_INCHES, RunDirError, build_figure, plot_runs
+from crosstrain.core.errors import RunDirError
+from crosstrain.core.planfile import load_plan
+from crosstrain.plot import FIGURE_DPI, FIGURE_INCHES, build_figure, plot_runs
 from tests.conftest import EXAMPLES, run_cli
 
 pytest.importorskip("matplotlib", reason="crosstrain plot needs matplotlib (the plot extra)")

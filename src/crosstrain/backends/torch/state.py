@@ -1,0 +1,57 @@
+"""What a TorchStrategy keeps between steps (:class:`TorchState`) and the precisions it
+autocasts to: the record the strategy builds and steps.py runs, in a module of its own so
+that neither of those two imports the other's module.
+
+This module imports torch only for type checking.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from crosstrain.core.plan import Plan
+from crosstrain.core.report import GpuUtilisation
+
+if TYPE_CHECKING:
+    import torch
+
+    from crosstrain.backends.torch.feed import Feed
+    from crosstrain.backends.torch.graphs import StepGraph
+
+
+@attrs.define
+class TorchState:
+    module: torch.nn.Module  # the unwrapped model: weights are read and written here
+    model: torch.nn.Module  # what runs forward: DDP(module) when there are several processes
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    plan: Plan
+    feed: Feed  # where the data sits and how a batch's rows reach the device
+    device: str  # "cpu" or "cuda:<index>"
+    processes: int = 1  # the world's processes: DDP averages each step's gradients over them
+    distributed: bool = False  # in a process group: the step's sums are all-reduced
+    utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
+    optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
+    gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
+    cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)
+    step_graph: StepGraph | None = None  # the whole eager step replayed as one CUDA graph
+
+    def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
+        """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""
+        key = (scale, loss.dtype, loss.device)
+        if key not in self.gradient_seeds:
+            import torch
+
+            self.gradient_seeds[key] = torch.full((), scale, dtype=loss.dtype, device=loss.device)
+        return self.gradient_seeds[key]
+
+    def set_training(self, training: bool) -> None:
+        """train()/eval() walk every submodule: only when the mode changes, not every step."""
+        if self.module.training != training:
+            self.model.train(training)
+
+
+#: core precision -> the autocast dtype (None: plain fp32)
+PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}

@@ -1,0 +1,97 @@
+"""What runs inside each torch worker process: join the process group, build the
+strategy, run :func:`crosstrain.core.worker.run_worker`, leave the group.
+
+The launching side (:mod:`crosstrain.backends.torch.launch`) hands :func:`worker_main` to
+torch's elastic agent together with the strategy's class, which the agent pickles (by
+reference) to every worker; so this module imports neither the launcher nor the strategy,
+and the strategy imports the launcher, which imports this: one direction, no circle.
+The tf backend's worker.py is its mirror.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from crosstrain.backends.common import CPU_THREADS
+from crosstrain.core.errors import BackendError
+from crosstrain.core.heartbeat import collective_timeout
+from crosstrain.core.strategy import DistributedStrategy, Job, World
+from crosstrain.core.worker import attempt_job, run_worker
+from crosstrain.launch import die_with_parent
+from crosstrain.launch.environments import LocalEnvironment, TorchElasticEnvironment, detect_environment
+
+#: the launcher's process id, read by its workers to die with it (unset under torchrun)
+LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
+#: what builds a worker's strategy from its world and device: TorchStrategy itself
+StrategyMaker = Callable[[World, str], DistributedStrategy]
+
+
+def resolve_device(choice: str) -> str:
+    """'auto' is the GPU when there is one; 'gpu' without one is an error, not a silent CPU run."""
+    has_gpu = torch.cuda.is_available()
+    if choice == "gpu" and not has_gpu:
+        raise BackendError("--device gpu, but torch sees no CUDA GPU")
+    return "cuda" if choice == "gpu" or (choice == "auto" and has_gpu) else "cpu"
+
+
+@record
+def worker_main(job: Job, make_strategy: StrategyMaker) -> dict[str, Any]:
+    """Entry point of each worker process (the elastic agent calls it, or the CLI under
+    torchrun): join the group, build the strategy, train, leave the group."""
+    _die_with_launcher()
+    world, device = join_group(job)
+    job = attempt_job(job, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    try:
+        return run_worker(make_strategy(world, device), job)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _die_with_launcher() -> None:
+    """SIGKILL when the launcher dies (torch's own parent-death signal is SIGINT, which a
+    worker blocked in a collective does not act on), and a quiet exit on SIGINT: the
+    launcher, which gets a terminal's Ctrl-C too, reports the interruption once."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is None:  # joined a torchrun group: this process is the CLI, torchrun the agent
+        return
+    die_with_parent(int(launcher))
+    signal.signal(signal.SIGINT, lambda number, frame: os._exit(128 + number))
+
+
+def join_group(job: Job) -> tuple[World, str]:
+    """Under the agent, torchrun or an outside launcher, the environment says where this
+    process stands (:mod:`crosstrain.launch.environments`)."""
+    environment = detect_environment()
+    rank, world_size, local_rank = environment.rank(), environment.world_size(), environment.local_rank()
+    if not isinstance(environment, (TorchElasticEnvironment, LocalEnvironment)):
+        # srun, Kubeflow or a TF_CONFIG: torch's env:// reads torchrun's names
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(local_rank),
+            MASTER_ADDR=environment.main_address(),
+            MASTER_PORT=str(environment.main_port()),
+        )
+    device = resolve_device(job.device)
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    else:
+        torch.set_num_threads(CPU_THREADS)  # one replica per process
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.startswith("cuda") else "gloo",
+            # longer than the heartbeat deadline: a hang is reported naming the rank behind
+            timeout=datetime.timedelta(seconds=collective_timeout(job.timeout_seconds)),
+            device_id=torch.device(device) if device.startswith("cuda") else None,
+        )
+    return World(process_index=rank, process_count=world_size, local_replicas=1, device=device), device

@@ -1,0 +1,174 @@
+"""The admission step in process, on the null backend: what it refuses, in which order
+(a job with two problems is refused for the earlier one), and that it writes nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import pytest
+
+from crosstrain.core.admission import admit
+from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError, RunFolderError
+from crosstrain.core.planfile import load_plan
+from crosstrain.core.strategy import FrameworkStatus, Job
+from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary
+from crosstrain.testing.null import NullStrategy
+
+
+class WithoutRelu(NullStrategy):
+    """Speaks every core name but ``relu`` (the test plan's second layer)."""
+
+    @classmethod
+    def vocabulary(cls) -> Vocabulary:
+        return attrs.evolve(CORE_VOCABULARY, layers=CORE_VOCABULARY.layers - {"relu"})
+
+
+class RefusesEveryJob(WithoutRelu):
+    def check_job(self, job: Job) -> None:
+        raise BackendError("the null backend refuses this layout")
+
+
+class NotInstalled(RefusesEveryJob):
+    install_hint: ClassVar[str] = "pip install nothing"
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        return FrameworkStatus(importable=False, problem="No module named 'nothing'")
+
+
+class Spanning(NullStrategy):
+    """Runs under outside launchers (:class:`~crosstrain.core.strategy.SpansNodes`)."""
+
+    def spans_nodes(self) -> bool:
+        return True
+
+
+@attrs.frozen
+class OutsideLauncher:
+    """An outside launcher's group of ``processes``, this process being ``this_rank``."""
+
+    processes: int = 4
+    this_rank: int = 0
+    starts_processes: bool = False
+
+    def world_size(self) -> int:
+        return self.processes
+
+    def rank(self) -> int:
+        return self.this_rank
+
+    def describe(self) -> str:
+        return f"the test launcher ({self.processes} processes)"
+
+
+@pytest.fixture
+def make_job(write_plan: Callable[..., Path], tmp_path: Path) -> Callable[..., Job]:
+    """A job of the tiny MLP plan (global batch 32) into tmp_path/run, fields overridden."""
+    plan_file = write_plan()
+
+    def make(*settings: str, **fields: Any) -> Job:
+        job = Job(plan=load_plan(plan_file, settings), backend="null", out_dir=str(tmp_path / "run"))
+        return attrs.evolve(job, **fields)
+
+    return make
+
+
+def test_a_job_that_fits_is_admitted_and_nothing_is_written(
+    make_job: Callable[..., Job], tmp_path: Path
+) -> None:
+    admit(make_job(replicas=2), NullStrategy())
+    assert not (tmp_path / "run").exists()  # the run folder makes it, once admitted
+
+
+@pytest.mark.parametrize(
+    ("strategy", "settings", "fields", "error", "message"),
+    [
+        # 1, the framework, before 2, the cluster flags
+        (NotInstalled(), (), {"nnodes": 0}, BackendError, "install it with: pip install nothing"),
+        # 2, the cluster, before 3, the numbers
+        (NullStrategy(), (), {"nnodes": 2, "timeout_seconds": 0.0}, InputError, "--nnodes 2 needs"),
+        # 3, the numbers, before 4, the plan against the world
+        (NullStrategy(), (), {"replicas": 3, "timeout_seconds": 0.0}, InputError, "--timeout 0: must be"),
+        # 4, the world, before 6, the backend's tables
+        (WithoutRelu(), (), {"replicas": 3}, PlanError, r"32 is not divisible by replicas \(3\)"),
+        # 5, the data, before 6, the backend's tables
+        (WithoutRelu(), ("model.input_shape=[32]",), {}, PlanError, r"rows have shape \[64\]"),
+        # 6, the backend's tables, before 7, its own check
+        (RefusesEveryJob(), (), {}, PlanError, r"model.layers\[1\]: the null backend has no 'relu'"),
+        # 7, the backend's own check, before 8, its capabilities
+        (
+            RefusesEveryJob(),
+            ("model.layers=[{type='dense', units=10}]",),
+            {"max_restarts": 1},
+            BackendError,
+            "refuses this layout",
+        ),
+        # 8, the capabilities, before 9, the output folder
+        (NullStrategy(), (), {"max_restarts": 1, "out_dir": "FILE"}, BackendError, "cannot restart"),
+        # 9, the output folder, before 10, the resumed run
+        (NullStrategy(), (), {"resume": True, "out_dir": "FILE"}, InputError, "is a file, not a folder"),
+    ],
+)
+def test_of_two_problems_the_earlier_step_is_reported(
+    make_job: Callable[..., Job],
+    tmp_path: Path,
+    strategy: NullStrategy,
+    settings: tuple[str, ...],
+    fields: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    file = tmp_path / "file"
+    file.write_text("not a folder")
+    if fields.get("out_dir") == "FILE":
+        fields = {**fields, "out_dir": str(file)}
+    with pytest.raises(error, match=message):
+        admit(make_job(*settings, **fields), strategy)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_output_folder_is_checked_without_creating_it(
+    make_job: Callable[..., Job], tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(InputError, match="cannot create the folder: Not a directory"):
+        admit(make_job(out_dir=str(tmp_path / "file" / "run")), NullStrategy())
+    admit(make_job(out_dir=str(tmp_path / "new" / "deeper" / "run")), NullStrategy())
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_resumed_run_needs_its_folder_and_a_checkpoint_of_this_plan(
+    make_job: Callable[..., Job], tmp_path: Path
+) -> None:
+    job = make_job(resume=True)
+    with pytest.raises(RunFolderError, match="--resume: no run folder"):
+        admit(job, NullStrategy())
+    (tmp_path / "run").mkdir()
+    with pytest.raises(RunFolderError, match="has no complete checkpoint"):
+        admit(job, NullStrategy())
+    with pytest.raises(RunFolderError, match="--resume and --overwrite exclude each other"):
+        admit(job, NullStrategy(), overwrite=True)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000010"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps({"plan_hash": "another plan's"}))
+    with pytest.raises(CheckpointError, match="written by another plan"):
+        admit(job, NullStrategy())
+
+
+def test_under_an_outside_launcher_the_flags_meet_its_processes(make_job: Callable[..., Job]) -> None:
+    admit(make_job(replicas=4), Spanning(), OutsideLauncher())
+    with pytest.raises(InputError, match=r"--nproc 2, but the test launcher \(4 processes\)"):
+        admit(make_job(replicas=2), Spanning(), OutsideLauncher())
+    with pytest.raises(BackendError, match="the null backend runs on one machine in one launch"):
+        admit(make_job(replicas=4), NullStrategy(), OutsideLauncher())
+
+
+def test_only_the_rank_that_minds_the_run_folder_checks_a_resumed_run(make_job: Callable[..., Job]) -> None:
+    job = make_job(replicas=4, resume=True)  # no run folder here: another machine's, maybe
+    admit(job, Spanning(), OutsideLauncher(this_rank=1))
+    with pytest.raises(RunFolderError, match="no run folder"):
+        admit(job, Spanning(), OutsideLauncher(this_rank=0))
