@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.errors import PlanError
+from crosstrain.core.optimizers import OPTIMIZER_SLOTS, OPTIMIZERS
 from crosstrain.core.plan import load_plan
 from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary, missing_names
 from crosstrain.testing.plans import GPT_PLAN
@@ -47,3 +48,10 @@ def test_missing_names_lists_what_a_backend_lacks() -> None:
         "optimizers": ["adamw"],
         "precisions": ["bf16", "fp16"],
     }
+
+
+def test_every_core_optimizer_names_its_slots() -> None:
+    """A checkpoint names each optimizer's slots the same on every backend: an optimizer
+    added to core's names without its slots (or the reverse) fails here."""
+    assert tuple(OPTIMIZER_SLOTS) == OPTIMIZERS
+    assert all(slots and len(set(slots)) == len(slots) for slots in OPTIMIZER_SLOTS.values())

@@ -199,7 +199,7 @@ def test_adam_adds_eps_after_the_bias_correction_like_torch(name: str) -> None:
 def test_the_optimizer_table_covers_core_s_names_and_slots_only_what_it_trains() -> None:
     import tensorflow as tf
 
-    from crosstrain.core.plan import OPTIMIZERS as CORE_OPTIMIZERS
+    from crosstrain.core.optimizers import OPTIMIZERS as CORE_OPTIMIZERS
 
     assert set(OPTIMIZERS) == set(CORE_OPTIMIZERS)
     counts = [slot_count(OptimizerSpec(name="sgd")), slot_count(OptimizerSpec(name="sgd", momentum=0.5))]
