@@ -425,6 +425,9 @@ class Block(Layer):
     repeat: int = attrs.field(default=1, validator=_positive)
 
 
+#: every layer type by its plan tag: the vocabulary a plan's layers are checked against.
+#: A new layer type is its class above, its class here and its name in ``__all__`` below;
+#: each backend's ``LAYERS`` table then needs one row for it (a test fails until it has one).
 LAYER_TYPES: dict[str, type[Layer]] = {
     cls.type: cls
     for cls in (
@@ -448,6 +451,29 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         Block,
     )
 }
+#: what ``crosstrain`` re-exports from here (``from crosstrain import Dense``): the base and
+#: every layer type, so ``crosstrain/__init__.py`` needs no line for a new one
+__all__ = [
+    "GELU",
+    "Add",
+    "Attention",
+    "AvgPool2D",
+    "BatchNorm",
+    "Block",
+    "Concat",
+    "Conv2D",
+    "Dense",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GlobalAvgPool2D",
+    "Layer",
+    "LayerNorm",
+    "MaxPool2D",
+    "PositionEmbedding",
+    "ReLU",
+    "Tanh",
+]
 
 
 def layer_name(layer: Layer, index: int) -> str:
