@@ -249,6 +249,15 @@ class ReLU(Layer):
 
 
 @attrs.frozen
+class LeakyReLU(Layer):
+    """``x`` where positive, ``negative_slope * x`` elsewhere; the default slope is Keras's
+    (0.3), not torch's (0.01)."""
+
+    type: ClassVar[str] = "leaky_relu"
+    negative_slope: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
+
+
+@attrs.frozen
 class GELU(Layer):
     """Exact (erf) GELU, the default of both frameworks' functional forms."""
 
@@ -438,6 +447,7 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         GlobalAvgPool2D,
         Flatten,
         ReLU,
+        LeakyReLU,
         GELU,
         Tanh,
         Dropout,
@@ -469,6 +479,7 @@ __all__ = [
     "GlobalAvgPool2D",
     "Layer",
     "LayerNorm",
+    "LeakyReLU",
     "MaxPool2D",
     "PositionEmbedding",
     "ReLU",

@@ -39,6 +39,7 @@ from crosstrain.core.layers import (
     GlobalAvgPool2D,
     Layer,
     LayerNorm,
+    LeakyReLU,
     MaxPool2D,
     PositionEmbedding,
     ReLU,
@@ -393,6 +394,12 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     # channels_last: NHWC order, as the neutral Flatten
     Flatten: NodeSpec(_keras(keras.layers.Flatten), AS_BUILT),
     ReLU: NodeSpec(_keras(keras.layers.ReLU), AS_BUILT),  # gradient 0 at 0, as torch's
+    LeakyReLU: NodeSpec(  # gradient negative_slope at 0, as torch's
+        lambda layer, node, options: keras.layers.LeakyReLU(
+            negative_slope=layer.negative_slope, **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
     GELU: NodeSpec(
         _keras(keras.layers.Activation, exact_gelu),
         # a function of ours would need crosstrain to load; Keras's gelu activation is erf's by default

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
@@ -45,6 +46,7 @@ from crosstrain.core.layers import (
     GlobalAvgPool2D,
     Layer,
     LayerNorm,
+    LeakyReLU,
     MaxPool2D,
     PositionEmbedding,
     ReLU,
@@ -434,6 +436,10 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     GlobalAvgPool2D: NodeSpec(GlobalPoolNode, Order.REDUCES),
     Flatten: NodeSpec(_unary(_flatten), Order.NEUTRAL),  # the neutral order of the elements is its output
     ReLU: NodeSpec(_unary(F.relu), Order.EITHER),
+    LeakyReLU: NodeSpec(
+        lambda layer, node, first: _Unary(partial(F.leaky_relu, negative_slope=layer.negative_slope)),
+        Order.EITHER,
+    ),
     GELU: NodeSpec(_unary(F.gelu), Order.EITHER),  # erf, torch's default
     Tanh: NodeSpec(_unary(torch.tanh), Order.EITHER),
     Dropout: NodeSpec(DropoutNode, Order.EITHER),  # draws its mask in the input's order
