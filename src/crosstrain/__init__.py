@@ -7,6 +7,7 @@ crosstrain imports no framework.
 
 from crosstrain.api import LaunchOptions, fit
 from crosstrain.core import dropout
+from crosstrain.core import layers as _layers
 from crosstrain.core.context import RunContext
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.errors import (
@@ -18,27 +19,7 @@ from crosstrain.core.errors import (
     WorkerError,
 )
 from crosstrain.core.graph import MODEL_INPUT, Graph, Node
-from crosstrain.core.layers import (
-    GELU,
-    Add,
-    Attention,
-    AvgPool2D,
-    BatchNorm,
-    Block,
-    Concat,
-    Conv2D,
-    Dense,
-    Dropout,
-    Embedding,
-    Flatten,
-    GlobalAvgPool2D,
-    Layer,
-    LayerNorm,
-    MaxPool2D,
-    PositionEmbedding,
-    ReLU,
-    Tanh,
-)
+from crosstrain.core.layers import *  # noqa: F403 (the layer types, named once in core.layers.__all__)
 from crosstrain.core.plan import (
     DataSpec,
     LossSpec,
@@ -78,37 +59,21 @@ from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.plugins.hookspecs import hookimpl
 
 __all__ = [
-    "GELU",
     "MODEL_INPUT",
-    "Add",
-    "Attention",
-    "AvgPool2D",
     "BackendError",
     "Batch",
-    "BatchNorm",
-    "Block",
     "ChecksJob",
-    "Concat",
-    "Conv2D",
     "CrosstrainError",
     "DataSpec",
-    "Dense",
     "DeviceChoice",
     "DistributedStrategy",
-    "Dropout",
-    "Embedding",
     "Exports",
-    "Flatten",
     "FrameworkStatus",
-    "GlobalAvgPool2D",
     "Graph",
     "InputError",
     "Job",
     "LaunchOptions",
-    "Layer",
-    "LayerNorm",
     "LossSpec",
-    "MaxPool2D",
     "ModelSpec",
     "NativeModel",
     "Node",
@@ -119,10 +84,8 @@ __all__ = [
     "PlanError",
     "PluginError",
     "PluginSelection",
-    "PositionEmbedding",
     "Predicts",
     "PrefetchesBatches",
-    "ReLU",
     "ReduceOp",
     "ReportsDevice",
     "ResolvesMetrics",
@@ -136,7 +99,6 @@ __all__ = [
     "SpansNodes",
     "SpeaksVocabulary",
     "StepBatch",
-    "Tanh",
     "TrainSpec",
     "Vocabulary",
     "WorkerError",
@@ -149,4 +111,5 @@ __all__ = [
     "load_plan",
     "run_worker",
 ]
+__all__ += _layers.__all__
 __version__ = "0.1.0"

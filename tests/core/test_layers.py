@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
+import crosstrain
+from crosstrain.core import layers
 from crosstrain.core.graph import build_graph
 from crosstrain.core.layers import (
+    LAYER_TYPES,
     Conv2D,
     Dense,
     Flatten,
@@ -16,6 +21,7 @@ from crosstrain.core.layers import (
     ReLU,
     Weights,
 )
+from tests.conftest import REPO
 
 
 def infer_shapes(
@@ -78,3 +84,32 @@ def test_layernorm_starts_at_identity() -> None:
     weights = init_weights((16,), [LayerNorm()], seed=0)
     assert np.array_equal(weights["layernorm_0.scale"], np.ones(16, np.float32))
     assert not weights["layernorm_0.offset"].any()
+
+
+# --------------------------------------------------------------------------- one place per layer type
+
+
+def test_every_layer_class_is_in_the_vocabulary_and_exported() -> None:
+    """A layer type is its class, its row in LAYER_TYPES and its name in core.layers.__all__
+    (which ``crosstrain`` re-exports): a class missing from either fails here."""
+    classes = {
+        value for value in vars(layers).values() if isinstance(value, type) and issubclass(value, Layer)
+    }
+    public = {cls for cls in classes if not cls.__name__.startswith("_")}
+    assert public == {*LAYER_TYPES.values(), Layer}
+    assert sorted(layers.__all__) == sorted(cls.__name__ for cls in public)
+    assert all(getattr(crosstrain, name) is getattr(layers, name) for name in layers.__all__)
+    assert set(layers.__all__) <= set(crosstrain.__all__)
+
+
+def _documented_types() -> set[str]:
+    """The layer types named in the first column of docs/layers.md's table."""
+    text = (REPO / "docs" / "layers.md").read_text(encoding="utf-8")
+    rows = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `")]
+    return {name for cell in rows for name in re.findall(r"`(\w+)`", cell)}
+
+
+def test_every_layer_type_is_specified_in_docs_layers_md() -> None:
+    """docs/layers.md says what each layer computes, which every backend implements: a
+    type without its row there (or a row for a type that is gone) fails here."""
+    assert _documented_types() == set(LAYER_TYPES)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from crosstrain.core.errors import PlanError
+from crosstrain.core.optimizers import OPTIMIZER_SLOTS, OPTIMIZERS
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary, missing_names
 from crosstrain.testing.plans import GPT_PLAN
+from tests.conftest import REPO
 
 WITHOUT_ATTENTION = Vocabulary.of(
     CORE_VOCABULARY.layers - {"attention"}, CORE_VOCABULARY.losses, {"sgd", "adam"}, {"fp32"}
@@ -47,3 +50,27 @@ def test_missing_names_lists_what_a_backend_lacks() -> None:
         "optimizers": ["adamw"],
         "precisions": ["bf16", "fp16"],
     }
+
+
+def test_every_core_optimizer_names_its_slots() -> None:
+    """A checkpoint names each optimizer's slots the same on every backend: an optimizer
+    added to core's names without its slots (or the reverse) fails here."""
+    assert tuple(OPTIMIZER_SLOTS) == OPTIMIZERS
+    assert all(slots and len(set(slots)) == len(slots) for slots in OPTIMIZER_SLOTS.values())
+
+
+def _documented_slots() -> dict[str, tuple[str, ...]]:
+    """docs/checkpoints.md's table: optimizer -> the slots it names (asides in parentheses
+    left out)."""
+    text = (REPO / "docs" / "checkpoints.md").read_text(encoding="utf-8")
+    table = text[text.index("| optimizer | slots |") :].split("\n\n")[0].splitlines()[2:]
+    documented: dict[str, tuple[str, ...]] = {}
+    for row in table:
+        names, slots = (re.sub(r"\(.*?\)", "", cell) for cell in row.split("|")[1:3])
+        for name in re.findall(r"`(\w+)`", names):
+            documented[name] = tuple(re.findall(r"`(\w+)`", slots))
+    return documented
+
+
+def test_docs_checkpoints_md_names_every_optimizer_s_slots() -> None:
+    assert _documented_slots() == OPTIMIZER_SLOTS

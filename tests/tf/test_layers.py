@@ -13,10 +13,11 @@ import pytest
 from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.convert import structure_plan
 from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.layers import LAYER_TYPES, Block
+from crosstrain.core.layers import LAYER_TYPES, Block, Layer
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import World
 from crosstrain.core.vocabulary import CORE_VOCABULARY, missing_names
+from crosstrain.testing.layer_cases import case_plan
 
 pytest.importorskip("tensorflow")
 
@@ -75,6 +76,20 @@ def test_the_tables_cover_core_s_vocabulary() -> None:
     assert missing_names(TfStrategy.vocabulary()) == {}
     assert TfStrategy.vocabulary() == CORE_VOCABULARY
     assert set(LAYERS) == set(LAYER_TYPES.values()) - {Block}
+
+
+@pytest.mark.parametrize("kind", list(LAYERS), ids=lambda kind: kind.type)
+def test_every_row_names_every_weight_and_exports_stock_keras(kind: type[Layer]) -> None:
+    """Each weight of the type's shared case sits in its row's Keras layer, and in the
+    stock layer ``--format keras`` writes (which must load without crosstrain)."""
+    plan = case_plan(kind)
+    (node,) = (node for node in plan.model.graph().nodes if type(node.layer) is kind)
+    row = LAYERS[kind]
+    assert set(node.weight_specs()) <= set(row.weights)
+    stock = row.stock()
+    if stock is not None:
+        assert type(stock.build(node.layer, node)).__module__.startswith("keras.")
+        assert set(node.weight_specs()) <= set(stock.weights)
 
 
 EVERY_LAYER = _plan(

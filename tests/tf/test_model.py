@@ -200,9 +200,12 @@ def test_adam_adds_eps_after_the_bias_correction_like_torch(name: str) -> None:
 def test_the_optimizer_table_covers_core_s_names_and_slots_only_what_it_trains() -> None:
     import tensorflow as tf
 
-    from crosstrain.core.plan import OPTIMIZERS as CORE_OPTIMIZERS
+    from crosstrain.core.optimizers import OPTIMIZER_SLOTS
+    from crosstrain.core.optimizers import OPTIMIZERS as CORE_OPTIMIZERS
 
     assert set(OPTIMIZERS) == set(CORE_OPTIMIZERS)
+    for name, slots in OPTIMIZER_SLOTS.items():  # a checkpoint names each slot the row keeps
+        assert slot_count(OptimizerSpec(name=name, momentum=0.5)) == len(slots), name
     counts = [slot_count(OptimizerSpec(name="sgd")), slot_count(OptimizerSpec(name="sgd", momentum=0.5))]
     assert counts + [slot_count(OptimizerSpec(name=name)) for name in ("adam", "adamw")] == [0, 1, 2, 2]
     moving = tf.Variable(np.ones(3, np.float32), trainable=False, name="moving_mean")

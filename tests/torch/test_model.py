@@ -6,14 +6,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
 from crosstrain.core.dropout import keep_mask as reference_keep_mask
 from crosstrain.core.layers import (
     GELU,
+    LAYER_TYPES,
     Add,
     BatchNorm,
+    Block,
     Concat,
     Conv2D,
     Dense,
@@ -27,11 +30,12 @@ from crosstrain.core.layers import (
 from crosstrain.core.plan import ModelSpec, Plan
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.vocabulary import missing_names
+from crosstrain.testing.layer_cases import case_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.layers import LAYERS, LAYOUTS, ORDERS, Order, keep_mask  # noqa: E402
+from crosstrain.backends.torch.layers import LAYERS, Order, keep_mask  # noqa: E402
 from crosstrain.backends.torch.model import build_module, load_neutral, neutral_state  # noqa: E402
 from crosstrain.backends.torch.strategy import TorchStrategy  # noqa: E402
 
@@ -40,10 +44,16 @@ pytestmark = pytest.mark.torch
 
 def test_the_tables_cover_every_core_name() -> None:
     assert missing_names(TorchStrategy.vocabulary()) == {}
-    # every layer type that has weights says where they sit in its module
-    for kind in LAYERS:
-        assert kind in LAYOUTS or kind.weight_specs is Layer.weight_specs, kind.type
-    assert set(ORDERS) == set(LAYERS)  # and how it works on an image
+    assert set(LAYERS) == set(LAYER_TYPES.values()) - {Block}
+
+
+@pytest.mark.parametrize("kind", list(LAYERS), ids=lambda kind: kind.type)
+def test_every_row_lays_out_every_weight_of_its_layer(kind: type[Layer]) -> None:
+    """A row without a layout for a weight its layer has would leave that weight out of
+    every checkpoint: each weight of the type's shared case sits in its row's layout."""
+    plan = case_plan(kind)
+    (node,) = (node for node in plan.model.graph().nodes if type(node.layer) is kind)
+    assert set(node.weight_specs()) <= set(LAYERS[kind].layout)
 
 
 def test_dropout_masks_equal_the_numpy_reference_bit_for_bit() -> None:
@@ -126,9 +136,9 @@ def _nhwc_module(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The module as it was before images ran in NCHW: every node but a convolution and a
     pooling reads NHWC, so each of those permutes its input to NCHW and its output back."""
     with monkeypatch.context() as patched:
-        for kind, order in ORDERS.items():
-            if order is not Order.CHANNELS_FIRST:
-                patched.setitem(ORDERS, kind, Order.NEUTRAL)
+        for kind, row in LAYERS.items():
+            if row.order is not Order.CHANNELS_FIRST:
+                patched.setitem(LAYERS, kind, attrs.evolve(row, order=Order.NEUTRAL))
         return build_module(plan)
 
 

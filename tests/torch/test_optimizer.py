@@ -8,10 +8,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.optimizer import make_optimizer  # noqa: E402
+from crosstrain.backends.torch.optimizer import OPTIMIZERS, make_optimizer  # noqa: E402
+from crosstrain.core.optimizers import OPTIMIZER_SLOTS  # noqa: E402
 from crosstrain.core.plan import OptimizerSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
+
+
+def test_every_row_keeps_core_s_slots_under_core_s_names() -> None:
+    assert sorted(OPTIMIZERS) == sorted(OPTIMIZER_SLOTS)
+    for name, row in OPTIMIZERS.items():
+        assert tuple(row.slots.values()) == OPTIMIZER_SLOTS[name], name  # type: ignore[index]
+        optimizer = make_optimizer(torch.nn.Linear(2, 2), OptimizerSpec(name=name))  # type: ignore[arg-type]
+        assert type(optimizer) is row.kind
 
 
 @pytest.mark.parametrize(

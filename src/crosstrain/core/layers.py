@@ -249,6 +249,15 @@ class ReLU(Layer):
 
 
 @attrs.frozen
+class LeakyReLU(Layer):
+    """``x`` where positive, ``negative_slope * x`` elsewhere; the default slope is Keras's
+    (0.3), not torch's (0.01)."""
+
+    type: ClassVar[str] = "leaky_relu"
+    negative_slope: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
+
+
+@attrs.frozen
 class GELU(Layer):
     """Exact (erf) GELU, the default of both frameworks' functional forms."""
 
@@ -425,6 +434,9 @@ class Block(Layer):
     repeat: int = attrs.field(default=1, validator=_positive)
 
 
+#: every layer type by its plan tag: the vocabulary a plan's layers are checked against.
+#: A new layer type is its class above, its class here and its name in ``__all__`` below;
+#: each backend's ``LAYERS`` table then needs one row for it (a test fails until it has one).
 LAYER_TYPES: dict[str, type[Layer]] = {
     cls.type: cls
     for cls in (
@@ -435,6 +447,7 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         GlobalAvgPool2D,
         Flatten,
         ReLU,
+        LeakyReLU,
         GELU,
         Tanh,
         Dropout,
@@ -448,6 +461,30 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         Block,
     )
 }
+#: what ``crosstrain`` re-exports from here (``from crosstrain import Dense``): the base and
+#: every layer type, so ``crosstrain/__init__.py`` needs no line for a new one
+__all__ = [
+    "GELU",
+    "Add",
+    "Attention",
+    "AvgPool2D",
+    "BatchNorm",
+    "Block",
+    "Concat",
+    "Conv2D",
+    "Dense",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GlobalAvgPool2D",
+    "Layer",
+    "LayerNorm",
+    "LeakyReLU",
+    "MaxPool2D",
+    "PositionEmbedding",
+    "ReLU",
+    "Tanh",
+]
 
 
 def layer_name(layer: Layer, index: int) -> str:

@@ -17,6 +17,7 @@ import attrs
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import Graph, build_graph
 from crosstrain.core.layers import DType, Layer, Shape
+from crosstrain.core.optimizers import OptimizerName
 from crosstrain.core.scaling import InputScaling
 
 # The closed sets a plan names; every backend maps each name to its own builder (its tables).
@@ -26,12 +27,10 @@ LossName = Literal["cross_entropy", "mse"]
 OnNonFinite = Literal["stop", "skip"]
 #: a checkpoint's metric that ``output.keep_best`` may monitor
 KeepBest = Literal["eval.loss", "eval.accuracy"]
-OptimizerName = Literal["sgd", "adam", "adamw"]
 DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
 Placement = Literal["auto", "device", "host"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
-OPTIMIZERS: tuple[str, ...] = typing.get_args(OptimizerName)
 
 
 def _ge0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:

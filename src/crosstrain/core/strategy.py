@@ -16,6 +16,7 @@ import numpy as np
 import pluggy
 
 from crosstrain.core.data import Batch, Datasets, StepBatch
+from crosstrain.core.optimizers import OPTIMIZER_SLOTS as OPTIMIZER_SLOTS  # re-exported for backends
 from crosstrain.core.plan import Plan
 
 DeviceChoice = Literal["auto", "cpu", "gpu"]
@@ -177,14 +178,6 @@ class SavesOptimizerState(Protocol):
     def load_optimizer_state(self, state: Any, tensors: Mapping[str, np.ndarray]) -> None:
         """Load what :meth:`optimizer_state` returned, possibly on another backend."""
         ...
-
-
-#: core optimizer name -> its slot names, in the order the backends keep them
-OPTIMIZER_SLOTS: dict[str, tuple[str, ...]] = {
-    "sgd": ("momentum",),
-    "adam": ("exp_avg", "exp_avg_sq"),
-    "adamw": ("exp_avg", "exp_avg_sq"),
-}
 
 
 @runtime_checkable

@@ -18,7 +18,8 @@ import attrs
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import iter_layers
 from crosstrain.core.layers import LAYER_TYPES
-from crosstrain.core.plan import LOSSES, OPTIMIZERS, PRECISIONS, Plan
+from crosstrain.core.optimizers import OPTIMIZERS
+from crosstrain.core.plan import LOSSES, PRECISIONS, Plan
 
 #: layer types that are structure, not computation: resolved by core's graph, no builder
 STRUCTURAL_LAYERS = frozenset({"block"})

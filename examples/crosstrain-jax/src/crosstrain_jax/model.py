@@ -42,6 +42,7 @@ from crosstrain import (
     GlobalAvgPool2D,
     Layer,
     LayerNorm,
+    LeakyReLU,
     MaxPool2D,
     Node,
     Plan,
@@ -254,6 +255,12 @@ def _relu(x: jax.Array) -> jax.Array:
     return jnp.where(x <= 0, 0, x)
 
 
+def _leaky_relu(node: Node) -> Apply:
+    slope = _layer(node, LeakyReLU).negative_slope
+    # not jax.nn.leaky_relu, whose gradient at 0 is 1: the spec's (torch's) is the slope
+    return _elementwise(lambda x: jnp.where(x > 0, x, slope * x))(node)
+
+
 def _gelu(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)  # the exact (erf) form
 
@@ -441,6 +448,7 @@ LAYERS: dict[type[Layer], Builder] = {
     GlobalAvgPool2D: _global_avg_pool2d,
     Flatten: _flatten,
     ReLU: _elementwise(_relu),
+    LeakyReLU: _leaky_relu,
     GELU: _elementwise(_gelu),
     Tanh: _elementwise(jnp.tanh),
     Dropout: _dropout,

@@ -1,4 +1,4 @@
-"""One Keras layer per neutral layer type, in declared tables (``LAYERS``, ``WEIGHTS``).
+"""One Keras layer per neutral layer type: one row of ``LAYERS`` each (:class:`NodeSpec`).
 
 Keras is channels-last like the neutral layouts, so kernels travel as they are (Dense
 [in, out], Conv2D [kh, kw, in, out]) and Flatten already flattens in NHWC order. Keras's
@@ -7,14 +7,15 @@ embeddings and attention are written here, because the spec fixes what Keras lea
 (statistics over real rows of every replica, hash-based masks, fp32 softmax).
 
 A :class:`ContextLayer` also receives the row mask, the rows' global positions and the
-optimizer step (what batch norm and dropout need); the others take their input alone.
+optimizer step (what batch norm and dropout need); the others take their input alone. A
+row also says how ``crosstrain export --format keras`` writes its layer (export.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import attrs
 import keras
@@ -38,6 +39,7 @@ from crosstrain.core.layers import (
     GlobalAvgPool2D,
     Layer,
     LayerNorm,
+    LeakyReLU,
     MaxPool2D,
     PositionEmbedding,
     ReLU,
@@ -265,7 +267,47 @@ class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
 # --------------------------------------------------------------------------- the tables
 
 
-Builder = Callable[[Any, Node, NodeOptions], keras.layers.Layer]
+LayerT = TypeVar("LayerT", bound=Layer)
+#: a Keras layer for training from its layer, its graph node and the plan's options
+Builder = Callable[[LayerT, Node, NodeOptions], keras.layers.Layer]
+#: a stock Keras layer for export from its layer and its graph node, in float32
+StockBuilder = Callable[[LayerT, Node], keras.layers.Layer]
+#: neutral param -> the Keras layer's attribute holding it (the same array layout on both sides)
+Weights = Mapping[str, str]
+
+
+@attrs.frozen
+class Stock(Generic[LayerT]):
+    """How ``crosstrain export --format keras`` writes a layer whose own Keras layer is not
+    stock (or not what inference computes): the stock Keras layer that computes it in
+    inference, and where its neutral weights go."""
+
+    build: StockBuilder[LayerT]
+    weights: Weights = attrs.field(factory=dict)
+
+
+#: a row's ``export`` when the layer it builds is stock Keras: exported as built, in float32
+AS_BUILT: Final = "as built"
+#: the options export builds an ``AS_BUILT`` layer with
+EXPORTED = NodeOptions(policy="float32", seed=0)
+
+
+@attrs.frozen
+class NodeSpec(Generic[LayerT]):
+    """How one core layer type runs on tf: its Keras layer, where its neutral weights sit
+    in it (empty: it has none), and how ``--format keras`` exports it: ``AS_BUILT``, a
+    :class:`Stock` layer, or None (no stock equivalent: the export is refused naming it)."""
+
+    build: Builder[LayerT]
+    export: Stock[LayerT] | Literal["as built"] | None
+    weights: Weights = attrs.field(factory=dict)
+
+    def stock(self) -> Stock[LayerT] | None:
+        """The stock layer export builds, or None."""
+        if self.export != AS_BUILT:
+            return self.export
+        build = self.build
+        return Stock(lambda layer, node: build(layer, node, EXPORTED), self.weights)
 
 
 def _named(node: Node, options: NodeOptions) -> dict[str, Any]:
@@ -306,53 +348,86 @@ def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.lay
     return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype="float32")
 
 
-def _keras(factory: Callable[..., keras.layers.Layer], *args: Any, **kwargs: Any) -> Builder:
+def _stock_batch_norm(layer: BatchNorm, node: Node) -> keras.layers.Layer:
+    return keras.layers.BatchNormalization(
+        axis=-1, momentum=layer.momentum, epsilon=layer.epsilon, **_named(node, EXPORTED)
+    )
+
+
+def _dropout(layer: Dropout, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return HashDropout(layer.rate, options.seed, node.index, **_named(node, options))
+
+
+def _stock_dropout(layer: Dropout, node: Node) -> keras.layers.Layer:
+    return keras.layers.Dropout(layer.rate, **_named(node, EXPORTED))  # off in inference
+
+
+def _embedding(layer: Embedding, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return TokenEmbedding(layer.vocab_size, layer.units, **_named(node, options))
+
+
+def _stock_embedding(layer: Embedding, node: Node) -> keras.layers.Layer:
+    return keras.layers.Embedding(layer.vocab_size, layer.units, **_named(node, EXPORTED))
+
+
+def _same(names: Iterable[str]) -> dict[str, str]:
+    """Weights kept under their neutral names."""
+    return {name: name for name in names}
+
+
+def _keras(factory: Callable[..., keras.layers.Layer], *args: Any, **kwargs: Any) -> Builder[Layer]:
     """A builder for a layer whose Keras form needs nothing from the neutral layer."""
     return lambda layer, node, options: factory(*args, **kwargs, **_named(node, options))
 
 
-#: core layer type -> its Keras layer; core's graph resolves blocks, so Block has no row
-LAYERS: dict[type[Layer], Builder] = {
-    Dense: _dense,
-    Conv2D: _conv2d,
-    MaxPool2D: _max_pool,
-    AvgPool2D: _avg_pool,
-    GlobalAvgPool2D: _keras(keras.layers.GlobalAveragePooling2D),
-    Flatten: _keras(keras.layers.Flatten),  # channels_last: NHWC order, as the neutral Flatten
-    ReLU: _keras(keras.layers.ReLU),  # gradient 0 at 0, as torch's
-    GELU: _keras(keras.layers.Activation, exact_gelu),
-    Tanh: _keras(keras.layers.Activation, "tanh"),
-    Dropout: lambda layer, node, options: HashDropout(
-        layer.rate, options.seed, node.index, **_named(node, options)
-    ),
-    LayerNorm: lambda layer, node, options: keras.layers.LayerNormalization(
-        axis=-1, epsilon=layer.eps, **_named(node, options)
-    ),
-    BatchNorm: _batch_norm,
-    Embedding: lambda layer, node, options: TokenEmbedding(
-        layer.vocab_size, layer.units, **_named(node, options)
-    ),
-    PositionEmbedding: _keras(PositionTable),
-    Attention: lambda layer, node, options: SelfAttention(layer.heads, layer.causal, **_named(node, options)),
-    Add: _keras(keras.layers.Add),  # sums left to right
-    Concat: _keras(keras.layers.Concatenate, axis=-1),
-}
+_KERNEL = _same(("kernel", "bias"))
+_BATCH_NORM = ("scale", "offset", "moving_mean", "moving_variance")
 
-_SAME = {"kernel": "kernel", "bias": "bias"}
-_OWN_NAMES = ("scale", "offset", "moving_mean", "moving_variance")
-
-#: core layer type -> neutral param -> the Keras layer's attribute holding it (same array
-#: layout on both sides); a type without a row has no weights
-WEIGHTS: dict[type[Layer], dict[str, str]] = {
-    Dense: _SAME,
-    Conv2D: _SAME,
-    LayerNorm: {"scale": "gamma", "offset": "beta"},
-    BatchNorm: {name: name for name in _OWN_NAMES},
-    Embedding: {"table": "table"},
-    PositionEmbedding: {"table": "table"},
-    Attention: {
-        f"{projection}_{param}": f"{projection}_{param}"
-        for projection in ATTENTION_PROJECTIONS
-        for param in ("kernel", "bias")
-    },
+#: core layer type -> how it runs here, one row each; core's graph resolves blocks, so
+#: Block has no row. The keys are the backend's vocabulary of layers.
+LAYERS: dict[type[Layer], NodeSpec[Any]] = {
+    Dense: NodeSpec(_dense, AS_BUILT, _KERNEL),
+    Conv2D: NodeSpec(_conv2d, AS_BUILT, _KERNEL),
+    MaxPool2D: NodeSpec(_max_pool, AS_BUILT),
+    AvgPool2D: NodeSpec(_avg_pool, AS_BUILT),
+    GlobalAvgPool2D: NodeSpec(_keras(keras.layers.GlobalAveragePooling2D), AS_BUILT),
+    # channels_last: NHWC order, as the neutral Flatten
+    Flatten: NodeSpec(_keras(keras.layers.Flatten), AS_BUILT),
+    ReLU: NodeSpec(_keras(keras.layers.ReLU), AS_BUILT),  # gradient 0 at 0, as torch's
+    LeakyReLU: NodeSpec(  # gradient negative_slope at 0, as torch's
+        lambda layer, node, options: keras.layers.LeakyReLU(
+            negative_slope=layer.negative_slope, **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
+    GELU: NodeSpec(
+        _keras(keras.layers.Activation, exact_gelu),
+        # a function of ours would need crosstrain to load; Keras's gelu activation is erf's by default
+        Stock(lambda layer, node: keras.layers.Activation("gelu", **_named(node, EXPORTED))),
+    ),
+    Tanh: NodeSpec(_keras(keras.layers.Activation, "tanh"), AS_BUILT),
+    Dropout: NodeSpec(_dropout, Stock(_stock_dropout)),
+    LayerNorm: NodeSpec(
+        lambda layer, node, options: keras.layers.LayerNormalization(
+            axis=-1, epsilon=layer.eps, **_named(node, options)
+        ),
+        AS_BUILT,
+        {"scale": "gamma", "offset": "beta"},
+    ),
+    BatchNorm: NodeSpec(
+        _batch_norm,
+        Stock(_stock_batch_norm, {"scale": "gamma", "offset": "beta"} | _same(_BATCH_NORM[2:])),
+        _same(_BATCH_NORM),
+    ),
+    Embedding: NodeSpec(_embedding, Stock(_stock_embedding, {"table": "embeddings"}), _same(("table",))),
+    PositionEmbedding: NodeSpec(_keras(PositionTable), None, _same(("table",))),
+    Attention: NodeSpec(
+        lambda layer, node, options: SelfAttention(layer.heads, layer.causal, **_named(node, options)),
+        None,
+        _same(
+            f"{projection}_{param}" for projection in ATTENTION_PROJECTIONS for param in ("kernel", "bias")
+        ),
+    ),
+    Add: NodeSpec(_keras(keras.layers.Add), AS_BUILT),  # sums left to right
+    Concat: NodeSpec(_keras(keras.layers.Concatenate, axis=-1), AS_BUILT),
 }

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from crosstrain.backends.common import native_factory
-from crosstrain.backends.tf.layers import LAYERS, WEIGHTS, ContextLayer, NodeOptions
+from crosstrain.backends.tf.layers import LAYERS, ContextLayer, NodeOptions
 from crosstrain.core.graph import MODEL_INPUT, Graph
 from crosstrain.core.plan import Plan
 
@@ -39,7 +39,7 @@ class GraphModel(keras.Model):  # type: ignore[misc]
         super().__init__(name=name, dtype=policy)
         self.neutral_graph = graph
         options = NodeOptions(policy=policy, seed=seed)
-        self.node_layers = [LAYERS[type(node.layer)](node.layer, node, options) for node in graph.nodes]
+        self.node_layers = [LAYERS[type(node.layer)].build(node.layer, node, options) for node in graph.nodes]
 
     def build(self, input_shape: Any = None) -> None:
         """Build every node's layer from the graph's shapes (rows of any count)."""
@@ -65,7 +65,7 @@ class GraphModel(keras.Model):  # type: ignore[misc]
         variables: dict[str, Any] = {}
         for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
             for param in node.weight_specs():
-                variables[f"{node.path}.{param}"] = getattr(layer, WEIGHTS[type(node.layer)][param])
+                variables[f"{node.path}.{param}"] = getattr(layer, LAYERS[type(node.layer)].weights[param])
         return variables
 
 

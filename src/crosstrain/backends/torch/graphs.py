@@ -30,15 +30,11 @@ from typing import Protocol
 import torch
 
 from crosstrain.backends.torch.feed import Finish
-from crosstrain.core.layers import Embedding
+from crosstrain.backends.torch.layers import LAYERS
 from crosstrain.core.plan import Plan
 
 #: real steps run eagerly (on a side stream) before the capture
 WARMUP_STEPS = 2
-#: layer types with an op that cannot be captured -> why
-UNCAPTURABLE_LAYERS: dict[type, str] = {
-    Embedding: "an embedding's backward syncs with the host (pytorch#82886)",
-}
 
 #: one micro-batch: what the step copies in for it, and how the graph makes its x, y, row
 #: mask and row positions of those tensors (gathered from placed arrays, or as they are)
@@ -69,9 +65,10 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
     for blocked, reason in reasons:
         if blocked:
             return reason
-    for node in plan.model.graph().nodes:
-        if type(node.layer) in UNCAPTURABLE_LAYERS:
-            return UNCAPTURABLE_LAYERS[type(node.layer)]
+    for node in plan.model.graph().nodes:  # a layer type with an op that cannot be captured
+        uncapturable = LAYERS[type(node.layer)].uncapturable
+        if uncapturable is not None:
+            return uncapturable
     return None
 
 

@@ -1,13 +1,13 @@
-"""One torch module per neutral layer type, in declared tables (``LAYERS``, ``ORDERS``).
+"""One torch module per neutral layer type: one row of ``LAYERS`` each (:class:`NodeSpec`).
 
 Images are NHWC at the model's edges, as the neutral layouts are, but torch's convolutions
 and pooling take NCHW shapes. So an image tensor is kept in torch's NCHW shape, laid out
 channels-last in memory (the same bytes as NHWC: oneDNN and cuDNN convolve it natively, and
 the model's convolution weights are channels-last too), between the nodes that can work in
-it; a permute per node would cost views and copies. ``ORDERS`` says, per layer type,
-whether it needs NCHW (convolution, pooling), works in either order (activations, batch
-norm, dropout, add, concat), reduces the image away (global pooling) or needs the neutral
-NHWC order (flatten, dense, layer norm: what they compute depends on it). The graph module
+it; a permute per node would cost views and copies. A row's ``order`` says whether its
+layer needs NCHW (convolution, pooling), works in either order (activations, batch norm,
+dropout, add, concat), reduces the image away (global pooling) or needs the neutral NHWC
+order (flatten, dense, layer norm: what they compute depends on it). The graph module
 (model.py) plans, once at build time, which node gets its image inputs in which order and
 where a tensor is permuted; each builder is told ``channels_first``: whether its 4-D inputs
 and output are NCHW. Each node module takes the list of its input tensors and the
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, Generic, NamedTuple, TypeVar
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,7 @@ from torch import nn
 from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
+    ATTENTION_PROJECTIONS,
     GELU,
     Add,
     Attention,
@@ -43,6 +46,7 @@ from crosstrain.core.layers import (
     GlobalAvgPool2D,
     Layer,
     LayerNorm,
+    LeakyReLU,
     MaxPool2D,
     PositionEmbedding,
     ReLU,
@@ -390,70 +394,71 @@ def _flatten(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], -1)  # the plan hands it NHWC: the neutral order
 
 
-def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> Builder:
+LayerT = TypeVar("LayerT", bound=Layer)
+#: a node module from its layer, its graph node, and whether its 4-D tensors are NCHW
+Builder = Callable[[LayerT, Node, bool], NodeModule]
+#: neutral param -> (torch name inside the node module, neutral->torch axes); None keeps the layout
+Layout = Mapping[str, tuple[str, tuple[int, ...] | None]]
+
+
+def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> Builder[Layer]:
     return lambda layer, node, channels_first: _Unary(function)
 
 
-#: a node module from its layer, its graph node, and whether its 4-D tensors are NCHW
-Builder = Callable[[Layer, Node, bool], NodeModule]
+@attrs.frozen
+class NodeSpec(Generic[LayerT]):
+    """How one core layer type runs on torch: its node module, the order it works in on an
+    image (see :class:`Order`), where its neutral weights sit in the module (empty: it has
+    none), and, for a layer with an op a CUDA graph cannot capture, why."""
 
-#: core layer type -> its torch module; core's graph resolves blocks, so Block has no row
-LAYERS: dict[type[Layer], Builder] = {
-    Dense: DenseNode,  # type: ignore[dict-item]
-    Conv2D: ConvNode,  # type: ignore[dict-item]
-    MaxPool2D: PoolNode,  # type: ignore[dict-item]
-    AvgPool2D: PoolNode,  # type: ignore[dict-item]
-    GlobalAvgPool2D: GlobalPoolNode,  # type: ignore[dict-item]
-    Flatten: _unary(_flatten),
-    ReLU: _unary(F.relu),
-    GELU: _unary(F.gelu),  # erf, torch's default
-    Tanh: _unary(torch.tanh),
-    Dropout: DropoutNode,  # type: ignore[dict-item]
-    LayerNorm: LayerNormNode,  # type: ignore[dict-item]
-    BatchNorm: BatchNormNode,  # type: ignore[dict-item]
-    Embedding: EmbeddingNode,  # type: ignore[dict-item]
-    PositionEmbedding: PositionEmbeddingNode,  # type: ignore[dict-item]
-    Attention: AttentionNode,  # type: ignore[dict-item]
-    Add: lambda layer, node, channels_first: AddNode(),
-    Concat: ConcatNode,  # type: ignore[dict-item]
-}
+    module: Builder[LayerT]
+    order: Order
+    layout: Layout = attrs.field(factory=dict)
+    uncapturable: str | None = None
 
-#: core layer type -> the order it works in on an image (see :class:`Order`)
-ORDERS: dict[type[Layer], Order] = {
-    Dense: Order.NEUTRAL,  # on the last axis
-    Conv2D: Order.CHANNELS_FIRST,
-    MaxPool2D: Order.CHANNELS_FIRST,
-    AvgPool2D: Order.CHANNELS_FIRST,
-    GlobalAvgPool2D: Order.REDUCES,
-    Flatten: Order.NEUTRAL,  # the neutral order of the elements is its output
-    ReLU: Order.EITHER,
-    GELU: Order.EITHER,
-    Tanh: Order.EITHER,
-    Dropout: Order.EITHER,  # draws its mask in the input's order
-    LayerNorm: Order.NEUTRAL,  # on the last axis
-    BatchNorm: Order.EITHER,  # on the channel axis of either order
-    Embedding: Order.NEUTRAL,  # token ids are never an image
-    PositionEmbedding: Order.NEUTRAL,
-    Attention: Order.NEUTRAL,
-    Add: Order.EITHER,
-    Concat: Order.EITHER,  # on the channel axis of either order
-}
 
-# neutral param -> (torch name inside the node module, neutral->torch axes); None keeps the layout
-Layout = dict[str, tuple[str, tuple[int, ...] | None]]
 _DENSE: Layout = {"kernel": ("linear.weight", (1, 0)), "bias": ("linear.bias", None)}
 _ATTENTION: Layout = {
     f"{projection}_{param}": (f"{projection}.{native}", (1, 0) if param == "kernel" else None)
-    for projection in ("query", "key", "value", "output")
+    for projection in ATTENTION_PROJECTIONS
     for param, native in (("kernel", "weight"), ("bias", "bias"))
 }
-#: core layer type -> how its neutral weights sit in the torch module; no row: no weights
-LAYOUTS: dict[type[Layer], Layout] = {
-    Dense: _DENSE,
-    Conv2D: {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)},
-    LayerNorm: {"scale": ("norm.weight", None), "offset": ("norm.bias", None)},
-    BatchNorm: {name: (name, None) for name in ("scale", "offset", "moving_mean", "moving_variance")},
-    Embedding: {"table": ("table.weight", None)},
-    PositionEmbedding: {"table": ("table", None)},
-    Attention: _ATTENTION,
+
+#: core layer type -> how it runs here, one row each; core's graph resolves blocks, so
+#: Block has no row. The keys are the backend's vocabulary of layers.
+LAYERS: dict[type[Layer], NodeSpec[Any]] = {
+    Dense: NodeSpec(DenseNode, Order.NEUTRAL, _DENSE),  # on the last axis
+    Conv2D: NodeSpec(
+        ConvNode, Order.CHANNELS_FIRST, {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)}
+    ),
+    MaxPool2D: NodeSpec(PoolNode, Order.CHANNELS_FIRST),
+    AvgPool2D: NodeSpec(PoolNode, Order.CHANNELS_FIRST),
+    GlobalAvgPool2D: NodeSpec(GlobalPoolNode, Order.REDUCES),
+    Flatten: NodeSpec(_unary(_flatten), Order.NEUTRAL),  # the neutral order of the elements is its output
+    ReLU: NodeSpec(_unary(F.relu), Order.EITHER),
+    LeakyReLU: NodeSpec(
+        lambda layer, node, first: _Unary(partial(F.leaky_relu, negative_slope=layer.negative_slope)),
+        Order.EITHER,
+    ),
+    GELU: NodeSpec(_unary(F.gelu), Order.EITHER),  # erf, torch's default
+    Tanh: NodeSpec(_unary(torch.tanh), Order.EITHER),
+    Dropout: NodeSpec(DropoutNode, Order.EITHER),  # draws its mask in the input's order
+    LayerNorm: NodeSpec(
+        LayerNormNode, Order.NEUTRAL, {"scale": ("norm.weight", None), "offset": ("norm.bias", None)}
+    ),  # on the last axis
+    BatchNorm: NodeSpec(  # on the channel axis of either order
+        BatchNormNode,
+        Order.EITHER,
+        {name: (name, None) for name in ("scale", "offset", "moving_mean", "moving_variance")},
+    ),
+    Embedding: NodeSpec(  # token ids are never an image
+        EmbeddingNode,
+        Order.NEUTRAL,
+        {"table": ("table.weight", None)},
+        uncapturable="an embedding's backward syncs with the host (pytorch#82886)",
+    ),
+    PositionEmbedding: NodeSpec(PositionEmbeddingNode, Order.NEUTRAL, {"table": ("table", None)}),
+    Attention: NodeSpec(AttentionNode, Order.NEUTRAL, _ATTENTION),
+    Add: NodeSpec(lambda layer, node, channels_first: AddNode(), Order.EITHER),
+    Concat: NodeSpec(ConcatNode, Order.EITHER),  # on the channel axis of either order
 }

@@ -20,8 +20,6 @@ from torch import nn
 from crosstrain.backends.common import native_factory
 from crosstrain.backends.torch.layers import (
     LAYERS,
-    LAYOUTS,
-    ORDERS,
     ForwardContext,
     NodeModule,
     Order,
@@ -67,11 +65,11 @@ def _is_image(shape: tuple[int, ...]) -> bool:
 
 
 def plan_layout(graph: Graph) -> LayoutPlan:
-    """Decide once, from the layer types (``ORDERS``), which order each image is kept in:
-    NCHW from the first node that needs it (a convolution, a pooling) through every node
-    that works in either order, NHWC again only for a node that needs the neutral order
-    (flatten, dense) and for the model's output. Each image is permuted at most once (a
-    copy in the other order is shared by every node that reads it)."""
+    """Decide once, from each layer type's ``order`` (its row in ``LAYERS``), which order
+    each image is kept in: NCHW from the first node that needs it (a convolution, a pooling)
+    through every node that works in either order, NHWC again only for a node that needs
+    the neutral order (flatten, dense) and for the model's output. Each image is permuted at
+    most once (a copy in the other order is shared by every node that reads it)."""
     nchw: dict[int, bool] = {MODEL_INPUT: False}  # value -> whether it is an NCHW image
     other: dict[int, int] = {}  # value -> the key of its copy in the other order
     steps: list[Step] = []
@@ -86,7 +84,7 @@ def plan_layout(graph: Graph) -> LayoutPlan:
 
     channels_first: list[bool] = []
     for node in graph.nodes:
-        order = ORDERS[type(node.layer)]
+        order = LAYERS[type(node.layer)].order
         if order is Order.CHANNELS_FIRST or order is Order.NEUTRAL:
             first = order is Order.CHANNELS_FIRST
         else:  # EITHER, REDUCES: the inputs' order; NCHW when they differ
@@ -112,7 +110,7 @@ class GraphModule(nn.Module):
         self.layout = plan_layout(graph)
         self.nodes = nn.ModuleDict(
             {
-                _module_key(node.path): LAYERS[type(node.layer)](node.layer, node, first)
+                _module_key(node.path): LAYERS[type(node.layer)].module(node.layer, node, first)
                 for node, first in zip(graph.nodes, self.layout.channels_first, strict=True)
             }
         )
@@ -154,8 +152,7 @@ def _layouts(plan: Plan) -> dict[str, tuple[str, tuple[int, ...] | None]]:
     """Neutral weight name -> (torch state_dict name, axes to go neutral -> torch)."""
     table: dict[str, tuple[str, tuple[int, ...] | None]] = {}
     for node in plan.model.graph().nodes:
-        layout = LAYOUTS.get(type(node.layer), {})  # a layer without a row has no weights
-        for neutral, (native, axes) in layout.items():
+        for neutral, (native, axes) in LAYERS[type(node.layer)].layout.items():
             if neutral in node.weight_specs():
                 table[f"{node.path}.{neutral}"] = (f"nodes.{_module_key(node.path)}.{native}", axes)
     return table

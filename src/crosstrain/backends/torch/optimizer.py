@@ -3,46 +3,58 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
 from crosstrain.core.plan import OptimizerSpec
 
 Params = list[torch.nn.Parameter]
-#: (parameters, the plan's optimizer, fused, capturable) -> the torch.optim optimizer
-Builder = Callable[[Params, OptimizerSpec, bool, bool], torch.optim.Optimizer]
+#: (parameters, the plan's optimizer, fused, capturable) -> torch.optim's keyword arguments
+Arguments = Callable[[Params, OptimizerSpec, bool, bool], dict[str, Any]]
 
 
-def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
+@attrs.frozen
+class TorchOptimizer:
+    """How one core optimizer runs on torch: torch.optim's class, its arguments from the
+    plan's optimizer, its state keys under core's slot names
+    (:data:`crosstrain.core.optimizers.OPTIMIZER_SLOTS`), whether it keeps its own step
+    count (Adam's bias corrections read it), and whether its fused kernel may run under
+    fp16's loss scaler."""
+
+    kind: type[torch.optim.Optimizer]
+    arguments: Arguments
+    #: torch.optim's state key -> core's slot name
+    slots: Mapping[str, str]
+    counts_steps: bool = False
+    fused_under_loss_scaling: bool = True
+
+
+def _sgd(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> dict[str, Any]:
     # captured: the fused kernel, which reads a tensor learning rate on the device (torch's
     # foreach and for-loop SGD read it on the host, and SGD has no ``capturable`` flag)
-    return torch.optim.SGD(
-        params,
-        lr=_learning_rate(params, spec, capturable),
-        momentum=spec.momentum,
-        nesterov=spec.nesterov,
-        weight_decay=spec.weight_decay,
-        fused=fused or capturable or None,
-    )
+    return {
+        "lr": _learning_rate(params, spec, capturable),
+        "momentum": spec.momentum,
+        "nesterov": spec.nesterov,
+        "weight_decay": spec.weight_decay,
+        "fused": fused or capturable or None,
+    }
 
 
-def _adam_family(optimizer: type[torch.optim.Adam | torch.optim.AdamW]) -> Builder:
-    """The builder of torch's Adam or AdamW (the same arguments; AdamW decays the weights
-    apart from the gradient)."""
-
-    def build(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> torch.optim.Optimizer:
-        return optimizer(
-            params,
-            lr=_learning_rate(params, spec, capturable),
-            betas=(spec.beta1, spec.beta2),
-            eps=spec.eps,
-            weight_decay=spec.weight_decay,
-            fused=fused or None,
-            capturable=capturable,
-        )
-
-    return build
+def _adam(params: Params, spec: OptimizerSpec, fused: bool, capturable: bool) -> dict[str, Any]:
+    """torch's Adam and AdamW take the same arguments (AdamW decays the weights apart from
+    the gradient)."""
+    return {
+        "lr": _learning_rate(params, spec, capturable),
+        "betas": (spec.beta1, spec.beta2),
+        "eps": spec.eps,
+        "weight_decay": spec.weight_decay,
+        "fused": fused or None,
+        "capturable": capturable,
+    }
 
 
 def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> float | torch.Tensor:
@@ -53,22 +65,23 @@ def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> flo
     return torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device)
 
 
-#: core optimizer name -> its torch.optim builder (``fused``: one kernel for every parameter;
-#: ``capturable``: the update reads its learning rate and step count from the device)
-OPTIMIZERS: dict[str, Builder] = {
-    "sgd": _sgd,
-    "adam": _adam_family(torch.optim.Adam),
-    "adamw": _adam_family(torch.optim.AdamW),
+_ADAM_SLOTS = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+
+#: core optimizer name -> how torch runs it (``fused``: one kernel for every parameter;
+#: ``capturable``: the update reads its learning rate and step count from the device).
+#: SGD's fused kernel is kept away from fp16's loss scaler: torch's fused SGD makes its
+#: momentum buffers with empty_like at its first step and fills them in the kernel, so a
+#: first step the scaler skips (an overflow, which its first scales often cause) leaves
+#: them unwritten, and every later update adds whatever memory held (measured on a CPU;
+#: LibreYOLO/libreyolo#771 saw weights explode on CUDA). Fused Adam and AdamW leave their
+#: state alone on a skipped step.
+OPTIMIZERS: dict[str, TorchOptimizer] = {
+    "sgd": TorchOptimizer(
+        torch.optim.SGD, _sgd, {"momentum_buffer": "momentum"}, fused_under_loss_scaling=False
+    ),
+    "adam": TorchOptimizer(torch.optim.Adam, _adam, _ADAM_SLOTS, counts_steps=True),
+    "adamw": TorchOptimizer(torch.optim.AdamW, _adam, _ADAM_SLOTS, counts_steps=True),
 }
-
-
-#: optimizers whose fused kernel mishandles a step fp16's loss scaler skips: torch's fused
-#: SGD makes its momentum buffers with empty_like at its first step and fills them in the
-#: kernel, so a first step the scaler skips (an overflow, which its first scales often
-#: cause) leaves them unwritten, and every later update adds whatever memory held (measured
-#: on a CPU; LibreYOLO/libreyolo#771 saw weights explode on CUDA). Under fp16 they keep
-#: torch's other kernels. Fused Adam and AdamW leave their state alone on a skipped step.
-NO_FUSED_KERNEL_UNDER_LOSS_SCALING = frozenset({"sgd"})
 
 
 def make_optimizer(
@@ -81,17 +94,18 @@ def make_optimizer(
     """The plan's optimizer over the trainable parameters (batch norm's running statistics
     are buffers, never optimized); ``fused`` on CUDA under ``train.compile`` or a CUDA
     graph, ``capturable`` under a CUDA graph; ``loss_scaled``: fp16's scaler steps it."""
-    if loss_scaled and spec.name in NO_FUSED_KERNEL_UNDER_LOSS_SCALING:
+    row = OPTIMIZERS[spec.name]
+    if loss_scaled and not row.fused_under_loss_scaling:
         fused = False
-    return OPTIMIZERS[spec.name](list(module.parameters()), spec, fused, capturable)
+    params = list(module.parameters())
+    return row.kind(params, **row.arguments(params, spec, fused, capturable))
 
 
-#: torch.optim's state key -> crosstrain's neutral slot name (core.strategy.OPTIMIZER_SLOTS)
-TORCH_SLOTS: dict[str, str] = {
-    "momentum_buffer": "momentum",
-    "exp_avg": "exp_avg",
-    "exp_avg_sq": "exp_avg_sq",
-}
+def _row_of(optimizer: torch.optim.Optimizer) -> TorchOptimizer:
+    """The row that built ``optimizer``."""
+    return next(row for row in OPTIMIZERS.values() if type(optimizer) is row.kind)
+
+
 Layouts = Mapping[str, tuple[torch.nn.Parameter, tuple[int, ...] | None]]
 
 
@@ -102,11 +116,12 @@ def neutral_optimizer_state(
     ``optimizer.step``: Adam's own count when it keeps one, else the steps counted here."""
     from crosstrain.backends.torch.model import to_neutral
 
+    slots = _row_of(optimizer).slots
     tensors: dict[str, np.ndarray] = {}
     steps: list[int] = []
     for neutral, (param, axes) in parameters.items():
         saved = optimizer.state.get(param, {})
-        for native, slot in TORCH_SLOTS.items():
+        for native, slot in slots.items():
             if saved.get(native) is not None:
                 tensors[f"optimizer.{neutral}.{slot}"] = to_neutral(saved[native], axes)
         if "step" in saved:
@@ -121,21 +136,21 @@ def load_neutral_optimizer_state(
     """Set torch.optim's state from neutral slots; return the optimizer step count."""
     from crosstrain.backends.torch.model import from_neutral
 
+    row = _row_of(optimizer)
     step = int(np.asarray(tensors.get("optimizer.step", 0)))
-    slots = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
-    known = {f"optimizer.{neutral}.{slot}" for neutral in parameters for slot in TORCH_SLOTS.values()}
-    if slots - known:
-        raise KeyError(f"no torch parameter for optimizer slots {sorted(slots - known)}")
-    counts_steps = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+    given = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
+    known = {f"optimizer.{neutral}.{slot}" for neutral in parameters for slot in row.slots.values()}
+    if given - known:
+        raise KeyError(f"no torch parameter for optimizer slots {sorted(given - known)}")
     # fused or capturable Adam keeps its count as float32 on the parameters' device
     fused = any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups)
     for neutral, (param, axes) in parameters.items():
         entry: dict[str, torch.Tensor] = {}
-        for native, slot in TORCH_SLOTS.items():
+        for native, slot in row.slots.items():
             key = f"optimizer.{neutral}.{slot}"
             if key in tensors:
                 entry[native] = from_neutral(tensors[key], axes, param)
-        if entry and counts_steps:  # Adam's bias corrections read this count
+        if entry and row.counts_steps:  # Adam's bias corrections read this count
             entry["step"] = (
                 torch.tensor(float(step), dtype=torch.float32, device=param.device)
                 if fused
