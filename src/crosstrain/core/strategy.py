@@ -16,7 +16,6 @@ import numpy as np
 import pluggy
 
 from crosstrain.core.data import Batch, Datasets, StepBatch
-from crosstrain.core.optimizers import OPTIMIZER_SLOTS as OPTIMIZER_SLOTS  # re-exported for backends
 from crosstrain.core.plan import Plan
 
 DeviceChoice = Literal["auto", "cpu", "gpu"]

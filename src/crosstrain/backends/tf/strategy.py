@@ -33,9 +33,10 @@ from crosstrain.backends.tf.steps import (
 )
 from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
+from crosstrain.core.optimizers import OPTIMIZER_SLOTS
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import GpuUtilisation
-from crosstrain.core.strategy import OPTIMIZER_SLOTS, FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
 from crosstrain.core.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
