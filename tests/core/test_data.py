@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import ArrayDataset, GlobalSampler, epoch_slice, load_datasets, step_batch
+from crosstrain.core.data import (
+    ArrayDataset,
+    GlobalSampler,
+    epoch_slice,
+    load_datasets,
+    load_digits_arrays,
+    step_batch,
+)
 from crosstrain.core.errors import PlanError
 from crosstrain.core.planfile import load_plan
 
@@ -64,6 +71,16 @@ def test_digits_is_real_data_split_by_seed(write_plan: Callable[..., Path]) -> N
     assert len(data.train) + len(data.eval) == 1797
     assert data.train.x.shape[1:] == (64,) and data.train.x.min() >= 0.0 and data.train.x.max() <= 1.0
     assert set(np.unique(data.train.y)) == set(range(10))
+
+
+def test_digits_are_scikit_learns_own_rows_without_importing_it() -> None:
+    """The shipped CSV read directly gives load_digits' rows and labels, scaled by 1/16."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits_arrays()
+    expected_x, expected_y = load_digits(return_X_y=True)
+    assert x.dtype == np.float32 and y.dtype == np.int64
+    assert np.array_equal(x, (expected_x / 16.0).astype(np.float32)) and np.array_equal(y, expected_y)
 
 
 def test_digits_reshape_to_image_input(write_plan: Callable[..., Path]) -> None:

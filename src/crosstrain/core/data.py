@@ -8,6 +8,7 @@ sees exactly the rows world 1 sees, in the same global batches.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import zipfile
 import zlib
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -314,7 +315,7 @@ def _load_arrays(
     spec: DataSpec, path: str | None, source: str | None, field: str = "data.path"
 ) -> tuple[np.ndarray, np.ndarray]:
     if spec.source == "digits" and field == "data.path":
-        return _load_digits()
+        return load_digits_arrays()
     assert path is not None  # DataSpec refuses source "npz" without a path
     if not Path(path).is_file():
         raise PlanError(f"no such file {path}", field=field, source=source)
@@ -333,12 +334,20 @@ def _load_arrays(
         raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
 
 
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 1,797 8x8 handwritten digits: real data shipped inside the package."""
-    from sklearn.datasets import load_digits
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1,797 8x8 handwritten digits (real data shipped inside the package),
+    scaled to [0, 1]: float32 rows of 64 pixels and int64 labels.
 
-    x, y = load_digits(return_X_y=True)
-    return (x / 16.0).astype(np.float32), y.astype(np.int64)
+    Read from the package's own ``datasets/data/digits.csv.gz`` rather than through
+    ``sklearn.datasets.load_digits``, whose import pulls in most of scikit-learn and SciPy
+    (over a second of CPU in every process of every run); the values are the same
+    (``tests/core/test_data.py`` checks it)."""
+    package = importlib.util.find_spec("sklearn")
+    if package is None or package.origin is None:
+        raise InputError("data.source = 'digits' needs scikit-learn: pip install scikit-learn")
+    table = np.loadtxt(Path(package.origin).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+    pixels, labels = table[:, :-1], table[:, -1]
+    return (pixels / 16.0).astype(np.float32), labels.astype(np.int64)
 
 
 def _fit_to_input(x: np.ndarray, plan: Plan, field: str) -> np.ndarray:

@@ -186,9 +186,9 @@ def write_nan_row_data(path: str, row: int = 300) -> None:
     the load check (finite, as NaN would be refused there) but overflows float32 in the first
     layer, so the loss of the step that holds it is not finite on every backend."""
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
+    from crosstrain.core.data import load_digits_arrays
+
+    x, y = load_digits_arrays()
     x[row] = 3e38
-    np.savez(path, x=x, y=y.astype(np.int64))
+    np.savez(path, x=x, y=y)
