@@ -16,6 +16,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+#: the marker of every test in a folder: tox picks each env's tests by marker
+FOLDER_MARKERS = {"torch": "torch", "tf": "tf", "cross": "cross"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/torch, tests/tf and tests/cross carries its folder's marker, so
+    that a module which forgets its ``pytestmark`` still runs in its env, and only there."""
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        if folder in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[folder])
+
 
 MLP_PLAN = """
 name = "tiny_mlp"

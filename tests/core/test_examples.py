@@ -10,6 +10,7 @@ import pytest
 from crosstrain.core.data import load_datasets
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.planfile import load_plan
+from crosstrain.testing.plans import DIGITS_MLP_PLAN
 from tests.conftest import EXAMPLES
 
 PLANS = sorted(EXAMPLES.glob("*.toml")) + sorted(EXAMPLES.glob("*.py"))
@@ -21,6 +22,10 @@ def test_example_plan_is_valid(path: Path) -> None:
     check_world_fits(plan, 2)  # docs/plans.md: every example runs with --nproc 2
     data = load_datasets(plan)
     assert data.train.x.shape[1:] == plan.model.input_shape
+
+
+def test_the_conformance_suite_trains_the_readmes_example_word_for_word() -> None:
+    assert (EXAMPLES / "digits_mlp.toml").read_text() == DIGITS_MLP_PLAN
 
 
 def test_there_are_toml_and_python_examples() -> None:

@@ -157,22 +157,6 @@ def test_joins_an_existing_torchrun_group(write_plan: Callable[..., Path], tmp_p
     assert len(step_losses(tmp_path / "run")) == 10  # rank 0 wrote once, not once per launcher
 
 
-def test_digits_example_runs_from_the_readme_command(tmp_path: Path) -> None:
-    result = run_cli(
-        "run",
-        str(EXAMPLES / "digits_mlp.toml"),
-        "--backend",
-        "torch",
-        "--nproc",
-        "2",
-        "--out",
-        str(tmp_path / "readme"),
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "eval accuracy" in result.stdout
-
-
 def test_cnn_python_plan_trains_cleanly_on_two_ranks(tmp_path: Path) -> None:
     result = run_cli(
         "run",

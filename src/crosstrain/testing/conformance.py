@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
+import attrs
 import numpy as np
 import pytest
 
@@ -41,6 +42,7 @@ from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.plans import (
+    DIGITS_MLP_PLAN,
     DROPOUT_MLP_PLAN,
     GPT_PLAN,
     NAN_ROW_PLAN,
@@ -58,6 +60,8 @@ PLANS = {
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
 }
+#: the shipped examples every backend trains whole
+EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: the plans trained with their data placed on the device (``data.placement = "device"``):
 #: arrays, token windows, and uint8 rows of a memory-mapped file scaled where the model runs
 PLACED_PLANS = ("dropout_mlp", "gpt", "scaled_images")
@@ -102,16 +106,19 @@ def write_plan(directory: Path, name: str) -> Path:
     if name == "scaled_images":
         write_images(str(directory))
     path = directory / f"{name}.toml"
-    path.write_text(PLANS[name])
+    path.write_text({**PLANS, **EXAMPLE_PLANS}[name])
     return path
 
 
-def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str) -> Path:
+def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str, steps: int | None = STEPS) -> Path:
+    """Train ``plan`` for ``steps`` steps (None: as long as the plan says); the run folder."""
+    length = ("--set", f"train.max_steps={steps}") if steps is not None else ()
     result = run_cli(
         "-p", "no:progress", "run", str(plan), "--backend", backend, "--nproc", str(nproc),
-        "--device", "cpu", "--out", str(out), "--set", f"train.max_steps={STEPS}", *settings,
+        "--device", "cpu", "--out", str(out), *length, *settings,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    (out / "stdout.txt").write_text(result.stdout)  # what the run printed, for the tests that read it
     return out
 
 
@@ -124,6 +131,63 @@ def train_refused(backend: str, plan: Path, out: Path, *settings: str) -> str:
     assert line.count("\n") == 0, line
     assert not out.exists()
     return line
+
+
+@attrs.frozen
+class RunKey:
+    """What makes a conformance run: the backend, one of :data:`PLANS` or
+    :data:`EXAMPLE_PLANS`, the replicas, the ``--set`` settings and the steps."""
+
+    backend: str
+    plan: str
+    nproc: int
+    settings: tuple[str, ...] = ()
+    steps: int | None = STEPS
+
+
+class RunCache:
+    """Every conformance run made once per pytest session, whichever test asks for it
+    first: the world-N runs that a backend's suite compares, torch's reference runs that
+    every backend agreeing with torch compares, the runs evaluate and predict read. A run's
+    folder is only read by the tests that share it."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.runs: dict[RunKey, Path] = {}
+
+    def __call__(
+        self, backend: str, plan: str, nproc: int, *settings: str, steps: int | None = STEPS
+    ) -> Path:
+        """The run of ``plan`` (a name in :data:`PLANS` or :data:`EXAMPLE_PLANS`) on ``backend``
+        at ``nproc`` replicas with ``settings`` for ``steps`` steps (None: the plan's length)."""
+        key = RunKey(backend, plan, nproc, settings, steps)
+        if key not in self.runs:
+            directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
+            path = write_plan(directory, plan)
+            arguments = [item for setting in settings for item in ("--set", setting)]
+            self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, steps=steps)
+        return self.runs[key]
+
+
+RUNS = pytest.StashKey[RunCache]()
+
+
+class SharesRuns:
+    """A test class whose tests take the session's runs as the ``runs`` fixture."""
+
+    @pytest.fixture
+    def runs(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
+        """The session's :class:`RunCache` (kept in pytest's stash: one per session)."""
+        return request.config.stash.setdefault(RUNS, RunCache(tmp_path_factory))
+
+
+def assert_failed_naming_the_rank(result: subprocess.CompletedProcess[str], error: str) -> None:
+    """A run a rank failed: exit 1, the failing rank's traceback once (none from its peers or
+    the launcher), and last one line naming the rank and its error."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr[-3000:]
+    last = result.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("crosstrain: error: rank ") and last.endswith(error), result.stderr[-3000:]
 
 
 def fail_then_resume(
@@ -145,7 +209,7 @@ def fail_then_resume(
         "-p", "no:progress", "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", backend,
         *common, *RESUME_SETTINGS, env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP)},
     )  # fmt: skip
-    assert failed.returncode == 1 and f"injected failure at step {FAIL_STEP}" in failed.stderr, failed.stderr
+    assert_failed_naming_the_rank(failed, f"RuntimeError: injected failure at step {FAIL_STEP}")
     last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     assert complete_checkpoints(out)[-1][0] == last
     resumed = run_cli(
@@ -176,39 +240,30 @@ def spoken_plans(backend: str, directory: Path) -> list[str]:
 
 
 class WorldRuns:
-    """Each plan the backend speaks, trained at world 1 and world N when a test first asks
-    for it (then kept for the class): a test waits for its own plan's runs only."""
+    """Each plan the backend speaks, at world 1 and world N, from the session's runs."""
 
-    def __init__(self, backend: str, nproc: int, factory: pytest.TempPathFactory) -> None:
-        self.backend, self.nproc, self.factory = backend, nproc, factory
-        self.spoken = spoken_plans(backend, factory.mktemp("plans"))
-        self.runs: dict[str, tuple[Path, Path]] = {}
+    def __init__(self, backend: str, nproc: int, runs: RunCache) -> None:
+        self.backend, self.nproc, self.runs = backend, nproc, runs
+        self.spoken = spoken_plans(backend, runs.factory.mktemp("plans"))
 
     def __contains__(self, name: str) -> bool:
         return name in self.spoken
 
     def __getitem__(self, name: str) -> tuple[Path, Path]:
-        if name not in self.runs:
-            directory = self.factory.mktemp(name)
-            plan = write_plan(directory, name)
-            self.runs[name] = (
-                train(self.backend, plan, directory / "one", 1),
-                train(self.backend, plan, directory / f"x{self.nproc}", self.nproc),
-            )
-        return self.runs[name]
+        return self.runs(self.backend, name, 1), self.runs(self.backend, name, self.nproc)
 
 
-class BackendConformance:
+class BackendConformance(SharesRuns):
     """What every backend must satisfy; ``backend`` names the one under test."""
 
     backend: ClassVar[str]
     #: replicas for the world-N runs
     nproc: ClassVar[int] = 2
 
-    @pytest.fixture(scope="class")
-    def world_runs(self, tmp_path_factory: pytest.TempPathFactory) -> WorldRuns:
-        """Every plan the backend speaks, at world 1 and world N, trained once per class."""
-        return WorldRuns(self.backend, self.nproc, tmp_path_factory)
+    @pytest.fixture
+    def world_runs(self, runs: RunCache) -> WorldRuns:
+        """Every plan the backend speaks, at world 1 and world N, each trained once per session."""
+        return WorldRuns(self.backend, self.nproc, runs)
 
     @pytest.mark.parametrize("plan", list(PLANS))
     def test_world_n_trains_like_world_1(self, world_runs: WorldRuns, plan: str) -> None:
@@ -244,10 +299,7 @@ class BackendConformance:
         assert placed_plans, f"the {self.backend} backend speaks none of {PLACED_PLANS}"
         for name in placed_plans:
             hosted = world_runs[name][1]
-            placed = train(
-                self.backend, write_plan(tmp_path / name, name), tmp_path / name / "placed", self.nproc,
-                "--set", "data.placement='device'",
-            )  # fmt: skip
+            placed = world_runs.runs(self.backend, name, self.nproc, "data.placement='device'")
             assert np.array_equal(step_losses(placed), step_losses(hosted)), name  # the same bits
             assert summary(placed)["eval"] == summary(hosted)["eval"], name
 
@@ -257,10 +309,31 @@ class BackendConformance:
         if "dropout_mlp" not in world_runs:
             pytest.skip(f"the {self.backend} backend does not speak the dropout MLP")
         eager = world_runs["dropout_mlp"][1]
-        plan = write_plan(tmp_path, "dropout_mlp")
-        compiled = train(self.backend, plan, tmp_path / "compiled", self.nproc, "--set", "train.compile=true")
+        compiled = world_runs.runs(self.backend, "dropout_mlp", self.nproc, "train.compile=true")
         assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= WORLD_TOLERANCE
         assert_same_eval(summary(compiled)["eval"], summary(eager)["eval"], loss_tolerance=WORLD_TOLERANCE)
+
+    def test_accumulated_micro_batches_train_like_one_big_batch(self, world_runs: WorldRuns) -> None:
+        """``train.grad_accum_steps = 2``: each replica's share of a global batch in two
+        micro-batches, one update: the per-step losses of one big batch, within rounding."""
+        if "dropout_mlp" not in world_runs:
+            pytest.skip(f"the {self.backend} backend does not speak the dropout MLP")
+        plain = world_runs["dropout_mlp"][1]
+        accumulated = world_runs.runs(self.backend, "dropout_mlp", self.nproc, "train.grad_accum_steps=2")
+        assert max_relative_difference(step_losses(accumulated), step_losses(plain)) <= WORLD_TOLERANCE
+        assert_same_eval(summary(accumulated)["eval"], summary(plain)["eval"], loss_tolerance=WORLD_TOLERANCE)
+
+    def test_the_digits_example_reaches_95_percent(self, runs: RunCache) -> None:
+        """The README's example, whole (20 epochs), at world N: real accuracy, a summary that
+        says what ran, the final weights saved, and the summary table printed."""
+        run = runs(self.backend, "digits_mlp", self.nproc, steps=None)
+        result = summary(run)
+        assert result["eval"]["accuracy"] >= 0.95
+        assert result["backend"] == self.backend and result["world_size"] == self.nproc
+        assert all(result[key] > 0 for key in ("steps", "samples_per_second", "wall_seconds"))
+        assert (run / "model.safetensors").is_file()
+        printed = (run / "stdout.txt").read_text()
+        assert f"digits_mlp on {self.backend} x{self.nproc}" in printed and "eval accuracy" in printed
 
     def test_resumes_exactly_from_its_last_checkpoint(self, world_runs: WorldRuns, tmp_path: Path) -> None:
         """Adam's step counts, dropout's counter and the sampler's place mid-epoch all come
@@ -347,28 +420,14 @@ class BackendConformance:
             and len(losses) == GlobalSampler(1797, 32, 4).steps_per_epoch
         )
 
-    def test_a_failing_rank_ends_the_run_naming_it(self, tmp_path: Path) -> None:
-        plan = write_plan(tmp_path, "dropout_mlp")
-        result = run_cli(
-            "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", self.backend,
-            "--nproc", str(self.nproc), "--device", "cpu", "--out", str(tmp_path / "run"), timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 1
-        assert result.stderr.count("Traceback (most recent call last)") == 1
-        last = result.stderr.rstrip().splitlines()[-1]
-        assert last.startswith("crosstrain: error: rank ") and last.endswith(
-            "RuntimeError: injected failure at step 3"
-        )
-        assert len(step_losses(tmp_path / "run")) >= 2  # what was written is kept
-
-    def test_predicts_what_it_evaluates(self, tmp_path: Path) -> None:
+    def test_predicts_what_it_evaluates(self, world_runs: WorldRuns, tmp_path: Path) -> None:
         """``crosstrain evaluate`` in one process gives training's own eval metrics, and
         ``crosstrain predict`` (the backend's ``predict``) gives logits whose loss and
         accuracy over the eval rows are those metrics."""
         strategy = get_backend(make_plugin_manager(), self.backend)()
         assert isinstance(strategy, Predicts), "implement predict() for crosstrain predict and export"
         plan = write_plan(tmp_path, "dropout_mlp")
-        run = train(self.backend, plan, tmp_path / "run", 1)
+        run = world_runs["dropout_mlp"][0]
         trained = summary(run)["eval"]
         evaluated = run_cli("evaluate", str(run), "--backend", self.backend, "--json")
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -433,32 +492,32 @@ class BackendConformance:
             assert not out.exists()  # refused before the output folder or any process
 
 
-class AgreesWithTorch:
+class AgreesWithTorch(SharesRuns):
     """Step-by-step agreement with the torch reference on every plan the backend speaks
     (needs torch installed beside the backend: crosstrain's cross env, a third party's own
-    tests). Subclass it like :class:`BackendConformance`."""
+    tests). Subclass it like :class:`BackendConformance`; in one session the world-N runs are
+    the backend suite's own, and torch's reference runs are shared by every backend."""
 
     backend: ClassVar[str]
     nproc: ClassVar[int] = 2
 
     @pytest.mark.parametrize("plan", list(PLANS))
-    def test_agrees_with_the_torch_reference(self, plan: str, tmp_path: Path) -> None:
+    def test_agrees_with_the_torch_reference(self, plan: str, runs: RunCache, tmp_path: Path) -> None:
         if plan not in spoken_plans(self.backend, tmp_path / "check"):
             pytest.skip(f"the {self.backend} backend does not speak this plan's layers")
-        path = write_plan(tmp_path, plan)
-        mine = train(self.backend, path, tmp_path / self.backend, self.nproc)
-        reference = train("torch", path, tmp_path / "torch", self.nproc)
+        mine = runs(self.backend, plan, self.nproc)
+        reference = runs("torch", plan, self.nproc)
         assert max_relative_difference(step_losses(mine), step_losses(reference)) <= PARITY_TOLERANCE
         assert_same_eval(
             summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1
         )
 
-    def test_resumes_across_frameworks(self, tmp_path: Path) -> None:
+    def test_resumes_across_frameworks(self, runs: RunCache, tmp_path: Path) -> None:
         """A checkpoint's neutral weights and optimizer slots continue on the other framework:
         trained on this backend and resumed on torch, and the other way round, each run's
         steps agree with an uninterrupted torch run within parity tolerance."""
         plan = write_plan(tmp_path, "dropout_mlp")
-        reference = step_losses(train("torch", plan, tmp_path / "torch", self.nproc))
+        reference = step_losses(runs("torch", "dropout_mlp", self.nproc))
         for first, then in ((self.backend, "torch"), ("torch", self.backend)):
             out = fail_then_resume(first, plan, tmp_path / f"{first}-then-{then}", self.nproc, then)
             assert summary(out)["backend"] == then
