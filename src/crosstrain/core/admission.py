@@ -40,7 +40,7 @@ from crosstrain.core.errors import BackendError, InputError
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import check_request
-from crosstrain.core.strategy import ChecksJob, DistributedStrategy, Job, SpansNodes
+from crosstrain.core.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 
 THIS_MACHINE = ThisMachine()
@@ -70,7 +70,11 @@ def admit(
 
 def check_framework(strategy: type[DistributedStrategy], backend: str) -> None:
     """The backend's framework imports; else the install command that brings it."""
-    status = strategy.framework_status()
+    status = (
+        strategy.framework_installed()
+        if isinstance(strategy, FindsFramework)
+        else strategy.framework_status()
+    )
     if not status.importable:
         raise BackendError(
             f"backend {backend!r} needs its framework, which does not import ({status.problem}); "

@@ -115,6 +115,20 @@ class FrameworkStatus:
 
 
 @runtime_checkable
+class FindsFramework(Protocol):
+    """Optional capability: tell whether the framework is installed without importing it.
+    Admission asks in the launching process, which for a backend whose workers are fresh
+    processes never needs the framework itself: importing TensorFlow there only to check
+    that it imports cost every run seconds of CPU before its workers started theirs.
+    Without it, admission asks :meth:`DistributedStrategy.framework_status`."""
+
+    @classmethod
+    def framework_installed(cls) -> FrameworkStatus:
+        """Whether the framework's package is installed (found, not imported); never raises."""
+        ...
+
+
+@runtime_checkable
 class ChecksJob(Protocol):
     """Optional capability: refuse a layout the backend cannot run (processes, devices)
     before the output folder is created or any process starts."""

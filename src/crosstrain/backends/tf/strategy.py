@@ -37,7 +37,7 @@ from crosstrain.core.optimizers import OPTIMIZER_SLOTS
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import GpuUtilisation
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
-from crosstrain.core.vocabulary import Vocabulary
+from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary
 
 if TYPE_CHECKING:
     import keras
@@ -102,9 +102,17 @@ class TfStrategy:
     # ----------------------------------------------------------------- discovery and launch
 
     @classmethod
-    def framework_status(cls) -> FrameworkStatus:
+    def framework_installed(cls) -> FrameworkStatus:
+        """Found, not imported: the launching process never runs TensorFlow (its workers do,
+        and a broken install fails there, naming the rank)."""
         if importlib.util.find_spec("tensorflow") is None:
             return FrameworkStatus(importable=False, problem="No module named 'tensorflow'")
+        return FrameworkStatus(importable=True)
+
+    @classmethod
+    def framework_status(cls) -> FrameworkStatus:
+        if not (installed := cls.framework_installed()).importable:
+            return installed
         for name, value in TF_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         try:
@@ -120,12 +128,11 @@ class TfStrategy:
 
     @classmethod
     def vocabulary(cls) -> Vocabulary:
-        """The keys of the tables the model and optimizer are built from."""
-        from crosstrain.backends.tf.layers import LAYERS
-        from crosstrain.backends.tf.model import DTYPE_POLICIES, LOSSES
-        from crosstrain.backends.tf.optimizer import OPTIMIZERS
-
-        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, DTYPE_POLICIES)
+        """Every name core defines: the tf backend builds them all. Declared rather than
+        read off the tables, whose module imports TensorFlow (seconds of CPU) in the
+        launching process, which checks the plan but never runs a step;
+        ``tests/tf/test_layers.py`` holds this to :func:`table_vocabulary`."""
+        return CORE_VOCABULARY
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
@@ -412,6 +419,15 @@ class TfStrategy:
 
 
 # --------------------------------------------------------------------------- plan checks
+
+
+def table_vocabulary() -> Vocabulary:
+    """The keys of the tables the model and optimizer are built from (imports TensorFlow)."""
+    from crosstrain.backends.tf.layers import LAYERS
+    from crosstrain.backends.tf.model import DTYPE_POLICIES, LOSSES
+    from crosstrain.backends.tf.optimizer import OPTIMIZERS
+
+    return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, DTYPE_POLICIES)
 
 
 def check_compilable(plan: Plan) -> None:
