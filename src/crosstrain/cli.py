@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -16,6 +16,7 @@ from rich.text import Text
 from crosstrain.api import LaunchOptions, default_out_dir, make_job, prepare_plan, run_job
 from crosstrain.core.errors import CrosstrainError, Interrupted, WorkerError
 from crosstrain.launch import interrupts_raise
+from crosstrain.launch.process import exit_now
 from crosstrain.plot import add_plot_command
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
@@ -389,5 +390,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The ``crosstrain`` command: :func:`main`, then exit at once with its code (no
+    interpreter teardown of the frameworks it imported: :func:`exit_now`)."""
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse's --help (0) and usage errors (2)
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:  # sys.exit("message"): the message, exit 1, as Python ends it
+            print(stop.code, file=sys.stderr)
+            code = 1
+    exit_now(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

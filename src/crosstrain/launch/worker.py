@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crosstrain.launch.process import exit_now
 from crosstrain.launch.reports import error_path, error_report, result_path, write_atomically
 
 LAUNCH_DIR = "CROSSTRAIN_LAUNCH_DIR"
@@ -50,6 +50,5 @@ def serve(train: Callable[[], dict[str, Any]]) -> None:
         write_atomically(result_path(folder, rank), summary)
     except BaseException as error:  # every failure, even SystemExit, reaches the launcher once
         write_atomically(error_path(folder, rank), error_report(error, traceback.format_exc(), time.time()))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # skip a framework's teardown, which can wait on peers that are gone
+        exit_now(1)  # skip a framework's teardown, which can wait on peers that are gone
+    exit_now(0)  # the launcher waits for this exit: a framework's teardown only delays it
