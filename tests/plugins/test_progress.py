@@ -1,8 +1,8 @@
 """The progress plugin: a bar on a terminal, plain lines in a pipe, epoch lines in both.
 
-The CLI runs in pytest's process on the null backend: the plugin chooses from rank 0's
-stdout, which is a tty-like stream for the terminal cases and captured (a pipe) for the
-others."""
+The CLI runs in pytest's process on the momentum backend (a numpy model:
+:mod:`crosstrain.testing.null`): the plugin chooses from rank 0's stdout, which is a
+tty-like stream for the terminal cases and captured (a pipe) for the others."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(
         "run",
         DIGITS,
         "--backend",
-        "null",
+        "momentum",
         "--nproc",
         "2",
         *TWO_EPOCHS,
@@ -80,13 +80,13 @@ def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(
     assert bars, output
     # the last drawing of the bar, at the end of training: every element is there
     assert re.search(
-        r"epoch 2/2 ━+ 46/46 loss \d+\.\d{4} lr \d\.\d\de-\d\d \d+ samples/s ETA "
+        r"epoch 2/2 ━+ 46/46 loss \d\.\d{4} lr \d\.\d\de-\d\d \d+ samples/s ETA "
         r"\d+:\d\d:\d\d",
         bars[-1],
     ), bars[-1]
     assert [line.split()[1] for line in epoch_lines(pieces)] == ["1/2", "2/2"]
     assert_bar_stopped(output)
-    assert "digits_mlp on null x2" in output.rsplit(SHOW_CURSOR, 1)[1]  # the summary comes after
+    assert "digits_mlp on momentum x2" in output.rsplit(SHOW_CURSOR, 1)[1]  # the summary comes after
 
 
 def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path, cli_in_process: InProcessCli) -> None:
@@ -95,7 +95,7 @@ def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path, cli_in_pro
         "run",
         DIGITS,
         "--backend",
-        "null",
+        "momentum",
         "--nproc",
         "2",
         *TWO_EPOCHS,
@@ -125,7 +125,7 @@ def test_a_failing_run_stops_the_bar_before_the_error_is_shown(
         "run",
         DIGITS,
         "--backend",
-        "null",
+        "momentum",
         "--out",
         str(tmp_path / "run"),
         env=env,
@@ -192,7 +192,7 @@ def test_epoch_count_follows_max_steps(tmp_path: Path, cli_in_process: InProcess
         "run",
         DIGITS,
         "--backend",
-        "null",
+        "momentum",
         "--nproc",
         "1",
         "--set",
