@@ -76,6 +76,7 @@ def assert_scalars_match_metrics(
 
 
 @pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_a_torch_run_writes_one_event_file_of_loss_lr_and_eval(tmp_path: Path) -> None:
     # a relative DIR is the CLI's working directory's, even though workers write it
     result = run_cli(
