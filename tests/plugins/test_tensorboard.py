@@ -136,6 +136,7 @@ print(type(writer).__name__)
 
 
 @pytest.mark.tf
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
 def test_a_process_that_imported_tensorflow_writes_with_tf_summary(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", TF_WRITER_SCRIPT, str(tmp_path)],
