@@ -1,15 +1,17 @@
-"""Shared fixtures: small plans and data sets written to tmp_path, and a CLI runner."""
+"""Shared fixtures: small plans and data sets written to tmp_path, and CLI runners: the
+real CLI in a subprocess, or in pytest's own process (``cli_in_process``)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
@@ -137,3 +139,62 @@ def run_cli_together(
         subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         for process, (stdout, stderr) in zip(processes, outputs, strict=True)
     ]
+
+
+class InProcessCli(Protocol):
+    def __call__(
+        self,
+        *args: str,
+        env: Mapping[str, str | None] | None = None,
+        cwd: Path | None = None,
+        terminal: bool = False,
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+class TerminalOutput(io.StringIO):
+    """What a terminal shows: stdout and stderr in one stream that says it is a tty."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def cli_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> InProcessCli:
+    """``crosstrain.cli.main(args)`` in this process, as :func:`run_cli` runs it in another:
+    its exit code and what it wrote, with ``env`` set (a None value unsets the variable) and
+    ``cwd`` the working directory for the call only. ``terminal``: stdout and stderr are one
+    tty-like stream (returned as stdout), as a pseudo-terminal would be. The CLI reads the
+    environment and finds plugins (entry points on ``sys.path``) anew on each call, so calls
+    do not leak into each other; with the null backend (``-p crosstrain.testing.null
+    --backend null``) training runs here too, without a framework."""
+    from crosstrain.cli import main
+
+    def run(
+        *args: str,
+        env: Mapping[str, str | None] | None = None,
+        cwd: Path | None = None,
+        terminal: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()  # what came before is not this call's
+        screen = TerminalOutput()
+        with monkeypatch.context() as patch:
+            for name, value in (env or {}).items():
+                if value is None:
+                    patch.delenv(name, raising=False)
+                else:
+                    patch.setenv(name, value)
+            if cwd is not None:
+                patch.chdir(cwd)
+            if terminal:
+                patch.setattr(sys, "stdout", screen)
+                patch.setattr(sys, "stderr", screen)
+            try:
+                code = main(list(args))
+            except SystemExit as exit:  # argparse's usage errors (2) and --help (0)
+                code = exit.code if isinstance(exit.code, int) else 1
+        out, err = capsys.readouterr()
+        if terminal:
+            out, err = screen.getvalue(), ""
+        return subprocess.CompletedProcess(["crosstrain", *args], code, out, err)
+
+    return run

@@ -1,4 +1,8 @@
-"""`crosstrain plot`: learning curves of real runs, drawn into a PNG of a fixed size."""
+"""`crosstrain plot`: learning curves of real runs, drawn into a PNG of a fixed size.
+
+plot only reads the files a run wrote: the runs here are a numpy backend's
+(:mod:`crosstrain.testing.null`), made through the CLI in pytest's process, as is every
+`crosstrain plot`."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from crosstrain.compare import write_compare_file
 from crosstrain.core.errors import RunDirError
 from crosstrain.core.planfile import load_plan
 from crosstrain.plot import FIGURE_DPI, FIGURE_INCHES, build_figure, plot_runs
-from tests.conftest import EXAMPLES, run_cli
+from tests.conftest import EXAMPLES, InProcessCli
 
 pytest.importorskip("matplotlib", reason="crosstrain plot needs matplotlib (the plot extra)")
 
@@ -23,22 +27,28 @@ DIGITS = str(EXAMPLES / "digits_mlp.toml")
 PANELS = [("train loss", "loss"), ("eval loss", "loss"), ("eval accuracy", "accuracy")]
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The same plan trained on 1 and on 2 processes, two epochs each."""
-    root = tmp_path_factory.mktemp("runs")
+@pytest.fixture
+def two_runs(tmp_path: Path, cli_in_process: InProcessCli) -> list[Path]:
+    """The same plan trained on 1 and on 2 replicas, two epochs each, by the momentum backend
+    (a numpy model) and shuffled by other seeds: every curve differs, so a line drawn from the
+    other run shows."""
+    root = tmp_path / "runs"
     runs = []
     for nproc in (1, 2):
         out = root / f"x{nproc}"
-        result = run_cli(
+        result = cli_in_process(
+            "-p",
+            "crosstrain.testing.null",
             "run",
             DIGITS,
             "--backend",
-            "torch",
+            "momentum",
             "--nproc",
             str(nproc),
             "--set",
             "train.epochs=2",
+            "--set",
+            f"seed={nproc}",
             "--out",
             str(out),
         )
@@ -47,10 +57,11 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return runs
 
 
-@pytest.mark.torch
-def test_the_cli_writes_a_png_of_the_fixed_size(two_runs: list[Path], tmp_path: Path) -> None:
+def test_the_cli_writes_a_png_of_the_fixed_size(
+    two_runs: list[Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
     output = tmp_path / "figures" / "curves.png"
-    result = run_cli("plot", *map(str, two_runs), "-o", str(output))
+    result = cli_in_process("plot", *map(str, two_runs), "-o", str(output))
     assert result.returncode == 0, result.stderr
     png = output.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -58,7 +69,6 @@ def test_the_cli_writes_a_png_of_the_fixed_size(two_runs: list[Path], tmp_path: 
     assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
 
 
-@pytest.mark.torch
 def test_each_panel_has_one_labelled_line_per_run(two_runs: list[Path]) -> None:
     figure = build_figure(two_runs)
     assert figure.get_suptitle() == "learning curves: digits_mlp"
@@ -127,16 +137,16 @@ def test_a_compare_folder_stands_for_its_runs_the_reference_first(tmp_path: Path
     assert labels_of(alone, compare) == ["alone", "cmp/torch-0", "cmp/tf", "cmp/torch-2"]
 
 
-def test_plot_works_without_the_metrics_plugin_loaded(tmp_path: Path) -> None:
+def test_plot_works_without_the_metrics_plugin_loaded(tmp_path: Path, cli_in_process: InProcessCli) -> None:
     """plot reads the files a run wrote; blocking the plugin for this command changes nothing."""
     run = write_run(tmp_path / "run", [1.0, 0.5])
-    result = run_cli("-p", "no:metrics", "plot", str(run), "-o", str(tmp_path / "curves.png"))
+    result = cli_in_process("-p", "no:metrics", "plot", str(run), "-o", str(tmp_path / "curves.png"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_cli_exits_2_naming_a_missing_folder(tmp_path: Path) -> None:
-    result = run_cli("plot", str(tmp_path / "nowhere"), "-o", str(tmp_path / "curves.png"))
+def test_the_cli_exits_2_naming_a_missing_folder(tmp_path: Path, cli_in_process: InProcessCli) -> None:
+    result = cli_in_process("plot", str(tmp_path / "nowhere"), "-o", str(tmp_path / "curves.png"))
     assert result.returncode == 2
     assert "nowhere: is not a folder" in result.stderr
 

@@ -1,12 +1,13 @@
 """Checkpoints, resume, stop requests and non-finite losses, through the loop, against a
-numpy backend whose state (a weight, a momentum slot, a step count) depends on every
-batch it saw and in which order: a resumed run equals an uninterrupted one only if the
-weights, the slot, the count and the sampler's position all come back."""
+numpy backend (:class:`crosstrain.testing.null.MomentumStrategy`) whose state (a weight, a
+momentum slot, a step count) depends on every batch it saw and in which order: a resumed
+run equals an uninterrupted one only if the weights, the slot, the count and the
+sampler's position all come back."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,63 +19,13 @@ from crosstrain.core.checkpoint import (
     last_checkpoint,
     read_checkpoint,
 )
-from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.errors import BackendError, CheckpointError
 from crosstrain.core.loop import train
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.resume import check_backend_supports
-from crosstrain.core.strategy import Job, World
+from crosstrain.core.strategy import Job
+from crosstrain.testing.null import MomentumStrategy
 from tests.support import StepRecorder
-
-
-class MomentumStrategy:
-    """w <- w - lr * m with m <- 0.9 m + mean(x of the batch's rows); loss = w^2 + batch mean.
-    ``fail_at``: raise at that step; ``nan_at``: that step's loss is NaN."""
-
-    name = "numpy"
-    install_hint = ""
-    world = World()
-
-    def __init__(self, fail_at: int | None = None, nan_at: int | None = None) -> None:
-        self.fail_at, self.nan_at = fail_at, nan_at
-
-    def build(self, plan: Any, weights: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        return {"w": np.ones(3), "m": np.zeros(3), "steps": 0}
-
-    def train_step(self, state: dict[str, Any], step: StepBatch, lr: float) -> dict[str, float]:
-        if step.step + 1 == self.fail_at:
-            raise RuntimeError(f"failed at step {self.fail_at}")
-        batch = step.micro_batches[0]
-        features = batch.x.reshape(len(batch.weight), -1)[:, :3]
-        signal = (features * batch.weight[:, None]).sum(axis=0) / max(batch.real_rows, 1)
-        state["m"] = 0.9 * state["m"] + signal
-        state["w"] = state["w"] - lr * state["m"]
-        state["steps"] += 1
-        loss = float((state["w"] ** 2).sum() + signal.sum())
-        return {"loss": float("nan") if step.step + 1 == self.nan_at else loss}
-
-    def eval_step(self, state: dict[str, Any], batch: Batch) -> dict[str, float]:
-        count = float(batch.weight.sum())
-        return {"loss_sum": float((state["w"] ** 2).sum()) * count, "correct": 0.0, "count": count}
-
-    def all_reduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
-        return values
-
-    def barrier(self) -> None: ...
-
-    def state_dict(self, state: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {"w": state["w"].copy()}
-
-    def load_state_dict(self, state: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
-        state["w"] = np.array(tensors["w"])
-
-    def optimizer_state(self, state: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {"optimizer.w.momentum": state["m"].copy(), "optimizer.step": np.asarray(state["steps"])}
-
-    def load_optimizer_state(self, state: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
-        state["m"] = np.array(tensors["optimizer.w.momentum"])
-        state["steps"] = int(tensors["optimizer.step"])
-
 
 SETTINGS = [
     "train.epochs=2",

@@ -17,7 +17,7 @@ from crosstrain.core.loop import train
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.plugins import early_stop, hookspecs
-from tests.core.test_resume import MomentumStrategy
+from crosstrain.testing.null import MomentumStrategy
 
 SETTINGS = [
     "train.epochs=12",

@@ -1,4 +1,7 @@
-"""Lifecycle hooks over real 2-replica runs: order, arguments, every rank, exception once."""
+"""Lifecycle hooks: their order and arguments, and the exception hook once with the failing
+rank. In pytest's process on the null backend (one process holding 2 replicas), and the
+exception hook over real 2-process worlds once per launcher: torch's elastic agent, and
+crosstrain's own (tf --workers 2)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, worker_env
+from tests.conftest import InProcessCli, run_cli, worker_env
 
 BACKENDS = [
     pytest.param(
@@ -37,33 +40,32 @@ def _records(folder: Path) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+def _arguments(plan: Path, out: Path, backend: str, *plugins: str, workers: int = 0) -> list[str]:
+    layout = ["--nproc", "2", "--device", "cpu"] + (["--workers", str(workers)] if workers else [])
+    overrides = ["--set", "train.epochs=2", "--set", "train.max_steps=8"]
+    run = ["run", str(plan), "--backend", backend, *layout, "--out", str(out), *overrides]
+    return ["-p", "tests.recording_plugin", *plugins, *run]
+
+
 def _run(plan: Path, out: Path, backend: str, record_dir: Path, *plugins: str, workers: int = 0) -> Any:
     env = worker_env()
     env["CROSSTRAIN_TEST_RECORD_DIR"] = str(record_dir)
-    layout = ["--nproc", "2", "--device", "cpu"] + (["--workers", str(workers)] if workers else [])
-    overrides = ["--set", "train.epochs=2", "--set", "train.max_steps=8"]
-    return run_cli(
-        "-p",
-        "tests.recording_plugin",
-        *plugins,
-        "run",
-        str(plan),
-        "--backend",
-        backend,
-        *layout,
-        "--out",
-        str(out),
-        *overrides,
-        env=env,
-    )
+    return run_cli(*_arguments(plan, out, backend, *plugins, workers=workers), env=env)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_hook_order_and_arguments(write_plan: Callable[..., Path], tmp_path: Path, backend: str) -> None:
-    result = _run(write_plan(), tmp_path / "run", backend, tmp_path / "calls")
+NULL = ("-p", "crosstrain.testing.null")
+
+
+def test_hook_order_and_arguments(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    backend = "null"
+    arguments = _arguments(write_plan(), tmp_path / "run", backend)
+    result = cli_in_process(*NULL, *arguments, env={"CROSSTRAIN_TEST_RECORD_DIR": str(tmp_path / "calls")})
     assert result.returncode == 0, result.stderr
     records = _records(tmp_path / "calls")
-    # torch: one process per replica, every process calls every hook; tf Mirrored: one process
+    # one process holding both replicas calls every hook (torch's processes, one per replica,
+    # each call them too: every hook runs on every process, whatever the backend)
     assert records, "no hook was called"
     for calls in records.values():
         hooks = [call["hook"] for call in calls]
@@ -83,12 +85,32 @@ def test_hook_order_and_arguments(write_plan: Callable[..., Path], tmp_path: Pat
     losses = [[call["loss"] for call in calls if call["hook"] == "step_end"] for calls in records.values()]
     # metrics are global: one all-reduced value per step, the same bits on every rank
     assert all(other == losses[0] for other in losses)
+    assert losses[0] == [float(step) for step in range(1, 9)]  # the null backend's: each step's number
+
+
+def test_exception_hook_runs_once_with_the_failing_rank(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """In one process: the loop reports the failure and the worker around it re-raises it;
+    the hook still runs once, and the CLI names the rank."""
+    env = {"CROSSTRAIN_TEST_RECORD_DIR": str(tmp_path / "calls"), "CROSSTRAIN_TEST_FAIL_RANK": "0"}
+    arguments = _arguments(write_plan(), tmp_path / "run", "null", "-p", "tests.failing_plugin")
+    result = cli_in_process(*NULL, *arguments, env=env)
+    assert result.returncode == 1
+    assert result.stderr.rstrip().endswith(
+        "crosstrain: error: rank 0 failed: RuntimeError: injected failure at step 3"
+    )
+    calls = [call for rank_calls in _records(tmp_path / "calls").values() for call in rank_calls]
+    exceptions = [call for call in calls if call["hook"] == "exception"]
+    assert len(exceptions) == 1 and "injected failure at step 3" in exceptions[0]["error"]
+    assert exceptions[0]["error_rank"] == exceptions[0]["rank"] == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_exception_hook_runs_once_with_the_failing_rank(
+def test_exception_hook_runs_once_with_the_failing_rank_of_two_processes(
     write_plan: Callable[..., Path], tmp_path: Path, backend: str
 ) -> None:
+    """Once per launcher: torch's elastic agent, crosstrain's own (tf --workers 2)."""
     # two processes on every backend (tf: MultiWorkerMirrored), so that rank 1 exists to fail
     result = _run(
         write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "tests.failing_plugin", workers=2

@@ -1,17 +1,13 @@
-"""The progress plugin: a bar on a terminal, plain lines in a pipe, epoch lines in both."""
+"""The progress plugin: a bar on a terminal, plain lines in a pipe, epoch lines in both.
+
+The CLI runs in pytest's process on the momentum backend (a numpy model:
+:mod:`crosstrain.testing.null`): the plugin chooses from rank 0's stdout, which is a
+tty-like stream for the terminal cases and captured (a pipe) for the others."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
-import struct
-import subprocess
-import sys
-import termios
-import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,9 +16,10 @@ from crosstrain.core.context import RunContext
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job, World
 from crosstrain.plugins.progress import ProgressReporter
-from tests.conftest import EXAMPLES, REPO, run_cli, worker_env
+from tests.conftest import EXAMPLES, InProcessCli
 
 DIGITS = str(EXAMPLES / "digits_mlp.toml")
+NULL = ("-p", "crosstrain.testing.null")
 ANSI_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
 BAR_GLYPH = "━"
@@ -37,51 +34,11 @@ STEP_LINE = re.compile(
 TWO_EPOCHS = ("--set", "train.epochs=2")
 
 
-def console_env(**extra: str) -> dict[str, str]:
-    """The CLI's environment without variables that force or forbid terminal features."""
-    env = worker_env()
-    for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
-def run_in_terminal(
-    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 240
-) -> tuple[int, str]:
-    """Run the CLI with a pseudo-terminal as stdin, stdout and stderr, as a user's shell would;
-    return its exit code and everything it wrote to the terminal."""
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "crosstrain.cli", *args],
-        stdin=terminal,
-        stdout=terminal,
-        stderr=terminal,
-        env=env,
-        cwd=cwd,
-    )
-    os.close(terminal)  # only the CLI and its workers hold it now: EOF once they all exit
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([controller], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                data = os.read(controller, 65536)
-            except OSError:  # EIO: every process holding the terminal has closed it
-                break
-            if not data:
-                break
-            chunks.append(data)
-        else:
-            process.kill()
-            pytest.fail(f"crosstrain did not finish in {timeout} s")
-    finally:
-        os.close(controller)
-    return process.wait(timeout=60), b"".join(chunks).decode("utf-8", errors="replace")
+def console_env(**extra: str) -> Mapping[str, str | None]:
+    """The CLI's environment without variables that force or forbid terminal features, and
+    the size of the terminal (rich reads it from these when the stream is no real tty)."""
+    unset = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+    return {**dict.fromkeys(unset), "COLUMNS": "160", "LINES": "40", **extra}
 
 
 def screen_pieces(output: str) -> list[str]:
@@ -99,20 +56,24 @@ def assert_bar_stopped(output: str) -> None:
     assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR)
 
 
-@pytest.mark.torch
-def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(tmp_path: Path) -> None:
-    code, output = run_in_terminal(
+def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(
+    tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    result = cli_in_process(
+        *NULL,
         "run",
         DIGITS,
         "--backend",
-        "torch",
+        "momentum",
         "--nproc",
         "2",
         *TWO_EPOCHS,
         "--out",
         str(tmp_path / "run"),
         env=console_env(TERM="xterm-256color"),
+        terminal=True,
     )
+    code, output = result.returncode, result.stdout
     assert code == 0, output
     pieces = screen_pieces(output)
     bars = [piece for piece in pieces if BAR_GLYPH in piece]
@@ -125,16 +86,16 @@ def test_a_terminal_shows_a_progress_bar_and_keeps_one_line_per_epoch(tmp_path: 
     ), bars[-1]
     assert [line.split()[1] for line in epoch_lines(pieces)] == ["1/2", "2/2"]
     assert_bar_stopped(output)
-    assert "digits_mlp on torch x2" in output.rsplit(SHOW_CURSOR, 1)[1]  # the summary comes after
+    assert "digits_mlp on momentum x2" in output.rsplit(SHOW_CURSOR, 1)[1]  # the summary comes after
 
 
-@pytest.mark.torch
-def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path) -> None:
-    result = run_cli(
+def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path, cli_in_process: InProcessCli) -> None:
+    result = cli_in_process(
+        *NULL,
         "run",
         DIGITS,
         "--backend",
-        "torch",
+        "momentum",
         "--nproc",
         "2",
         *TWO_EPOCHS,
@@ -153,21 +114,24 @@ def test_a_pipe_gets_plain_lines_without_escape_codes(tmp_path: Path) -> None:
     assert lines[first_epoch - 1].startswith("step 20/") and lines[first_epoch + 1].startswith("step 25/")
 
 
-@pytest.mark.torch
-def test_a_failing_run_stops_the_bar_before_the_error_is_shown(tmp_path: Path) -> None:
+def test_a_failing_run_stops_the_bar_before_the_error_is_shown(
+    tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
     env = console_env(TERM="xterm-256color", CROSSTRAIN_TEST_FAIL_RANK="0")
-    code, output = run_in_terminal(
+    result = cli_in_process(
+        *NULL,
         "-p",
         "tests.failing_plugin",
         "run",
         DIGITS,
         "--backend",
-        "torch",
+        "momentum",
         "--out",
         str(tmp_path / "run"),
         env=env,
-        cwd=REPO,
+        terminal=True,
     )
+    code, output = result.returncode, result.stdout
     assert code == 1, output
     assert_bar_stopped(output)
     assert "injected failure at step 3" in output.rsplit(SHOW_CURSOR, 1)[1]
@@ -220,13 +184,15 @@ def test_other_ranks_print_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.torch
-def test_epoch_count_follows_max_steps(tmp_path: Path) -> None:
-    result = run_cli(
+def test_epoch_count_follows_max_steps(tmp_path: Path, cli_in_process: InProcessCli) -> None:
+    result = cli_in_process(
+        *NULL,
         "-p",
         "no:tensorboard",
         "run",
         DIGITS,
+        "--backend",
+        "momentum",
         "--nproc",
         "1",
         "--set",

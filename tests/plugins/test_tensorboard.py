@@ -1,4 +1,8 @@
-"""The tensorboard plugin: `--tensorboard [DIR]`, event files written by rank 0 only, read back."""
+"""The tensorboard plugin: `--tensorboard [DIR]`, event files written by rank 0 only, read back.
+
+What the plugin does with the option and the hooks is checked in pytest's process on a
+numpy backend (:mod:`crosstrain.testing.null`) with a writer that records; each framework's
+writer writes real event files in one real run of its backend."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from crosstrain.core.context import RunContext
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job, World
 from crosstrain.plugins import tensorboard
-from tests.conftest import EXAMPLES, run_cli, worker_env
+from tests.conftest import EXAMPLES, InProcessCli, run_cli, worker_env
 
 DIGITS = str(EXAMPLES / "digits_mlp.toml")
 SCALAR_TAGS = {"train/loss", "train/lr", "eval/loss", "eval/accuracy"}
@@ -45,7 +49,13 @@ def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
 
 def assert_events_match_metrics(log_dir: Path, run_dir: Path, steps: int) -> None:
     """The event file holds what metrics.jsonl holds: every step's loss and lr, every evaluation."""
-    scalars = read_scalars(log_dir)
+    assert_scalars_match_metrics(read_scalars(log_dir), run_dir, steps)
+
+
+def assert_scalars_match_metrics(
+    scalars: dict[str, list[tuple[int, float]]], run_dir: Path, steps: int
+) -> None:
+    """The scalars written, by tag, are what metrics.jsonl holds."""
     assert set(scalars) == SCALAR_TAGS
     records = metrics_records(run_dir)
     step_records = [record for record in records if "eval" not in record]
@@ -66,6 +76,7 @@ def assert_events_match_metrics(log_dir: Path, run_dir: Path, steps: int) -> Non
 
 
 @pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_a_torch_run_writes_one_event_file_of_loss_lr_and_eval(tmp_path: Path) -> None:
     # a relative DIR is the CLI's working directory's, even though workers write it
     result = run_cli(
@@ -125,6 +136,7 @@ print(type(writer).__name__)
 
 
 @pytest.mark.tf
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
 def test_a_process_that_imported_tensorflow_writes_with_tf_summary(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", TF_WRITER_SCRIPT, str(tmp_path)],
@@ -139,6 +151,83 @@ def test_a_process_that_imported_tensorflow_writes_with_tf_summary(tmp_path: Pat
 
 
 # --------------------------------------------------------------------------- in-process
+
+
+class RecordingWriter:
+    """A framework's writer as the plugin sees it: where it was opened, every scalar by tag."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.scalars: dict[str, list[tuple[int, float]]] = {}
+        self.closed = False
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars.setdefault(tag, []).append((step, value))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def recording_writers(monkeypatch: pytest.MonkeyPatch) -> list[RecordingWriter]:
+    """The plugin writes through a :class:`RecordingWriter`, whatever is installed: those it
+    opened."""
+    opened: list[RecordingWriter] = []
+
+    def open_writer(log_dir: Path) -> RecordingWriter:
+        opened.append(RecordingWriter(log_dir))
+        return opened[-1]
+
+    monkeypatch.setattr(tensorboard, "writer_installed", lambda: True)
+    monkeypatch.setattr(tensorboard, "WRITERS", {"recording": open_writer})
+    return opened
+
+
+def run_momentum(cli: InProcessCli, cwd: Path, out: str, *tensorboard_option: str) -> None:
+    """The digits plan on the momentum backend (2 replicas, 2 epochs: 46 steps) in this process."""
+    result = cli(
+        *("-p", "crosstrain.testing.null", "run", DIGITS, "--backend", "momentum", "--nproc", "2"),
+        *("--set", "train.epochs=2", "--out", out, *tensorboard_option),
+        cwd=cwd,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_run_writes_loss_lr_and_eval_into_the_folder_named(
+    tmp_path: Path, recording_writers: list[RecordingWriter], cli_in_process: InProcessCli
+) -> None:
+    # a relative DIR is the CLI's working directory's: made absolute where the option is
+    # parsed, for workers that may run elsewhere
+    run_momentum(cli_in_process, tmp_path, "run", "--tensorboard", "board")
+    (writer,) = recording_writers  # one writer: rank 0's
+    assert writer.log_dir == tmp_path / "board" and writer.log_dir.is_dir() and writer.closed
+    assert_scalars_match_metrics(writer.scalars, tmp_path / "run", steps=46)
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_without_a_folder_the_events_go_into_the_run_folder(
+    tmp_path: Path, recording_writers: list[RecordingWriter], cli_in_process: InProcessCli
+) -> None:
+    run_momentum(cli_in_process, tmp_path, str(tmp_path / "run"), "--tensorboard")
+    (writer,) = recording_writers
+    assert writer.log_dir == tmp_path / "run" / "tensorboard"
+    assert_scalars_match_metrics(writer.scalars, tmp_path / "run", steps=46)
+    run_momentum(cli_in_process, tmp_path, str(tmp_path / "plain"))  # not asked for: no writer
+    assert len(recording_writers) == 1
+
+
+def test_only_rank_0_opens_a_writer(tmp_path: Path, recording_writers: list[RecordingWriter]) -> None:
+    logger = tensorboard.TensorboardLogger()
+    job = Job(plan=load_plan(DIGITS), backend="any", out_dir=str(tmp_path), options={"tensorboard": True})
+    for rank in (1, 0):
+        context = RunContext(
+            job=job, world=World(rank, 2), total_steps=1, steps_per_epoch=1, train_rows=1, eval_rows=0
+        )
+        logger.start(context)
+        logger.step(1, 0.1, {"loss": 1.0})
+        logger.close()
+    (writer,) = recording_writers
+    assert writer.scalars == {"train/loss": [(1, 1.0)], "train/lr": [(1, 0.1)]}
 
 
 def parse(*argv: str) -> argparse.Namespace:
