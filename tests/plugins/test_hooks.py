@@ -94,7 +94,7 @@ def test_exception_hook_runs_once_with_the_failing_rank(
     """In one process: the loop reports the failure and the worker around it re-raises it;
     the hook still runs once, and the CLI names the rank."""
     env = {"CROSSTRAIN_TEST_RECORD_DIR": str(tmp_path / "calls"), "CROSSTRAIN_TEST_FAIL_RANK": "0"}
-    arguments = _arguments(write_plan(), tmp_path / "run", "null", "-p", "tests.failing_plugin")
+    arguments = _arguments(write_plan(), tmp_path / "run", "null", "-p", "crosstrain.testing.faults")
     result = cli_in_process(*NULL, *arguments, env=env)
     assert result.returncode == 1
     assert result.stderr.rstrip().endswith(
@@ -113,7 +113,7 @@ def test_exception_hook_runs_once_with_the_failing_rank_of_two_processes(
     """Once per launcher: torch's elastic agent, crosstrain's own (tf --workers 2)."""
     # two processes on every backend (tf: MultiWorkerMirrored), so that rank 1 exists to fail
     result = _run(
-        write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "tests.failing_plugin", workers=2
+        write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "crosstrain.testing.faults", workers=2
     )
     assert result.returncode != 0
     calls = [call for rank_calls in _records(tmp_path / "calls").values() for call in rank_calls]

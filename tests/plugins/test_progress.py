@@ -121,7 +121,7 @@ def test_a_failing_run_stops_the_bar_before_the_error_is_shown(
     result = cli_in_process(
         *NULL,
         "-p",
-        "tests.failing_plugin",
+        "crosstrain.testing.faults",
         "run",
         DIGITS,
         "--backend",
