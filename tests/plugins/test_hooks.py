@@ -113,7 +113,13 @@ def test_exception_hook_runs_once_with_the_failing_rank_of_two_processes(
     """Once per launcher: torch's elastic agent, crosstrain's own (tf --workers 2)."""
     # two processes on every backend (tf: MultiWorkerMirrored), so that rank 1 exists to fail
     result = _run(
-        write_plan(), tmp_path / "run", backend, tmp_path / "calls", "-p", "crosstrain.testing.faults", workers=2
+        write_plan(),
+        tmp_path / "run",
+        backend,
+        tmp_path / "calls",
+        "-p",
+        "crosstrain.testing.faults",
+        workers=2,
     )
     assert result.returncode != 0
     calls = [call for rank_calls in _records(tmp_path / "calls").values() for call in rank_calls]

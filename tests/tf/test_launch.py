@@ -4,6 +4,7 @@ are watched and stopped is crosstrain.launch's, tested in tests/launch.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -139,6 +140,21 @@ def test_plugin_and_strategy_import_without_tensorflow() -> None:
     assert result.stdout.strip() == (
         "tf False No module named 'tensorflow' pip install 'crosstrain[tf]' (no GPU: 'crosstrain[tf-cpu]')"
     )
+
+
+def test_tf_trains_where_torch_cannot_be_imported(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    """tf's suite runs beside torch (the cross env); this run proves the tf backend needs
+    none of it: a package named torch that refuses to import comes first on the path."""
+    blocked = tmp_path / "blocked" / "torch"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('torch is blocked in this test')\n")
+    env = worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(blocked.parent), env.get("PYTHONPATH", "")])
+    arguments = ("--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "run"))
+    arguments += ("--set", "train.max_steps=3")
+    result = run_cli("-p", "no:progress", "run", str(write_plan()), "--backend", "tf", *arguments, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 3
 
 
 def test_a_refused_layout_writes_nothing(write_plan: Callable[..., Path], tmp_path: Path) -> None:
