@@ -3,6 +3,7 @@ real CLI in a subprocess, or in pytest's own process (``cli_in_process``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -20,6 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 #: the marker of every test in a folder: tox picks each env's tests by marker
 FOLDER_MARKERS = {"torch": "torch", "tf": "tf", "cross": "cross"}
+#: the frameworks each folder's modules import at collection
+FOLDER_FRAMEWORKS = {"torch": ("torch",), "tf": ("tensorflow",), "cross": ("torch", "tensorflow")}
+#: folders whose frameworks this env lacks are not collected (their tests are another env's)
+collect_ignore = [
+    folder
+    for folder, frameworks in FOLDER_FRAMEWORKS.items()
+    if any(importlib.util.find_spec(name) is None for name in frameworks)
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 FRAMEWORK_EXTRAS = {"torch": "torch", "tf": "tensorflow", "tf-cpu": "tensorflow-cpu"}
 # extras a CI env may install: the small CPU wheels only, never `tf` or `all` (GPU tensorflow)
-CI_EXTRAS = {"dev", "torch", "tf-cpu", "plot", "tensorboard"}
+CI_EXTRAS = {"test", "lint", "torch", "tf-cpu", "plot", "tensorboard"}
 # what CI installs that has a large or CUDA-carrying wheel: each pinned exactly
 CI_PINNED = ("torch", "tensorflow-cpu", "tensorboard", "jax", "jaxlib", "matplotlib")
 
