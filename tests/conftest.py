@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
+from crosstrain.testing.conformance import RunCache, session_runs
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 #: the marker of every test in a folder: tox picks each env's tests by marker
@@ -69,6 +71,13 @@ def write_plan(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
+    """The conformance suite's runs of this session, for a test that compares with a run the
+    suite makes anyway (world N on one machine, two tf workers, ...): made once, shared."""
+    return session_runs(request.config, tmp_path_factory)
 
 
 @pytest.fixture

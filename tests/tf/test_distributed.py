@@ -21,14 +21,13 @@ import pytest
 import crosstrain
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
+from crosstrain.testing.conformance import RunCache
 from tests.conftest import MLP_PLAN, REPO, json_from_fresh_process, worker_env
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
 pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.tf
-
-STEPS = 30
 
 
 def _odd_npz_plan(directory: Path) -> Path:
@@ -82,32 +81,15 @@ def test_eval_at_world_2_equals_world_1(replica_checks: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- whole runs
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The same plan and global batch at one replica and on two worker processes, through
-    crosstrain.fit (two replicas in one process: the conformance suite's world-N runs)."""
-    directory = tmp_path_factory.mktemp("runs")
-    plan = _odd_npz_plan(directory)
-    layouts = {"one": (1, None), "workers": (2, 2)}
-    for name, (nproc, workers) in layouts.items():
-        crosstrain.fit(
-            plan,
-            backend="tf",
-            nproc=nproc,
-            workers=workers,
-            device="cpu",
-            out=directory / name,
-            overrides=[f"train.max_steps={STEPS}", "train.epochs=3"],
-        )
-    return {name: directory / name for name in layouts}
-
-
-def test_two_workers_train_like_one_replica(runs: dict[str, Path]) -> None:
-    result = summary(runs["workers"])
+def test_two_workers_train_like_one_replica(runs: RunCache) -> None:
+    """MultiWorkerMirroredStrategy, one replica per worker process, against the conformance
+    suite's world-1 run: the same steps, every eval row counted once."""
+    one, workers = runs("tf", "dropout_mlp", 1), runs("tf", "dropout_mlp", 2, flags=("--workers", "2"))
+    result = summary(workers)
     assert (result["world_size"], result["processes"]) == (2, 2)
-    assert max_relative_difference(step_losses(runs["workers"]), step_losses(runs["one"])) <= 1e-5
-    assert result["eval"]["count"] == summary(runs["one"])["eval"]["count"] == 41
-    assert (runs["workers"] / "model.safetensors").is_file()
+    assert max_relative_difference(step_losses(workers), step_losses(one)) <= 1e-5
+    assert result["eval"]["count"] == summary(one)["eval"]["count"] == 359  # digits' eval rows
+    assert (workers / "model.safetensors").is_file()
 
 
 def test_replicas_that_do_not_split_over_workers_are_refused(

@@ -11,30 +11,28 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.common import free_port
-from tests.conftest import MLP_PLAN, run_cli, run_cli_together, worker_env
+from crosstrain.testing import conformance
+from crosstrain.testing.conformance import RunCache
+from tests.conftest import run_cli_together, worker_env
 from tests.support import step_losses, summary
 
 pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.tf
 
-STEPS = ["--backend", "tf", "--set", "train.max_steps=6", "--device", "cpu"]
+STEPS = ["--backend", "tf", "--set", f"train.max_steps={conformance.STEPS}", "--device", "cpu"]
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("plan") / "plan.toml"
-    path.write_text(MLP_PLAN)
-    return path
+@pytest.fixture
+def plan(tmp_path: Path) -> Path:
+    return conformance.write_plan(tmp_path / "plan", "dropout_mlp")
 
 
-@pytest.fixture(scope="module")
-def two_workers(plan: Path, tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    """Per-step losses of two tf workers started by one launcher on one machine."""
-    out = tmp_path_factory.mktemp("one") / "run"
-    result = run_cli("run", str(plan), "--nproc", "2", "--workers", "2", "--out", str(out), *STEPS)
-    assert result.returncode == 0, result.stderr
-    return step_losses(out)
+@pytest.fixture
+def two_workers(runs: RunCache) -> np.ndarray:
+    """Per-step losses of two tf workers started by one launcher on one machine (the
+    session's run, which tests/tf/test_distributed.py compares with one replica)."""
+    return step_losses(runs("tf", "dropout_mlp", 2, flags=("--workers", "2")))
 
 
 def _check(results: list[object], out: Path, two_workers: np.ndarray) -> None:

@@ -12,31 +12,35 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.common import free_port
-from tests.conftest import MLP_PLAN, run_cli, run_cli_together, worker_env
+from crosstrain.testing import conformance
+from crosstrain.testing.conformance import RunCache
+from tests.conftest import run_cli, run_cli_together, worker_env
 from tests.support import step_losses, summary
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
 
-STEPS = ["--set", "train.max_steps=8", "--device", "cpu"]
+STEPS = ["--set", f"train.max_steps={conformance.STEPS}", "--device", "cpu"]
 
 
-@pytest.fixture(scope="module")
-def one_machine(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    """Per-step losses of world 2 started by one launcher on one machine (once per module)."""
-    folder = tmp_path_factory.mktemp("one")
-    (folder / "plan.toml").write_text(MLP_PLAN)
-    result = run_cli("run", str(folder / "plan.toml"), "--nproc", "2", "--out", str(folder / "run"), *STEPS)
-    assert result.returncode == 0, result.stderr
-    return step_losses(folder / "run")
+@pytest.fixture
+def one_machine(runs: RunCache) -> np.ndarray:
+    """Per-step losses of world 2 started by one launcher on one machine: the conformance
+    suite's world-N run of the dropout MLP."""
+    return step_losses(runs("torch", "dropout_mlp", 2))
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Path:
+    return conformance.write_plan(tmp_path / "plan", "dropout_mlp")
 
 
 def test_two_machines_train_as_one_with_the_same_world(
-    write_plan: Callable[..., Path], tmp_path: Path, one_machine: np.ndarray
+    plan: Path, tmp_path: Path, one_machine: np.ndarray
 ) -> None:
     out, endpoint = tmp_path / "two", f"127.0.0.1:{free_port()}"
-    node = ["run", str(write_plan()), "--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    node = ["run", str(plan), "--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", endpoint]
     results = run_cli_together(
         *(([*node, "--node-rank", str(rank), "--out", str(out), *STEPS], worker_env()) for rank in (0, 1))
     )
@@ -48,7 +52,7 @@ def test_two_machines_train_as_one_with_the_same_world(
 
 @pytest.mark.parametrize("launcher", ["srun", "tfjob"])
 def test_an_outside_launchers_processes_join_one_group(
-    tmp_path: Path, one_machine: np.ndarray, launcher: str
+    plan: Path, tmp_path: Path, one_machine: np.ndarray, launcher: str
 ) -> None:
     """As `srun --ntasks 2 crosstrain run ...` or a TFJob's two pods start them: no flag."""
     out, port = tmp_path / launcher, free_port()
@@ -71,8 +75,7 @@ def test_an_outside_launchers_processes_join_one_group(
             }
             for rank in (0, 1)
         ]
-    (tmp_path / "plan.toml").write_text(MLP_PLAN)
-    arguments = ["run", str(tmp_path / "plan.toml"), "--out", str(out), *STEPS]
+    arguments = ["run", str(plan), "--out", str(out), *STEPS]
     results = run_cli_together(*((arguments, {**worker_env(), **shared, **rank}) for rank in ranks))
     for result in results:
         assert result.returncode == 0, result.stderr

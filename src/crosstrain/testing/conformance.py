@@ -136,13 +136,15 @@ def train_refused(backend: str, plan: Path, out: Path, *settings: str) -> str:
 @attrs.frozen
 class RunKey:
     """What makes a conformance run: the backend, one of :data:`PLANS` or
-    :data:`EXAMPLE_PLANS`, the replicas, the ``--set`` settings and the steps."""
+    :data:`EXAMPLE_PLANS`, the replicas, the ``--set`` settings, the steps and other
+    ``crosstrain run`` flags (a layout such as ``--workers 2``)."""
 
     backend: str
     plan: str
     nproc: int
     settings: tuple[str, ...] = ()
     steps: int | None = STEPS
+    flags: tuple[str, ...] = ()
 
 
 class RunCache:
@@ -156,20 +158,33 @@ class RunCache:
         self.runs: dict[RunKey, Path] = {}
 
     def __call__(
-        self, backend: str, plan: str, nproc: int, *settings: str, steps: int | None = STEPS
+        self,
+        backend: str,
+        plan: str,
+        nproc: int,
+        *settings: str,
+        steps: int | None = STEPS,
+        flags: tuple[str, ...] = (),
     ) -> Path:
         """The run of ``plan`` (a name in :data:`PLANS` or :data:`EXAMPLE_PLANS`) on ``backend``
-        at ``nproc`` replicas with ``settings`` for ``steps`` steps (None: the plan's length)."""
-        key = RunKey(backend, plan, nproc, settings, steps)
+        at ``nproc`` replicas with ``settings`` for ``steps`` steps (None: the plan's length),
+        launched with ``flags``."""
+        key = RunKey(backend, plan, nproc, settings, steps, flags)
         if key not in self.runs:
             directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
             path = write_plan(directory, plan)
             arguments = [item for setting in settings for item in ("--set", setting)]
-            self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, steps=steps)
+            self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, *flags, steps=steps)
         return self.runs[key]
 
 
 RUNS = pytest.StashKey[RunCache]()
+
+
+def session_runs(config: pytest.Config, factory: pytest.TempPathFactory) -> RunCache:
+    """The session's :class:`RunCache` (kept in pytest's stash: one per session); a suite's
+    own fixture can hand it to tests outside these classes that compare with the same runs."""
+    return config.stash.setdefault(RUNS, RunCache(factory))
 
 
 class SharesRuns:
@@ -177,8 +192,8 @@ class SharesRuns:
 
     @pytest.fixture
     def runs(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
-        """The session's :class:`RunCache` (kept in pytest's stash: one per session)."""
-        return request.config.stash.setdefault(RUNS, RunCache(tmp_path_factory))
+        """The session's :class:`RunCache`."""
+        return session_runs(request.config, tmp_path_factory)
 
 
 def assert_failed_naming_the_rank(result: subprocess.CompletedProcess[str], error: str) -> None:
