@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
-from crosstrain.testing.conformance import RunCache, session_runs
+from crosstrain.testing.conformance import RunCache, SharesRuns, session_runs
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -33,14 +33,25 @@ collect_ignore = [
 ]
 
 
+#: the backend whose session runs (crosstrain.testing.conformance.RunCache) a folder's tests read
+FOLDER_RUNS = {"torch": "torch", "tf": "tf", "cross": "tf"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/torch, tests/tf and tests/cross carries its folder's marker, so
-    that a module which forgets its ``pytestmark`` still runs in its env, and only there."""
+    that a module which forgets its ``pytestmark`` still runs in its env, and only there.
+    Tests that read the session's runs of one backend share a pytest-xdist group: under
+    ``-n 2 --dist loadgroup`` (tox) they run in one worker, which makes each run once."""
     tests = Path(__file__).parent
     for item in items:
         folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
+        backend = getattr(item.cls, "backend", None) if isinstance(item.cls, type) else None
+        if not (isinstance(item.cls, type) and issubclass(item.cls, SharesRuns)):
+            backend = FOLDER_RUNS.get(folder) if "runs" in getattr(item, "fixturenames", ()) else None
+        if backend is not None:
+            item.add_marker(pytest.mark.xdist_group(f"runs-{backend}"))
 
 
 MLP_PLAN = """
