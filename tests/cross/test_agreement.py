@@ -4,10 +4,12 @@ Dropout(0.5), the residual network, the decoder) through `crosstrain compare`.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from crosstrain.plot import build_figure  # matplotlib: the plot extra, in the test extra
 from crosstrain.testing.conformance import AgreesWithTorch
 from tests.conftest import EXAMPLES, run_cli
 
@@ -32,10 +34,17 @@ class TestTfAgreesWithTorch(AgreesWithTorch):
 def test_the_examples_agree_for_30_steps_at_two_replicas(
     tmp_path: Path, example: str, settings: list[str]
 ) -> None:
+    """Through ``crosstrain compare`` as a user runs it: the verdict, the largest step-loss
+    difference printed, and a compare folder that lists its runs (the reference first) and
+    plots as them."""
     overrides = [item for setting in ["train.max_steps=30", *settings] for item in ("--set", setting)]
     result = run_cli(
         "-p", "no:progress", "compare", str(EXAMPLES / example), "--backends", "torch,tf", "--nproc", "2",
         "--device", "cpu", "--tolerance", "1e-4", "--out", str(tmp_path), *overrides, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "verdict: AGREE" in result.stdout
+    assert "verdict: AGREE" in result.stdout and "max rel. step-loss" in result.stdout
+    listed = json.loads((tmp_path / "compare.json").read_text())["runs"]
+    assert listed == [{"backend": "torch", "folder": "torch"}, {"backend": "tf", "folder": "tf"}]
+    labels = [line.get_label() for line in build_figure([tmp_path]).axes[0].get_lines()]
+    assert labels == [f"{tmp_path.name}/torch", f"{tmp_path.name}/tf"]

@@ -83,8 +83,9 @@ def test_eval_at_world_2_equals_world_1(replica_checks: dict[str, Any]) -> None:
 
 def test_two_workers_train_like_one_replica(runs: RunCache) -> None:
     """MultiWorkerMirroredStrategy, one replica per worker process, against the conformance
-    suite's world-1 run: the same steps, every eval row counted once."""
-    one, workers = runs("tf", "dropout_mlp", 1), runs("tf", "dropout_mlp", 2, flags=("--workers", "2"))
+    suite's world-1 run: the same steps (batch norm's statistics across the processes:
+    tests/tf/test_graph_replicas.py), every eval row counted once, the weights saved."""
+    one, workers = runs("tf", "resnet", 1), runs("tf", "resnet", 2, flags=("--workers", "2"))
     result = summary(workers)
     assert (result["world_size"], result["processes"]) == (2, 2)
     assert max_relative_difference(step_losses(workers), step_losses(one)) <= 1e-5

@@ -10,19 +10,21 @@ global row positions, so two replicas must train like one; so must a token model
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-import crosstrain
+from crosstrain.testing.conformance import RunCache
 from tests.conftest import json_from_fresh_process
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
 pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.tf
+
+#: two worker processes of one replica each
+WORKERS = ("--workers", "2")
 
 BATCHNORM_PLAN = """
 name = "batchnorm_cnn"
@@ -126,25 +128,13 @@ def test_a_token_model_at_two_replicas_trains_like_one(checks: dict[str, dict[st
     assert_same_eval(run["eval_two"], run["eval_one"])
 
 
-def test_batchnorm_statistics_span_worker_processes(tmp_path: Path) -> None:
-    """Two processes of one replica each: batch norm's sums cross the process boundary."""
-    plan = tmp_path / "batchnorm.toml"
-    plan.write_text(textwrap.dedent(BATCHNORM_PLAN))
-    runs = {"one": (1, None), "workers": (2, 2)}
-    for name, (nproc, workers) in runs.items():
-        crosstrain.fit(
-            plan,
-            backend="tf",
-            nproc=nproc,
-            workers=workers,
-            device="cpu",
-            out=tmp_path / name,
-            overrides=["train.max_steps=6"],
-        )
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "workers")
-    assert len(one) == 6
-    assert max_relative_difference(two, one) <= 1e-5
+def test_batchnorm_statistics_span_worker_processes(runs: RunCache) -> None:
+    """Two processes of one replica each (MultiWorkerMirroredStrategy): batch norm's sums
+    cross the process boundary. The residual network's --workers 2 run (which the
+    multi-machine checks compare with too) against the conformance suite's world-1 run."""
+    one = runs("tf", "resnet", 1)
+    workers = runs("tf", "resnet", 2, flags=WORKERS)
+    assert (summary(workers)["world_size"], summary(workers)["processes"]) == (2, 2)
+    assert max_relative_difference(step_losses(workers), step_losses(one)) <= 1e-5
     # trained weights, apart by float rounding: eval within the step tolerance, a tie may flip
-    assert_same_eval(
-        summary(tmp_path / "workers")["eval"], summary(tmp_path / "one")["eval"], loss_tolerance=1e-5, flips=1
-    )
+    assert_same_eval(summary(workers)["eval"], summary(one)["eval"], loss_tolerance=1e-5, flips=1)

@@ -25,14 +25,14 @@ STEPS = ["--backend", "tf", "--set", f"train.max_steps={conformance.STEPS}", "--
 
 @pytest.fixture
 def plan(tmp_path: Path) -> Path:
-    return conformance.write_plan(tmp_path / "plan", "dropout_mlp")
+    return conformance.write_plan(tmp_path / "plan", "resnet")
 
 
 @pytest.fixture
 def two_workers(runs: RunCache) -> np.ndarray:
     """Per-step losses of two tf workers started by one launcher on one machine (the
     session's run, which tests/tf/test_distributed.py compares with one replica)."""
-    return step_losses(runs("tf", "dropout_mlp", 2, flags=("--workers", "2")))
+    return step_losses(runs("tf", "resnet", 2, flags=("--workers", "2")))
 
 
 def _check(results: list[object], out: Path, two_workers: np.ndarray) -> None:
