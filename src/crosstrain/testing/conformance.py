@@ -325,25 +325,24 @@ class BackendConformance(SharesRuns):
             assert np.array_equal(step_losses(placed), step_losses(hosted)), name  # the same bits
             assert summary(placed)["eval"] == summary(hosted)["eval"], name
 
-    def test_a_compiled_step_trains_like_eager(self, world_runs: WorldRuns, tmp_path: Path) -> None:
+    def test_a_compiled_step_trains_like_eager(self, world_runs: WorldRuns) -> None:
         """``train.compile`` (torch.compile, XLA, a third party's compiler) changes how the
         step runs, not what it computes: dropout masks, loss and updates within rounding."""
-        if "dropout_mlp" not in world_runs:
-            pytest.skip(f"the {self.backend} backend does not speak the dropout MLP")
-        eager = world_runs["dropout_mlp"][1]
-        compiled = world_runs.runs(self.backend, "dropout_mlp", self.nproc, "train.compile=true")
-        assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= WORLD_TOLERANCE
-        assert_same_eval(summary(compiled)["eval"], summary(eager)["eval"], loss_tolerance=WORLD_TOLERANCE)
+        self._trains_like_the_plain_step(world_runs, "train.compile=true")
 
     def test_accumulated_micro_batches_train_like_one_big_batch(self, world_runs: WorldRuns) -> None:
         """``train.grad_accum_steps = 2``: each replica's share of a global batch in two
         micro-batches, one update: the per-step losses of one big batch, within rounding."""
+        self._trains_like_the_plain_step(world_runs, "train.grad_accum_steps=2")
+
+    def _trains_like_the_plain_step(self, world_runs: WorldRuns, setting: str) -> None:
+        """The dropout MLP at world N with ``setting``: the plain run's steps and eval."""
         if "dropout_mlp" not in world_runs:
             pytest.skip(f"the {self.backend} backend does not speak the dropout MLP")
         plain = world_runs["dropout_mlp"][1]
-        accumulated = world_runs.runs(self.backend, "dropout_mlp", self.nproc, "train.grad_accum_steps=2")
-        assert max_relative_difference(step_losses(accumulated), step_losses(plain)) <= WORLD_TOLERANCE
-        assert_same_eval(summary(accumulated)["eval"], summary(plain)["eval"], loss_tolerance=WORLD_TOLERANCE)
+        varied = world_runs.runs(self.backend, "dropout_mlp", self.nproc, setting)
+        assert max_relative_difference(step_losses(varied), step_losses(plain)) <= WORLD_TOLERANCE
+        assert_same_eval(summary(varied)["eval"], summary(plain)["eval"], loss_tolerance=WORLD_TOLERANCE)
 
     def test_the_digits_example_reaches_95_percent(self, runs: RunCache) -> None:
         """The README's example, whole (20 epochs), at world N: real accuracy, a summary that
