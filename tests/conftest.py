@@ -35,6 +35,8 @@ collect_ignore = [
 
 #: the backend whose session runs (crosstrain.testing.conformance.RunCache) a folder's tests read
 FOLDER_RUNS = {"torch": "torch", "tf": "tf", "cross": "tf"}
+#: the fixtures through which a test reads the session's runs
+RUN_FIXTURES = {"runs", "world_runs"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -47,9 +49,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
-        backend = getattr(item.cls, "backend", None) if isinstance(item.cls, type) else None
-        if not (isinstance(item.cls, type) and issubclass(item.cls, SharesRuns)):
-            backend = FOLDER_RUNS.get(folder) if "runs" in getattr(item, "fixturenames", ()) else None
+        if not RUN_FIXTURES & set(getattr(item, "fixturenames", ())):
+            continue  # a test that makes its own runs goes to whichever worker is free
+        if isinstance(item.cls, type) and issubclass(item.cls, SharesRuns):
+            backend = getattr(item.cls, "backend", None)
+        else:
+            backend = FOLDER_RUNS.get(folder)
         if backend is not None:
             item.add_marker(pytest.mark.xdist_group(f"runs-{backend}"))
 

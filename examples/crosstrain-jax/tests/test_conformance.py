@@ -3,21 +3,14 @@ the built-in ones, and its agreement with the torch reference."""
 
 from __future__ import annotations
 
-import pytest
 from crosstrain.testing.conformance import AgreesWithTorch, BackendConformance
 from crosstrain.testing.fault_matrix import FaultConformance
 
-# the suite's checks and the comparison with torch read the same session runs: under
-# pytest-xdist (-n 2 --dist loadgroup) they run in one worker, which makes each run once
-RUNS = pytest.mark.xdist_group("runs-jax")
 
-
-@RUNS
 class TestJaxConformance(BackendConformance):
     backend = "jax"
 
 
-@RUNS
 class TestJaxAgreesWithTorch(AgreesWithTorch):
     backend = "jax"
 
