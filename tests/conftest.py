@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
-from crosstrain.testing.conformance import RunCache, SharesRuns, session_runs
+from crosstrain.testing.launches import RunCache, SharesRuns, session_runs
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -33,7 +33,7 @@ collect_ignore = [
 ]
 
 
-#: the backend whose session runs (crosstrain.testing.conformance.RunCache) a folder's tests read
+#: the backend whose session runs (crosstrain.testing.launches.RunCache) a folder's tests read
 FOLDER_RUNS = {"torch": "torch", "tf": "tf", "cross": "tf"}
 #: the fixtures through which a test reads the session's runs
 RUN_FIXTURES = {"runs", "world_runs"}

@@ -21,7 +21,7 @@ import pytest
 import crosstrain
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
-from crosstrain.testing.conformance import RunCache
+from crosstrain.testing.launches import RunCache
 from tests.conftest import MLP_PLAN, REPO, json_from_fresh_process, worker_env
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from crosstrain.testing.conformance import RunCache
+from crosstrain.testing.launches import RunCache
 from tests.conftest import json_from_fresh_process
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.common import free_port
-from crosstrain.testing import conformance
-from crosstrain.testing.conformance import RunCache
+from crosstrain.testing import launches
+from crosstrain.testing.launches import RunCache
 from tests.conftest import run_cli_together, worker_env
 from tests.support import step_losses, summary
 
@@ -20,12 +20,12 @@ pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.tf
 
-STEPS = ["--backend", "tf", "--set", f"train.max_steps={conformance.STEPS}", "--device", "cpu"]
+STEPS = ["--backend", "tf", "--set", f"train.max_steps={launches.STEPS}", "--device", "cpu"]
 
 
 @pytest.fixture
 def plan(tmp_path: Path) -> Path:
-    return conformance.write_plan(tmp_path / "plan", "resnet")
+    return launches.write_plan(tmp_path / "plan", "resnet")
 
 
 @pytest.fixture

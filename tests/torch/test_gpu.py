@@ -81,7 +81,7 @@ def test_fp32_convolutions_on_the_gpu_are_ieee_not_tf32(tmp_path: Path) -> None:
     from crosstrain.backends.torch.strategy import TorchStrategy
     from crosstrain.core.loop import initial_weights
     from crosstrain.core.planfile import load_plan
-    from crosstrain.testing.conformance import write_plan
+    from crosstrain.testing.launches import write_plan
 
     plan = load_plan(write_plan(tmp_path, "resnet"))
     TorchStrategy.local("gpu").build(plan, initial_weights(plan))
@@ -134,7 +134,8 @@ def test_placement_on_the_gpu_or_prefetched_from_the_host_gives_the_same_losses(
     H200, two runs of the residual network with the *same* placement already differ by
     2e-7 (cuDNN's convolution backward is not deterministic), so the runs agree within the
     world tolerance; a wrong or stale row would move the loss by far more."""
-    from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan
+    from crosstrain.testing.conformance import WORLD_TOLERANCE
+    from crosstrain.testing.launches import write_plan
     from crosstrain.testing.runs import assert_same_eval, max_relative_difference
 
     plan = write_plan(tmp_path, plan_name)
@@ -150,7 +151,8 @@ def test_placement_on_the_gpu_or_prefetched_from_the_host_gives_the_same_losses(
 
 
 def test_a_compiled_gpt_with_fused_adamw_trains_like_eager(tmp_path: Path) -> None:
-    from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan
+    from crosstrain.testing.conformance import WORLD_TOLERANCE
+    from crosstrain.testing.launches import write_plan
     from crosstrain.testing.runs import max_relative_difference
 
     plan = write_plan(tmp_path, "gpt")
@@ -198,7 +200,8 @@ def test_a_step_replayed_as_one_cuda_graph_trains_like_its_launched_kernels(
     weighs the rows by their mask), every step after the warm-up a replay, the padded last
     batch of each epoch included."""
     from crosstrain.backends.torch.graphs import WARMUP_STEPS
-    from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan
+    from crosstrain.testing.conformance import WORLD_TOLERANCE
+    from crosstrain.testing.launches import write_plan
     from crosstrain.testing.runs import assert_same_eval, max_relative_difference
 
     plan = write_plan(tmp_path, plan_name)

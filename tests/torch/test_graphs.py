@@ -18,7 +18,8 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from crosstrain.backends.torch.graphs import WARMUP_STEPS, Replayable, StepGraph, capture_blocker  # noqa: E402
 from crosstrain.core.planfile import load_plan  # noqa: E402
-from crosstrain.testing.conformance import WORLD_TOLERANCE, write_plan  # noqa: E402
+from crosstrain.testing.conformance import WORLD_TOLERANCE  # noqa: E402
+from crosstrain.testing.launches import write_plan  # noqa: E402
 from crosstrain.testing.runs import max_relative_difference  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.common import free_port
-from crosstrain.testing import conformance
-from crosstrain.testing.conformance import RunCache
+from crosstrain.testing import launches
+from crosstrain.testing.launches import RunCache
 from tests.conftest import run_cli, run_cli_together, worker_env
 from tests.support import step_losses, summary
 
@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
 
-STEPS = ["--set", f"train.max_steps={conformance.STEPS}", "--device", "cpu"]
+STEPS = ["--set", f"train.max_steps={launches.STEPS}", "--device", "cpu"]
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def one_machine(runs: RunCache) -> np.ndarray:
 
 @pytest.fixture
 def plan(tmp_path: Path) -> Path:
-    return conformance.write_plan(tmp_path / "plan", "dropout_mlp")
+    return launches.write_plan(tmp_path / "plan", "dropout_mlp")
 
 
 def test_two_machines_train_as_one_with_the_same_world(

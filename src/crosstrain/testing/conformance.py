@@ -21,8 +21,9 @@ the run at its step (or is skipped), a plan the backend cannot build is refused 
 launch, and a finished run evaluates and predicts in one process to the metrics training
 measured.
 
-Every run a check compares with is made once per pytest session (:class:`RunCache`, keyed
-by backend, plan, world, settings, steps and flags): the world-N run of the dropout MLP
+Every run a check compares with is made once per pytest session
+(:class:`crosstrain.testing.launches.RunCache`, keyed by backend, plan, world, settings and
+flags): the world-N run of the dropout MLP
 serves the world, placement, compile, accumulation, resume and restart checks, and, in a
 session that also tests agreement, the comparison with torch, whose own reference runs
 serve every backend compared with it.
@@ -31,13 +32,10 @@ serve every backend compared with it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import ClassVar
 
-import attrs
 import numpy as np
 import pytest
 
@@ -48,159 +46,31 @@ from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
-from crosstrain.testing.plans import (
-    DIGITS_MLP_PLAN,
-    DROPOUT_MLP_PLAN,
-    GPT_PLAN,
-    NAN_ROW_PLAN,
-    RESNET_PLAN,
-    SCALED_IMAGES_PLAN,
-    write_images,
-    write_nan_row_data,
-    write_tokens,
+from crosstrain.testing.launches import (
+    PLANS,
+    STEPS,
+    RunCache,
+    SharesRuns,
+    run_cli,
+    train,
+    train_refused,
+    write_plan,
 )
+from crosstrain.testing.plans import NAN_ROW_PLAN, write_nan_row_data
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
 
-PLANS = {
-    "dropout_mlp": DROPOUT_MLP_PLAN,
-    "resnet": RESNET_PLAN,
-    "gpt": GPT_PLAN,
-    "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
-}
-#: the shipped examples every backend trains whole
-EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: the plans trained with their data placed on the device (``data.placement = "device"``):
 #: arrays, token windows, and uint8 rows of a memory-mapped file scaled where the model runs
 PLACED_PLANS = ("dropout_mlp", "gpt", "scaled_images")
 #: relative per-step loss differences: same backend at another world size, and across frameworks
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4
-STEPS = 12
 #: the resume checks: checkpoints every CHECKPOINT_EVERY steps, a rank dies at FAIL_STEP
 CHECKPOINT_EVERY, FAIL_STEP = 5, 8
 RESUME_SETTINGS = (
     "--set", f"output.checkpoint_every_steps={CHECKPOINT_EVERY}",
     "--set", "output.log_every_steps=4",  # the failing hook runs when step FAIL_STEP is read
 )  # fmt: skip
-
-
-def run_cli(
-    *args: str, timeout: float = 300, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess: one thread per worker, quiet TensorFlow."""
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        TF_ENABLE_ONEDNN_OPTS="0",
-        COLUMNS="200",
-        **(env or {}),
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "crosstrain.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def write_plan(directory: Path, name: str) -> Path:
-    """One of :data:`PLANS` in ``directory`` (with its token file for the GPT)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if name == "gpt":
-        write_tokens(str(directory / "tokens.npy"))
-    if name == "scaled_images":
-        write_images(str(directory))
-    path = directory / f"{name}.toml"
-    path.write_text({**PLANS, **EXAMPLE_PLANS}[name])
-    return path
-
-
-def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str, steps: int | None = STEPS) -> Path:
-    """Train ``plan`` for ``steps`` steps (None: as long as the plan says); the run folder."""
-    length = ("--set", f"train.max_steps={steps}") if steps is not None else ()
-    result = run_cli(
-        "-p", "no:progress", "run", str(plan), "--backend", backend, "--nproc", str(nproc),
-        "--device", "cpu", "--out", str(out), *length, *settings,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    (out / "stdout.txt").write_text(result.stdout)  # what the run printed, for the tests that read it
-    return out
-
-
-def train_refused(backend: str, plan: Path, out: Path, *settings: str) -> str:
-    """A run the backend refuses before launch: exit 2, one line, nothing written; that line."""
-    arguments = [item for setting in settings for item in ("--set", setting)]
-    result = run_cli("run", str(plan), "--backend", backend, "--device", "cpu", "--out", str(out), *arguments)
-    assert result.returncode == 2, result.stderr[-3000:]
-    line = result.stderr.strip()
-    assert line.count("\n") == 0, line
-    assert not out.exists()
-    return line
-
-
-@attrs.frozen
-class RunKey:
-    """What makes a conformance run: the backend, one of :data:`PLANS` or
-    :data:`EXAMPLE_PLANS`, the replicas, the ``--set`` settings, the steps and other
-    ``crosstrain run`` flags (a layout such as ``--workers 2``)."""
-
-    backend: str
-    plan: str
-    nproc: int
-    settings: tuple[str, ...] = ()
-    steps: int | None = STEPS
-    flags: tuple[str, ...] = ()
-
-
-class RunCache:
-    """Every conformance run made once per pytest session, whichever test asks for it
-    first: the world-N runs that a backend's suite compares, torch's reference runs that
-    every backend agreeing with torch compares, the runs evaluate and predict read. A run's
-    folder is only read by the tests that share it."""
-
-    def __init__(self, factory: pytest.TempPathFactory) -> None:
-        self.factory = factory
-        self.runs: dict[RunKey, Path] = {}
-
-    def __call__(
-        self,
-        backend: str,
-        plan: str,
-        nproc: int,
-        *settings: str,
-        steps: int | None = STEPS,
-        flags: tuple[str, ...] = (),
-    ) -> Path:
-        """The run of ``plan`` (a name in :data:`PLANS` or :data:`EXAMPLE_PLANS`) on ``backend``
-        at ``nproc`` replicas with ``settings`` for ``steps`` steps (None: the plan's length),
-        launched with ``flags``."""
-        key = RunKey(backend, plan, nproc, settings, steps, flags)
-        if key not in self.runs:
-            directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
-            path = write_plan(directory, plan)
-            arguments = [item for setting in settings for item in ("--set", setting)]
-            self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, *flags, steps=steps)
-        return self.runs[key]
-
-
-RUNS = pytest.StashKey[RunCache]()
-
-
-def session_runs(config: pytest.Config, factory: pytest.TempPathFactory) -> RunCache:
-    """The session's :class:`RunCache` (kept in pytest's stash: one per session); a suite's
-    own fixture can hand it to tests outside these classes that compare with the same runs."""
-    return config.stash.setdefault(RUNS, RunCache(factory))
-
-
-class SharesRuns:
-    """A test class whose tests take the session's runs as the ``runs`` fixture."""
-
-    @pytest.fixture
-    def runs(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
-        """The session's :class:`RunCache`."""
-        return session_runs(request.config, tmp_path_factory)
 
 
 def assert_failed_naming_the_rank(result: subprocess.CompletedProcess[str], error: str) -> None:

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import pytest
 
-from crosstrain.testing.conformance import STEPS, write_plan
+from crosstrain.testing.launches import STEPS, write_plan
 from crosstrain.testing.runs import step_losses, summary
 
 

@@ -1,0 +1,145 @@
+"""The conformance suite's runs: its plans written out, each trained through the real
+``crosstrain`` CLI in a subprocess, and the session's cache of them (:class:`RunCache`), so
+that every check comparing with a run reads the same one, made once per pytest session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from crosstrain.testing.plans import (
+    DIGITS_MLP_PLAN,
+    DROPOUT_MLP_PLAN,
+    GPT_PLAN,
+    RESNET_PLAN,
+    SCALED_IMAGES_PLAN,
+    write_images,
+    write_tokens,
+)
+
+PLANS = {
+    "dropout_mlp": DROPOUT_MLP_PLAN,
+    "resnet": RESNET_PLAN,
+    "gpt": GPT_PLAN,
+    "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
+}
+#: the shipped examples every backend trains whole
+EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
+#: the steps of every run a check compares (``train.max_steps``)
+STEPS = 12
+
+
+def run_cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess: one thread per worker, quiet TensorFlow."""
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_ENABLE_ONEDNN_OPTS="0",
+        COLUMNS="200",
+        **(env or {}),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "crosstrain.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def write_plan(directory: Path, name: str) -> Path:
+    """One of :data:`PLANS` in ``directory`` (with its token file for the GPT)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if name == "gpt":
+        write_tokens(str(directory / "tokens.npy"))
+    if name == "scaled_images":
+        write_images(str(directory))
+    path = directory / f"{name}.toml"
+    path.write_text({**PLANS, **EXAMPLE_PLANS}[name])
+    return path
+
+
+def train(backend: str, plan: Path, out: Path, nproc: int, *settings: str, steps: int | None = STEPS) -> Path:
+    """Train ``plan`` for ``steps`` steps (None: as long as the plan says); the run folder."""
+    length = ("--set", f"train.max_steps={steps}") if steps is not None else ()
+    result = run_cli(
+        "-p", "no:progress", "run", str(plan), "--backend", backend, "--nproc", str(nproc),
+        "--device", "cpu", "--out", str(out), *length, *settings,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (out / "stdout.txt").write_text(result.stdout)  # what the run printed, for the tests that read it
+    return out
+
+
+def train_refused(backend: str, plan: Path, out: Path, *settings: str) -> str:
+    """A run the backend refuses before launch: exit 2, one line, nothing written; that line."""
+    arguments = [item for setting in settings for item in ("--set", setting)]
+    result = run_cli("run", str(plan), "--backend", backend, "--device", "cpu", "--out", str(out), *arguments)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = result.stderr.strip()
+    assert line.count("\n") == 0, line
+    assert not out.exists()
+    return line
+
+
+@attrs.frozen
+class RunKey:
+    """What makes a conformance run of :data:`STEPS` steps: the backend, one of
+    :data:`PLANS`, the replicas, the ``--set`` settings and other ``crosstrain run`` flags (a
+    layout such as ``--workers 2``)."""
+
+    backend: str
+    plan: str
+    nproc: int
+    settings: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+
+
+class RunCache:
+    """Every conformance run made once per pytest session, whichever test asks for it
+    first: the world-N runs that a backend's suite compares, torch's reference runs that
+    every backend agreeing with torch compares, the runs evaluate and predict read. A run's
+    folder is only read by the tests that share it."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.runs: dict[RunKey, Path] = {}
+
+    def __call__(
+        self, backend: str, plan: str, nproc: int, *settings: str, flags: tuple[str, ...] = ()
+    ) -> Path:
+        """The run of ``plan`` (a name in :data:`PLANS`) on ``backend`` at ``nproc`` replicas
+        with ``settings``, launched with ``flags``."""
+        key = RunKey(backend, plan, nproc, settings, flags)
+        if key not in self.runs:
+            directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
+            path = write_plan(directory, plan)
+            arguments = [item for setting in settings for item in ("--set", setting)]
+            self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, *flags)
+        return self.runs[key]
+
+
+RUNS = pytest.StashKey[RunCache]()
+
+
+def session_runs(config: pytest.Config, factory: pytest.TempPathFactory) -> RunCache:
+    """The session's :class:`RunCache` (kept in pytest's stash: one per session); a suite's
+    own fixture can hand it to tests outside these classes that compare with the same runs."""
+    return config.stash.setdefault(RUNS, RunCache(factory))
+
+
+class SharesRuns:
+    """A test class whose tests take the session's runs as the ``runs`` fixture."""
+
+    @pytest.fixture
+    def runs(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
+        """The session's :class:`RunCache`."""
+        return session_runs(request.config, tmp_path_factory)
