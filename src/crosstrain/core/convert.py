@@ -14,7 +14,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.layers import LAYER_TYPES, Layer
 from crosstrain.core.plan import DataSpec, NativeModel, Plan
 
@@ -82,15 +82,16 @@ def _structure_layer(value: Any, _: type) -> Layer:
     fields = dict(value)
     kind = fields.pop("type", None)
     if kind not in LAYER_TYPES:
-        known = ", ".join(sorted(LAYER_TYPES))
-        raise ValueError(f"unknown layer type {kind!r} (known: {known})")
+        raise ValueError(f"unknown layer type {kind!r}{did_you_mean(str(kind), LAYER_TYPES)}")
     return _CONVERTER.structure(fields, LAYER_TYPES[kind])
 
 
 def _unstructure_layer(layer: Layer) -> dict[str, Any]:
     fields = {"type": layer.type}
     fields.update(attrs.asdict(layer))
-    for optional in ("name", "inputs"):
+    # unset, these stay out of plan.json, so a plan that does not use them hashes as it
+    # did before they existed (a run from then still resumes)
+    for optional in ("name", "inputs", "activation"):
         if fields.get(optional) is None:
             fields.pop(optional, None)
     return fields
@@ -154,8 +155,7 @@ _LITERAL_MESSAGE = re.compile(r"^(.*) not in literal typing\.Literal\[(.*)\]$")
 def _first_problem(error: BaseException, path: str = "") -> tuple[str, str]:
     """Walk cattrs' nested exception group to the first leaf; return (field path, message)."""
     if isinstance(error, ForbiddenExtraKeysError):
-        keys = ", ".join(sorted(error.extra_fields))
-        return path, f"unknown key(s): {keys}"
+        return _unknown_key(error, path)
     if isinstance(error, BaseExceptionGroup) and error.exceptions:
         child = error.exceptions[0]
         note = _location_note(child)
@@ -165,6 +165,17 @@ def _first_problem(error: BaseException, path: str = "") -> tuple[str, str]:
     if named:  # attrs validators say "'lr' must be > 0: -1.0": move the name into the path
         return _join(path, named.group(1)), f"must be {named.group(2)}"
     return path, message
+
+
+def _unknown_key(error: ForbiddenExtraKeysError, path: str) -> tuple[str, str]:
+    """The first unknown key as the field, with the section's nearest key: every section's
+    keys, and a layer's, are refused here and only here (the converter forbids extra keys)."""
+    first, *others = sorted(error.extra_fields)
+    known = [field.alias or field.name for field in attrs.fields(error.cl) if field.init]
+    if error.cl is Plan:  # its source is where it was read from, not a key of the file
+        known.remove("source")
+    also = f" (also unknown: {', '.join(others)})" if others else ""
+    return _join(path, first), f"unknown key{did_you_mean(first, known)}{also}"
 
 
 def _location_note(error: BaseException) -> str:
