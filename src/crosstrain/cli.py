@@ -303,10 +303,15 @@ def _add_inference_commands(commands: Any) -> None:
     evaluate = commands.add_parser(
         "evaluate",
         help="the eval metrics of a run's model on any backend",
-        description=f"Eval loss, accuracy and count over the plan's eval set; {_IN_PROCESS}.",
+        description="Eval loss, accuracy and count over the plan's eval set, or over --data and "
+        f"--labels; {_IN_PROCESS}.",
     )
     _add_model_arguments(evaluate)
     _add_backend_arguments(evaluate)
+    evaluate.add_argument(
+        "--data", default=None, metavar="X.npy", help="rows to evaluate on instead (raw, scaled as in training)"
+    )
+    evaluate.add_argument("--labels", default=None, metavar="Y.npy", help="their labels (or targets)")
     evaluate.add_argument("--json", action="store_true", help="print JSON instead of a table")
     evaluate.set_defaults(handler=_evaluate)
     predict = commands.add_parser(
@@ -334,12 +339,15 @@ def _add_inference_commands(commands: Any) -> None:
 def _evaluate(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     from crosstrain.inference import evaluate_run, evaluation_rows
 
-    result = evaluate_run(args.run, args.backend, args.checkpoint, args.device, manager)
+    result = evaluate_run(
+        args.run, args.backend, args.checkpoint, args.device, manager, args.data, args.labels
+    )
     if args.json:
         print(json.dumps(result, indent=2), flush=True)
         return 0
     table = Table(title=f"{result['run']} on {result['backend']}", show_header=False)
-    for name, value in [*evaluation_rows(result["eval"]), ("weights", result["weights"])]:
+    given = [(name, result[name]) for name in ("data", "labels") if name in result]
+    for name, value in [*evaluation_rows(result["eval"]), ("weights", result["weights"]), *given]:
         table.add_row(name, Text(value))
     console.print(table)
     return 0

@@ -118,7 +118,16 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
     }
     if raw["model"].get("native") is None:
         raw["model"].pop("native", None)
+    for section, fields in _LEFT_OUT_UNSET.items():
+        for field in fields:
+            if raw[section].get(field) is None:
+                raw[section].pop(field, None)
     return raw
+
+
+#: fields newer than the first plans: left out of plan.json while unset, so a run written
+#: before they existed hashes as it did (and still resumes); a layer's activation likewise
+_LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key")}
 
 
 def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Path | None = None) -> Plan:

@@ -21,6 +21,7 @@ import numpy as np
 from crosstrain.core.errors import PlanError
 from crosstrain.core.layers import (
     Block,
+    Dense,
     DType,
     Layer,
     Shape,
@@ -263,6 +264,15 @@ def expand_activations(layers: Sequence[Layer], list_field: str) -> Iterator[Lis
         yield ListEntry(layer, field, listed_at)
         if activation is not None:
             yield ListEntry(activation, f"{field}.activation", listed_at, added=True)
+
+
+def dense_on_image(graph: Graph) -> Node | None:
+    """The first dense node that reads an image ([height, width, channels]): where a flatten
+    was most likely forgotten."""
+    for node in graph.nodes:
+        if isinstance(node.layer, Dense) and len(node.input_shape) == 3:
+            return node
+    return None
 
 
 def iter_layers(
