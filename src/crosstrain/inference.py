@@ -29,6 +29,7 @@ from crosstrain.core.layers import Embedding
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_run_plan, run_plan_source
+from crosstrain.core.scaling import ScaledRows
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
@@ -319,7 +320,8 @@ def export_run(
     """Files that ``format_name``'s framework loads without crosstrain (``torch``: an
     ExportedProgram and a state_dict; ``keras``: a ``.keras`` model), written under ``out``
     (default: ``RUN/export-FORMAT``), checked against crosstrain's own outputs. The model
-    is exported in float32, whatever precision it trained in."""
+    is exported in float32, whatever precision it trained in, and takes the raw rows
+    ``predict`` takes: it applies the plan's input scaling itself."""
     manager = manager or make_plugin_manager()
     formats = export_formats(manager)
     if format_name not in formats:
@@ -349,11 +351,13 @@ def _float32(plan: Plan) -> Plan:
 
 
 def _sample_rows(plan: Plan) -> np.ndarray:
-    """A few rows of the plan's data, scaled as the model sees them."""
+    """A few rows of the plan's data as ``predict`` reads them: raw, before the plan's
+    input scaling (an export applies it itself)."""
     datasets = load_datasets(plan)
     rows = datasets.eval if datasets.eval is not None else datasets.train
     count = min(EXPORT_CHECK_ROWS, len(rows))
-    return np.asarray(rows.x[np.arange(count)])
+    x = rows.x.raw if isinstance(rows.x, ScaledRows) else rows.x
+    return np.asarray(x[np.arange(count)])
 
 
 def evaluation_rows(metrics: Mapping[str, float]) -> list[tuple[str, str]]:

@@ -274,8 +274,10 @@ class Exports(Protocol):
 
     def export(self, state: Any, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
         """Write ``state``'s model in ``format_name`` under ``out`` (a folder) and return the
-        files written. ``sample`` is a few rows of input (scaled as the model sees them):
-        the export checks that what it wrote computes :meth:`Predicts.predict`'s outputs."""
+        files written. What is written takes raw rows, as ``crosstrain predict`` does: it
+        applies the plan's input scaling (``plan.data.scaling``) before the model.
+        ``sample`` is a few such raw rows: the export checks that what it wrote computes
+        :meth:`Predicts.predict`'s outputs on them scaled."""
         ...
 
 
