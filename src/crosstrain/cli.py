@@ -309,7 +309,10 @@ def _add_inference_commands(commands: Any) -> None:
     _add_model_arguments(evaluate)
     _add_backend_arguments(evaluate)
     evaluate.add_argument(
-        "--data", default=None, metavar="X.npy", help="rows to evaluate on instead (raw, scaled as in training)"
+        "--data",
+        default=None,
+        metavar="X.npy",
+        help="rows to evaluate on instead (raw, scaled as in training)",
     )
     evaluate.add_argument("--labels", default=None, metavar="Y.npy", help="their labels (or targets)")
     evaluate.add_argument("--json", action="store_true", help="print JSON instead of a table")

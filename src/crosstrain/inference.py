@@ -241,9 +241,10 @@ def _open_npy(path: Path, flag: str) -> np.ndarray:
         if handle.read(6) != b"\x93NUMPY":
             raise InputError(f"{flag} {path}: not a .npy file (write it with numpy.save)")
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        array: np.ndarray = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:
         raise InputError(f"{flag} {path}: not a .npy array ({error})") from None
+    return array
 
 
 def _check_token_ids(path: Path, rows: np.ndarray, plan: Plan) -> None:

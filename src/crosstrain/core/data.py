@@ -204,7 +204,9 @@ def _npz_eval_set(plan: Plan) -> ArrayDataset | None:
     spec = plan.data
     if spec.eval_path is None and spec.eval_x_key is None:
         return None
-    path, field = (spec.eval_path, "data.eval_path") if spec.eval_path is not None else (spec.path, "data.path")
+    path, field = (
+        (spec.eval_path, "data.eval_path") if spec.eval_path is not None else (spec.path, "data.path")
+    )
     keys = (spec.eval_x_key or spec.x_key, spec.eval_y_key or spec.y_key)
     key_fields = ("data.eval_x_key", "data.eval_y_key") if spec.eval_x_key else ("data.x_key", "data.y_key")
     eval_x, eval_y = _read_npz(path, keys, key_fields, field, plan.source)
@@ -447,8 +449,8 @@ def _output_misfit(plan: Plan, message: str, field: str) -> TargetMisfit:
     if reader is None:
         return TargetMisfit(message, field)
     hint = (
-        f": {reader.path!r} is a dense layer on an image {list(reader.input_shape)} (it acts on "
-        'the last axis only); add { type = "flatten" } before it'
+        f": this dense layer reads an image {list(reader.input_shape)} and acts on its last axis "
+        'only; add { type = "flatten" } before it'
     )
     return TargetMisfit(message + hint, reader.field)
 

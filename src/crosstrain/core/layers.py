@@ -41,7 +41,9 @@ def _known_activation(instance: object, attribute: attrs.Attribute[Any], value: 
     reason = NOT_ACTIVATIONS.get(value)
     match = closest_name(value, ACTIVATIONS)
     tail = f": {reason}" if reason else f"; did you mean {match!r}?" if match else ""
-    raise ValueError(f"'{attribute.name}' must be one of {', '.join(sorted(ACTIVATIONS))}, got {value!r}{tail}")
+    raise ValueError(
+        f"'{attribute.name}' must be one of {', '.join(sorted(ACTIVATIONS))}, got {value!r}{tail}"
+    )
 
 
 def as_pair(value: int | Sequence[int]) -> Pair:
@@ -307,10 +309,9 @@ NOT_ACTIVATIONS = {
 def split_activation(layer: Layer) -> tuple[Layer, Layer | None]:
     """A layer with ``activation`` as the layer without it and the activation layer after
     it; any other layer as itself and None."""
-    name = getattr(layer, "activation", None)
-    if name is None:
+    if not isinstance(layer, Dense | Conv2D) or layer.activation is None:
         return layer, None
-    return attrs.evolve(layer, activation=None), ACTIVATIONS[name]  # type: ignore[misc]
+    return attrs.evolve(layer, activation=None), ACTIVATIONS[layer.activation]
 
 
 @attrs.frozen

@@ -105,10 +105,10 @@ class ModelSpec:
 class DataSpec:
     """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download),
     "npz" (``path`` with arrays ``x_key``/``y_key``; ``eval_x_key``/``eval_y_key``: the eval
-    set's arrays in the same file, as Keras's mnist.npz holds x_train/y_train/x_test/y_test), "npy" (``x_path``/``y_path``, and
-    optionally ``eval_x_path``/``eval_y_path``: arrays memory-mapped and read by row index,
-    never loaded whole), "tokens" (``path``: a 1-D integer .npy,
-    memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
+    set's arrays in the same file, as Keras's mnist.npz holds x_test/y_test), "npy"
+    (``x_path``/``y_path``, and optionally ``eval_x_path``/``eval_y_path``: arrays
+    memory-mapped and read by row index, never loaded whole), "tokens" (``path``: a 1-D
+    integer .npy, memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
     shifted by one) or "python-stdlib" (the bytes of this Python's standard library, as
     tokens). The eval set is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
     else ``x_key``/``y_key``), else the eval keys' arrays of ``path``, else a seeded
