@@ -143,6 +143,8 @@ DID_YOU_MEAN = [
         "loss cross_entropy reads logits (Keras's from_logits=True), so the last layer has no activation",
     ),
     ("train.zzz=1", "train.zzz: unknown key (known: clip_grad_norm, compile, cuda_graph, epochs, "),
+    # a block's table by its key; a misspelt required key is named as unknown, not missing
+    ("model.blocks.res.layer=[{type='relu'}]", "model.blocks.res.layer: unknown key; did you mean 'layers'?"),
 ]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
 from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.layers import LAYER_TYPES, Layer
@@ -166,7 +166,9 @@ def _first_problem(error: BaseException, path: str = "") -> tuple[str, str]:
     if isinstance(error, ForbiddenExtraKeysError):
         return _unknown_key(error, path)
     if isinstance(error, BaseExceptionGroup) and error.exceptions:
-        child = error.exceptions[0]
+        # a misspelt required key is both missing and unknown: the unknown one says why
+        unknown = [child for child in error.exceptions if isinstance(child, ForbiddenExtraKeysError)]
+        child = unknown[0] if unknown else error.exceptions[0]
         note = _location_note(child)
         return _first_problem(child, _join(path, note))
     message = _describe_leaf(error)
@@ -189,6 +191,8 @@ def _unknown_key(error: ForbiddenExtraKeysError, path: str) -> tuple[str, str]:
 
 def _location_note(error: BaseException) -> str:
     for note in getattr(error, "__notes__", []):
+        if isinstance(note, IterableValidationNote):  # a list's index or a table's key
+            return f"[{note.index}]" if isinstance(note.index, int) else str(note.index)
         name = getattr(note, "name", None)
         if name is not None:
             return f"[{name}]" if isinstance(name, int) else str(name)
