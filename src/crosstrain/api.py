@@ -69,30 +69,25 @@ def plan_to_resume(
     run_dir = Path(folder)
     if not run_dir.is_dir():
         raise RunFolderError(f"--resume: no run folder {run_dir}")
-    if not (run_dir / PLAN_FILE).is_file() and requested is not None:
+    if requested is not None and not (run_dir / PLAN_FILE).is_file():
         return requested, []  # a folder written before runs kept plan.json: the checkpoint's hash guards it
-    if plan is None:
+    if requested is None:
         requested = prepare_plan(read_run_plan(run_dir), overrides)
-        stated: list[str] | None = _override_fields(overrides)
-    else:
-        assert requested is not None
-        stated = _stated_fields(plan, overrides)
-    continued, changes = continued_plan(run_dir, requested, stated)
+    continued, changes = continued_plan(run_dir, requested, _stated_fields(plan, overrides))
     return continued, _length_notes(continued, changes)
 
 
-def _override_fields(overrides: Iterable[str]) -> list[str]:
-    return [override.partition("=")[0].strip() for override in overrides]
-
-
-def _stated_fields(plan: Plan | str | Path, overrides: Iterable[str]) -> list[str] | None:
-    """The fields a plan file states (its TOML keys) and ``--set`` gives; None: all (a
-    Python plan, a Plan object: every field is stated)."""
+def _stated_fields(plan: Plan | str | Path | None, overrides: Iterable[str]) -> list[str] | None:
+    """The fields the user gives now: each ``--set`` field, and a TOML plan file's keys;
+    None: every field (a Python plan or a Plan object states them all)."""
+    given = [override.partition("=")[0].strip() for override in overrides]
+    if plan is None:
+        return given
     if isinstance(plan, Plan) or Path(plan).suffix != ".toml":
         return None
     with Path(plan).open("rb") as handle:
         raw = tomllib.load(handle)  # load_plan read it already: it parses
-    return [*_table_fields(raw), *_override_fields(overrides)]
+    return [*_table_fields(raw), *given]
 
 
 def _table_fields(raw: Mapping[str, Any], prefix: str = "") -> list[str]:

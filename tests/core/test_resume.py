@@ -231,3 +231,23 @@ def test_what_cannot_continue_is_refused_in_one_line(
         "crosstrain: schedule.name = 'cosine' depends on the run's length: after the checkpoint the "
         "learning rate follows the curve of the new length (train.epochs: 1 in the run, 2 now)"
     ]
+
+
+def test_fit_starts_a_new_run_from_another_run_s_weights(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """``crosstrain.fit(..., init_from=RUN_DIR)``: the run's final weights (the null backend
+    keeps the plan's, under their real names), a step-0 evaluation first, the source named
+    in plan.json."""
+    from crosstrain.api import fit
+    from crosstrain.core.strategy import PluginSelection
+
+    plugins = PluginSelection(enabled=("crosstrain.testing.null",), disabled=("progress",))
+    plan = write_plan()
+    fit(plan, backend="null", out=tmp_path / "source", plugins=plugins)
+    started = fit(plan, backend="null", out=tmp_path / "new", plugins=plugins, init_from=tmp_path / "source")
+    records = [json.loads(line) for line in (tmp_path / "new" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0] == {"step": 0, "epoch": 0, "eval": records[0]["eval"]} and "loss" in records[1]
+    assert started["steps"] == 45 and started["resumed_from_step"] is None
+    plan_json = json.loads((tmp_path / "new" / "plan.json").read_text())
+    assert plan_json["init_from"] == str(tmp_path / "source" / "model.safetensors")
