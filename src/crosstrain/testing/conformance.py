@@ -15,8 +15,10 @@ as data gathered on the host, a compiled step and accumulated micro-batches trai
 the plain step, the README's digits example reaches 95 %, the backend agrees step by step
 with the torch reference (when torch is installed), a failing rank ends the run naming it
 (the whole fault matrix: :mod:`crosstrain.testing.fault_matrix`), a run resumed from its
-last checkpoint after a failure (by ``--resume``, or by the launcher under
-``--max-restarts``) takes exactly the uninterrupted run's steps, a non-finite loss stops
+last checkpoint after a failure (by ``--resume`` from the run folder alone, or by the
+launcher under ``--max-restarts``) takes exactly the uninterrupted run's steps and writes
+its checkpoints, a new run from a finished run's weights (``--init-from``, also torch's)
+evaluates them at step 0 as the source run did at its end, a non-finite loss stops
 the run at its step (or is skipped), a plan the backend cannot build is refused before
 launch, and a finished run evaluates and predicts in one process to the metrics training
 measured.
