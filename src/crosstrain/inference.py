@@ -19,9 +19,14 @@ from typing import Any, Literal
 
 import attrs
 import numpy as np
-from safetensors import safe_open
 
-from crosstrain.core.checkpoint import MODEL_FILE, complete_checkpoints, load_checkpoint, step_folder
+from crosstrain.core.checkpoint import (
+    MODEL_FILE,
+    complete_checkpoints,
+    file_metadata,
+    load_checkpoint,
+    step_folder,
+)
 from crosstrain.core.data import ArrayDataset, TargetMisfit, fit_targets, load_datasets
 from crosstrain.core.errors import BackendError, InputError
 from crosstrain.core.graph import MODEL_INPUT
@@ -67,9 +72,8 @@ def open_run(run: str | Path, checkpoint: str | None = None) -> TrainedModel:
     if plan.model.native is not None:
         _import_beside(run_plan_source(run_dir))
     path = _weights_file(run_dir, checkpoint)
-    with safe_open(str(path), "np") as handle:
-        trained_on = (handle.metadata() or {}).get("backend", "")
-    return TrainedModel(run_dir, plan, dict(load_checkpoint(path)), path, trained_on)
+    weights = load_checkpoint(path)  # a damaged file is one line naming it
+    return TrainedModel(run_dir, plan, weights, path, file_metadata(path).get("backend", ""))
 
 
 def _import_beside(source: Path | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from crosstrain.core.data import load_datasets
-from crosstrain.core.errors import InputError, RunFolderError
+from crosstrain.core.errors import CheckpointError, InputError, RunFolderError
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import read_run_plan
 from crosstrain.core.scaling import ScaledRows
@@ -159,6 +160,9 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
     (tmp_path / "gpt.toml").write_text(GPT_PLAN)
     gpt = load_plan(tmp_path / "gpt.toml")
     np.save(tmp_path / "ids.npy", np.full((2, 16), 32))
+    damaged = tmp_path / "damaged"
+    shutil.copytree(trained, damaged)
+    (damaged / "model.safetensors").write_bytes((trained / "model.safetensors").read_bytes()[:-100])
     refused: list[tuple[type[Exception], str, Callable[[], object]]] = [
         (InputError, "--backend nosuch: unknown backend 'nosuch'", lambda: evaluate_run(trained, "nosuch")),
         (
@@ -184,6 +188,11 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
             lambda: predict_run(trained, rows, tmp_path / "missing" / "o.npy"),
         ),
         (RunFolderError, "plan.json: no such file", lambda: evaluate_run(tmp_path)),
+        (
+            CheckpointError,
+            f"{damaged / 'model.safetensors'}: cannot be read as safetensors",
+            lambda: evaluate_run(damaged),
+        ),
         (
             InputError,
             "already exists and is not an empty folder",

@@ -83,6 +83,15 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
 
 
+def file_metadata(path: Path) -> dict[str, str]:
+    """The metadata a safetensors file carries (the backend that wrote it, its step)."""
+    try:
+        with safe_open(str(path), "np") as handle:
+            return dict(handle.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
+
+
 def weights_file(source: Path) -> Path:
     """The weights ``--init-from`` names: a .safetensors file itself, a checkpoint folder's
     model.safetensors (verified against its manifest), or a run folder's final
