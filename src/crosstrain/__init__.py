@@ -20,6 +20,8 @@ from crosstrain.core.errors import (
 )
 from crosstrain.core.graph import MODEL_INPUT, Graph, Node
 from crosstrain.core.layers import *  # noqa: F403 (the layer types, named once in core.layers.__all__)
+from crosstrain.core.layers import rotary_tables
+from crosstrain.core.optimizers import DECAY_MODES, decayed_weights
 from crosstrain.core.plan import (
     DataSpec,
     LossSpec,
@@ -60,6 +62,7 @@ from crosstrain.core.worker import attempt_job, run_worker
 from crosstrain.plugins.hookspecs import hookimpl
 
 __all__ = [
+    "DECAY_MODES",
     "MODEL_INPUT",
     "BackendError",
     "Batch",
@@ -107,10 +110,12 @@ __all__ = [
     "World",
     "attempt_job",
     "check_plan_vocabulary",
+    "decayed_weights",
     "dropout",
     "fit",
     "hookimpl",
     "load_plan",
+    "rotary_tables",
     "run_worker",
 ]
 __all__ += _layers.__all__

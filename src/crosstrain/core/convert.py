@@ -15,8 +15,8 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
 from crosstrain.core.errors import PlanError, did_you_mean
-from crosstrain.core.layers import LAYER_TYPES, Layer
-from crosstrain.core.plan import DataSpec, NativeModel, Plan
+from crosstrain.core.layers import LAYER_TYPES, Attention, Dense, Layer
+from crosstrain.core.plan import DataSpec, LossSpec, NativeModel, OptimizerSpec, Plan
 
 
 def _strict_int(value: Any, _: type) -> int:
@@ -94,7 +94,21 @@ def _unstructure_layer(layer: Layer) -> dict[str, Any]:
     for optional in ("name", "inputs", "activation"):
         if fields.get(optional) is None:
             fields.pop(optional, None)
+    for newer in _NEWER_LAYER_FIELDS.get(type(layer), ()):
+        if fields[newer] == _default(type(layer), newer):
+            del fields[newer]
     return fields
+
+
+def _default(cls: type, name: str) -> Any:
+    return attrs.fields_dict(cls)[name].default
+
+
+#: layer fields newer than the layer: left out of plan.json at their default, likewise
+_NEWER_LAYER_FIELDS: dict[type[Layer], tuple[str, ...]] = {
+    Dense: ("tie",),
+    Attention: ("kv_heads", "rotary", "rotary_base", "use_bias"),
+}
 
 
 def _structure_native(value: Any, _: type) -> NativeModel:
@@ -122,12 +136,23 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
         for field in fields:
             if raw[section].get(field) is None:
                 raw[section].pop(field, None)
+    for place, defaults in _LEFT_OUT_AT_DEFAULT.items():
+        table = raw if place is None else raw[place]
+        for name, default in defaults.items():
+            if table.get(name) == default:
+                table.pop(name)
     return raw
 
 
 #: fields newer than the first plans: left out of plan.json while unset, so a run written
 #: before they existed hashes as it did (and still resumes); a layer's activation likewise
 _LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key")}
+#: likewise, fields left out while at their default (section None: the plan's top level)
+_LEFT_OUT_AT_DEFAULT: dict[str | None, dict[str, Any]] = {
+    None: {"top_k": _default(Plan, "top_k")},
+    "loss": {"label_smoothing": _default(LossSpec, "label_smoothing")},
+    "optimizer": {"decay": _default(OptimizerSpec, "decay")},
+}
 
 
 def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Path | None = None) -> Plan:

@@ -438,7 +438,18 @@ def fit_targets(y: np.ndarray, plan: Plan) -> np.ndarray:
             f"shape {list(shape)}",
             "model.layers",
         )
-    return y.astype(np.float32).reshape(rows, *target_shape)
+    targets = y.astype(np.float32).reshape(rows, *target_shape)
+    if (
+        plan.loss.name == "binary_cross_entropy"
+        and targets.size
+        and not (targets.min() >= 0.0 and targets.max() <= 1.0)
+    ):
+        raise TargetMisfit(
+            f"binary_cross_entropy needs targets in [0, 1] (1: the label applies), got values in "
+            f"[{targets.min():g}, {targets.max():g}]",
+            "data.y_key",
+        )
+    return targets
 
 
 def _output_misfit(plan: Plan, message: str, field: str) -> TargetMisfit:

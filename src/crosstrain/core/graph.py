@@ -23,6 +23,7 @@ from crosstrain.core.layers import (
     Block,
     Dense,
     DType,
+    Embedding,
     Layer,
     Shape,
     Weights,
@@ -49,6 +50,8 @@ class Node:
     output_shape: Shape
     field: str  # the plan field this node comes from
     seed_path: tuple[int, ...]
+    #: a dense layer's ``tie``: the embedding node whose table, transposed, is its kernel
+    tied_to: int | None = None
 
     @property
     def input_shape(self) -> Shape:
@@ -68,6 +71,11 @@ class Graph:
     @property
     def output_shape(self) -> Shape:
         return self.input_shape if self.output == MODEL_INPUT else self.nodes[self.output].output_shape
+
+    def tied_table(self, node: Node) -> str | None:
+        """The neutral name of the embedding table a tied dense node uses as its kernel
+        (transposed), or None for every other node."""
+        return None if node.tied_to is None else f"{self.nodes[node.tied_to].path}.table"
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         """Every weight of the model, ``{path}.{param}`` -> spec, in node order."""
@@ -127,7 +135,8 @@ class _Builder:
             if isinstance(entry.layer, Block):
                 previous = self._run_block(entry.layer, name, inputs[0], place, position, field, stack)
             else:
-                previous = self._add_node(entry.layer, name, inputs, place, position, field)
+                tied_to = self._resolve_tie(entry.layer, named, field)
+                previous = self._add_node(entry.layer, name, inputs, place, position, field, tied_to)
             named[name] = previous
             if entry.layer.name is None and entry.listed_at != position:
                 shifted[name] = field
@@ -160,14 +169,49 @@ class _Builder:
                 "(name = ...) and use that name",
                 f"{field}.inputs",
             )
-        if layer.arity is not None and len(layer.inputs) != layer.arity:
+        if layer.arity is not None and not (
+            layer.arity <= len(layer.inputs) <= layer.arity + len(layer.optional_inputs)
+        ):
+            optional = (
+                f" (then optionally {', '.join(layer.optional_inputs)})" if layer.optional_inputs else ""
+            )
             raise self.error(
-                f"{layer.type} takes {layer.arity} input, got {len(layer.inputs)}", f"{field}.inputs"
+                f"{layer.type} takes {layer.arity} input{optional}, got {len(layer.inputs)}",
+                f"{field}.inputs",
             )
         return tuple(named[name] for name in layer.inputs)
 
+    def _resolve_tie(self, layer: Layer, named: dict[str, int], field: str) -> int | None:
+        """A dense layer's ``tie``: the embedding node of that name in this list, whose table
+        [vocab_size, units] must be the transposed kernel's shape."""
+        if not isinstance(layer, Dense) or layer.tie is None:
+            return None
+        index = named.get(layer.tie, MODEL_INPUT)
+        node = self.nodes[index] if index != MODEL_INPUT else None
+        # the embedding's own name: a block's name stands for the block's last node
+        if node is None or not isinstance(node.layer, Embedding) or node.path.rsplit(".", 1)[-1] != layer.tie:
+            raise self.error(
+                f"tie names {layer.tie!r}, but no earlier embedding layer of this list has that name",
+                f"{field}.tie",
+            )
+        tied = node.layer
+        if layer.units != tied.vocab_size:
+            raise self.error(
+                f"a dense tied to {layer.tie!r} has units = its vocab_size ({tied.vocab_size}), "
+                f"got {layer.units}",
+                f"{field}.units",
+            )
+        return index
+
     def _add_node(
-        self, layer: Layer, name: str, inputs: tuple[int, ...], place: _ListPlace, position: int, field: str
+        self,
+        layer: Layer,
+        name: str,
+        inputs: tuple[int, ...],
+        place: _ListPlace,
+        position: int,
+        field: str,
+        tied_to: int | None = None,
     ) -> int:
         for source in inputs:
             if self.dtypes[source] not in layer.accepts:
@@ -177,6 +221,12 @@ class _Builder:
             output_shape = tuple(layer.merged_shape(input_shapes))
         except ValueError as error:
             raise self.error(f"layer {name!r}: {error}", field) from None
+        if tied_to is not None and input_shapes[0][-1] != self.nodes[tied_to].output_shape[-1]:
+            raise self.error(
+                f"layer {name!r} reads {input_shapes[0][-1]} features, but the embedding it is tied "
+                f"to has {self.nodes[tied_to].output_shape[-1]} units",
+                f"{field}.tie",
+            )
         node = Node(
             index=len(self.nodes),
             path=f"{place.path}{name}",
@@ -186,6 +236,7 @@ class _Builder:
             output_shape=output_shape,
             field=field,
             seed_path=(*place.seed_path, position),
+            tied_to=tied_to,
         )
         self.nodes.append(node)
         self.shapes[node.index] = output_shape

@@ -67,6 +67,9 @@ class WeightSpec:
     fan_out: int = 0
     stddev: float = 0.02
     trainable: bool = True
+    #: a matrix or convolution kernel: what ``optimizer.decay = "kernels"`` decays (biases,
+    #: norm scales and offsets, embedding and position tables are not kernels)
+    kernel: bool = False
 
     def initial(self, rng: np.random.Generator) -> np.ndarray:
         if self.init == "glorot":
@@ -80,7 +83,7 @@ class WeightSpec:
 
 
 def _glorot(shape: Shape, fan_in: int, fan_out: int) -> WeightSpec:
-    return WeightSpec(shape, "glorot", fan_in=fan_in, fan_out=fan_out)
+    return WeightSpec(shape, "glorot", fan_in=fan_in, fan_out=fan_out, kernel=True)
 
 
 @attrs.frozen
@@ -92,6 +95,9 @@ class Layer:
     type: ClassVar[str] = ""
     #: how many inputs the layer takes: 1, or None for two or more (add, concat)
     arity: ClassVar[int | None] = 1
+    #: what the inputs a layer may take after its ``arity`` ones are, in order (attention's
+    #: padding mask)
+    optional_inputs: ClassVar[tuple[str, ...]] = ()
     #: which input dtypes it accepts; only an embedding reads integer token ids
     accepts: ClassVar[tuple[DType, ...]] = ("float32",)
     name: str | None = attrs.field(default=None, kw_only=True)
@@ -133,6 +139,10 @@ class Dense(Layer):
     use_bias: bool = True
     #: Keras's ``activation="relu"``: the graph adds that activation layer after this one
     activation: str | None = attrs.field(default=None, kw_only=True, validator=_known_activation)
+    #: weight tying (GPT-2, Llama's output): the name of an earlier embedding layer of the same
+    #: list, whose table [vocab_size, units] transposed is this layer's kernel; the layer then
+    #: has no kernel of its own (the graph checks the shapes: crosstrain.core.graph)
+    tie: str | None = attrs.field(default=None, kw_only=True)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if not input_shape:
@@ -141,7 +151,9 @@ class Dense(Layer):
 
     def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         fan_in = input_shape[-1]
-        specs = {"kernel": _glorot((fan_in, self.units), fan_in, self.units)}
+        specs: dict[str, WeightSpec] = {}
+        if self.tie is None:
+            specs["kernel"] = _glorot((fan_in, self.units), fan_in, self.units)
         if self.use_bias:
             specs["bias"] = WeightSpec((self.units,), "zeros")
         return specs
@@ -407,29 +419,122 @@ ATTENTION_PROJECTIONS = ("query", "key", "value", "output")
 class Attention(Layer):
     """Multi-head self-attention on [length, units]: query, key, value and output
     projections ([units, units] kernels, biases), scaled dot products, softmax in fp32,
-    ``causal`` masking of later positions."""
+    ``causal`` masking of later positions.
+
+    ``kv_heads`` (grouped-query attention, Llama 2/3): keys and values have that many heads,
+    each shared by ``heads / kv_heads`` consecutive query heads; their kernels are then
+    [units, kv_heads x head units]. ``rotary``: rotary position embedding on queries and
+    keys (the half-split convention of GPT-NeoX and Hugging Face's Llama, base
+    ``rotary_base``). A second input, a [length] mask (1 a real token, 0 padding, as
+    ``padding_mask`` makes), keeps every query from attending to padded keys."""
 
     type: ClassVar[str] = "attention"
+    optional_inputs: ClassVar[tuple[str, ...]] = ("a padding mask [length]",)
     heads: int = attrs.field(validator=_positive)
     causal: bool = False
+    kv_heads: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    rotary: bool = False
+    rotary_base: float = attrs.field(default=10000.0, validator=attrs.validators.gt(0.0))
+    use_bias: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"'kv_heads' ({self.kv_heads}) must divide 'heads' ({self.heads})")
+
+    @property
+    def key_heads(self) -> int:
+        """The heads of keys and values: ``kv_heads``, else ``heads``."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     def output_shape(self, input_shape: Shape) -> Shape:
         _expect_rank(self, input_shape, 2, "a sequence [length, units]")
         if input_shape[-1] % self.heads:
             raise ValueError(f"{input_shape[-1]} units do not split into {self.heads} heads")
+        if self.rotary and input_shape[-1] // self.heads % 2:
+            raise ValueError(
+                f"rotary needs an even number of units per head, got {input_shape[-1] // self.heads}"
+            )
         return input_shape
+
+    def merged_shape(self, input_shapes: Sequence[Shape]) -> Shape:
+        output = self.output_shape(input_shapes[0])
+        for mask in input_shapes[1:]:
+            if mask != input_shapes[0][:1]:
+                raise ValueError(
+                    f"the padding mask must be [length] = {list(input_shapes[0][:1])}, got {list(mask)}"
+                )
+        return output
 
     def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         units = input_shape[-1]
+        key_units = units // self.heads * self.key_heads
         specs: dict[str, WeightSpec] = {}
         for projection in ATTENTION_PROJECTIONS:
-            specs[f"{projection}_kernel"] = _glorot((units, units), units, units)
-            specs[f"{projection}_bias"] = WeightSpec((units,), "zeros")
+            width = key_units if projection in ("key", "value") else units
+            specs[f"{projection}_kernel"] = _glorot((units, width), units, width)
+            if self.use_bias:
+                specs[f"{projection}_bias"] = WeightSpec((width,), "zeros")
         return specs
 
     def multiply_adds(self, input_shape: Shape) -> int:
         length, units = input_shape
-        return 4 * length * units * units + 2 * length * length * units
+        key_units = units // self.heads * self.key_heads
+        return 2 * length * units * (units + key_units) + 2 * length * length * units
+
+
+def rotary_tables(length: int, head_units: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary position embedding's cos and sin, float32 [length, head_units], computed in
+    float64 (every backend rotates by these same numbers): position p turns the pair
+    (i, i + head_units/2) by p x base^(-2i/head_units), the half-split convention of
+    GPT-NeoX and Hugging Face's Llama (``rotate_half``), not the interleaved pairs of
+    Meta's original Llama code."""
+    half = head_units // 2
+    frequencies = base ** (-np.arange(half, dtype=np.float64) * 2.0 / head_units)
+    angles = np.arange(length, dtype=np.float64)[:, None] * frequencies[None, :]
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+@attrs.frozen
+class RMSNorm(Layer):
+    """Root-mean-square norm of the last axis, Llama's: ``x / sqrt(mean(x^2) + epsilon) *
+    scale``, computed in fp32 (as layer norm is); scale [features] starts at 1."""
+
+    type: ClassVar[str] = "rmsnorm"
+    epsilon: float = attrs.field(default=1e-6, validator=attrs.validators.gt(0.0))
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if not input_shape:
+            raise ValueError("rmsnorm needs at least one feature axis")
+        return input_shape
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        return {"scale": WeightSpec((input_shape[-1],), "ones")}
+
+
+@attrs.frozen
+class ClassToken(Layer):
+    """A learned token [1, units] put before a sequence (ViT's class token): [length, units]
+    -> [length + 1, units]; the token starts at 0, as torchvision's."""
+
+    type: ClassVar[str] = "class_token"
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_rank(self, input_shape, 2, "a sequence [length, units]")
+        return (input_shape[0] + 1, input_shape[1])
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        return {"token": WeightSpec((1, input_shape[-1]), "zeros")}
+
+
+@attrs.frozen
+class PaddingMask(Layer):
+    """Token ids -> float 1 where the id is a real token, 0 where it is ``pad_id``: the
+    padding mask attention takes as its second input (Keras's ``mask_zero``)."""
+
+    type: ClassVar[str] = "padding_mask"
+    accepts: ClassVar[tuple[DType, ...]] = ("int32",)
+    pad_id: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 # --------------------------------------------------------------------------- merges
@@ -501,6 +606,9 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         Embedding,
         PositionEmbedding,
         Attention,
+        RMSNorm,
+        ClassToken,
+        PaddingMask,
         Add,
         Concat,
         Block,
@@ -515,6 +623,7 @@ __all__ = [
     "AvgPool2D",
     "BatchNorm",
     "Block",
+    "ClassToken",
     "Concat",
     "Conv2D",
     "Dense",
@@ -526,7 +635,9 @@ __all__ = [
     "LayerNorm",
     "LeakyReLU",
     "MaxPool2D",
+    "PaddingMask",
     "PositionEmbedding",
+    "RMSNorm",
     "ReLU",
     "Tanh",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -496,7 +497,17 @@ def evaluate(
     metrics = {"loss": totals.get("loss_sum", 0.0) / max(count, 1.0), "count": count}
     if "accuracy" in plan.metrics:
         metrics["accuracy"] = totals.get("correct", 0.0) / max(count, 1.0)
+    if "top_k_accuracy" in plan.metrics:
+        # the backend's vocabulary promised this sum (check_plan_vocabulary): read, not defaulted
+        metrics["top_k_accuracy"] = totals["top_k_correct"] / max(count, 1.0) if count else 0.0
+    if "perplexity" in plan.metrics:
+        metrics["perplexity"] = perplexity(metrics["loss"])
     return metrics
+
+
+def perplexity(loss: float) -> float:
+    """exp of a mean cross-entropy in nats; infinite past float64's range (a diverged run)."""
+    return math.inf if loss >= math.log(sys.float_info.max) else math.exp(loss)  # NaN stays NaN
 
 
 def _save_checkpoint(

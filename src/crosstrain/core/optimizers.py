@@ -13,7 +13,10 @@ keys), and ``tests/core/test_vocabulary.py`` keeps the two names below in step.
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable, Mapping
 from typing import Literal
+
+from crosstrain.core.layers import WeightSpec
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 OPTIMIZERS: tuple[str, ...] = typing.get_args(OptimizerName)
@@ -25,3 +28,21 @@ OPTIMIZER_SLOTS: dict[OptimizerName, tuple[str, ...]] = {
     "adam": ("exp_avg", "exp_avg_sq"),
     "adamw": ("exp_avg", "exp_avg_sq"),
 }
+
+#: ``optimizer.decay``: which trainable weights ``weight_decay`` applies to. "all": every
+#: one (torch.optim's default); "kernels": the matrix and convolution kernels only, no decay
+#: on biases, norm scales and offsets, embedding and position tables (as GPT-2 and minGPT
+#: train; a tied output dense uses its embedding's table, so it is not decayed either)
+DecayName = Literal["all", "kernels"]
+DECAY_MODES: tuple[str, ...] = typing.get_args(DecayName)
+DECAY: dict[str, Callable[[WeightSpec], bool]] = {
+    "all": lambda spec: True,
+    "kernels": lambda spec: spec.kernel,
+}
+
+
+def decayed_weights(specs: Mapping[str, WeightSpec], decay: str) -> frozenset[str]:
+    """The neutral names of the trainable weights that weight decay applies to under
+    ``decay`` (a name of :data:`DECAY`): what every backend's optimizer decays."""
+    chooses = DECAY[decay]
+    return frozenset(name for name, spec in specs.items() if spec.trainable and chooses(spec))

@@ -17,12 +17,16 @@ import attrs
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import Graph, build_graph
 from crosstrain.core.layers import DType, Layer, Shape
-from crosstrain.core.optimizers import OptimizerName
+from crosstrain.core.optimizers import DecayName, OptimizerName
 from crosstrain.core.scaling import InputScaling
 
 # The closed sets a plan names; every backend maps each name to its own builder (its tables).
 Precision = Literal["fp32", "bf16", "fp16"]
-LossName = Literal["cross_entropy", "mse"]
+LossName = Literal["cross_entropy", "mse", "binary_cross_entropy"]
+#: what an evaluation reports: ``loss`` always; ``accuracy`` and ``top_k_accuracy`` (the
+#: target among the ``top_k`` largest logits) count hits in each backend's eval step;
+#: ``perplexity`` is exp of the eval cross-entropy
+MetricName = Literal["loss", "accuracy", "top_k_accuracy", "perplexity"]
 #: what a step whose loss is NaN or infinite does: end the run there, or skip its update
 OnNonFinite = Literal["stop", "skip"]
 #: a checkpoint's metric that ``output.keep_best`` may monitor
@@ -31,6 +35,12 @@ DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
 Placement = Literal["auto", "device", "host"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
+METRICS: tuple[str, ...] = typing.get_args(MetricName)
+#: the metrics a backend counts in its eval step (its vocabulary's); core derives the others
+#: from the loss
+COUNTED_METRICS: tuple[str, ...] = ("accuracy", "top_k_accuracy")
+#: the losses whose targets are class ids (integers), one per position of the logits
+CLASS_LOSSES: tuple[str, ...] = ("cross_entropy",)
 
 
 def _ge0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -165,9 +175,18 @@ class DataSpec:
 @attrs.frozen
 class LossSpec:
     """cross_entropy: logits with classes on the last axis, targets of the logits' shape
-    without it, averaged over every real target position; mse: averaged over outputs."""
+    without it, averaged over every real target position; ``label_smoothing`` e: the
+    target distribution (1 - e) on the label plus e / classes on every class (torch's and
+    Keras's meaning). mse: averaged over outputs. binary_cross_entropy (multi-label): logits
+    and float targets in [0, 1] of the same shape, each output its own sigmoid, averaged over
+    each row's outputs (torch's BCEWithLogitsLoss, Keras's from_logits=True)."""
 
     name: LossName = "cross_entropy"
+    label_smoothing: float = attrs.field(default=0.0, validator=[_ge0, _lt1])
+
+    def __attrs_post_init__(self) -> None:
+        if self.label_smoothing and self.name != "cross_entropy":
+            raise ValueError(f"label_smoothing smooths cross_entropy's labels, not {self.name}'s targets")
 
 
 @attrs.frozen
@@ -183,6 +202,9 @@ class OptimizerSpec:
     beta2: float = attrs.field(default=0.999, validator=[_ge0, _lt1])
     eps: float = attrs.field(default=1e-8, validator=_gt0)
     weight_decay: float = attrs.field(default=0.0, validator=_ge0)
+    #: which weights ``weight_decay`` applies to: "all", or "kernels" (no decay on biases,
+    #: norms and embedding tables, as GPT-2 trains): crosstrain.core.optimizers.DECAY
+    decay: DecayName = "all"
 
     def __attrs_post_init__(self) -> None:
         if self.nesterov and self.momentum == 0.0:
@@ -255,7 +277,9 @@ class Plan:
     model: ModelSpec
     name: str = "plan"
     seed: int = 0
-    metrics: tuple[Literal["loss", "accuracy"], ...] = ("loss", "accuracy")
+    metrics: tuple[MetricName, ...] = ("loss", "accuracy")
+    #: k of the ``top_k_accuracy`` metric
+    top_k: int = attrs.field(default=5, validator=_gt0)
     data: DataSpec = DataSpec()
     loss: LossSpec = LossSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -283,8 +307,36 @@ def validate_plan(plan: Plan) -> None:
                 source=plan.source,
             )
     _check_scaling(plan)
-    if "accuracy" in plan.metrics and plan.loss.name != "cross_entropy":
-        raise PlanError("accuracy needs loss 'cross_entropy'", field="metrics", source=plan.source)
+    _check_metrics(plan)
+    if plan.optimizer.decay != "all" and plan.model.native is not None:
+        raise PlanError(
+            f"decay {plan.optimizer.decay!r} chooses among the neutral layers' weights; a native "
+            "model's are its own (use 'all')",
+            field="optimizer.decay",
+            source=plan.source,
+        )
+
+
+def _check_metrics(plan: Plan) -> None:
+    """Hits count class labels; perplexity is exp of a plain cross-entropy; k fits the classes."""
+    for metric in ("accuracy", "top_k_accuracy", "perplexity"):
+        if metric in plan.metrics and plan.loss.name not in CLASS_LOSSES:
+            raise PlanError(f"{metric} needs loss 'cross_entropy'", field="metrics", source=plan.source)
+    if "perplexity" in plan.metrics and plan.loss.label_smoothing:
+        raise PlanError(
+            "perplexity is exp of the eval cross-entropy, which label_smoothing changes; "
+            "leave one of them out",
+            field="metrics",
+            source=plan.source,
+        )
+    if "top_k_accuracy" in plan.metrics and plan.model.native is None:
+        classes = plan.model.graph(plan.source).output_shape[-1]
+        if plan.top_k > classes:
+            raise PlanError(
+                f"top_k {plan.top_k} exceeds the {classes} classes of the model's logits",
+                field="top_k",
+                source=plan.source,
+            )
 
 
 def _check_scaling(plan: Plan) -> None:

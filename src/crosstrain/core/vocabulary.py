@@ -1,6 +1,7 @@
 """What a backend speaks, and the check of a plan against it before anything starts.
 
-Core owns the names (layer types, losses, optimizers, precisions); a backend maps each
+Core owns the names (layer types, losses, optimizers, precisions, the metrics a backend
+counts, the weight-decay modes); a backend maps each
 name it supports to its own builder in tables and declares the names through the optional
 :class:`SpeaksVocabulary` capability. A plan that uses a name outside the chosen
 backend's tables is refused with one :class:`PlanError` naming the field
@@ -18,8 +19,8 @@ import attrs
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import iter_layers
 from crosstrain.core.layers import LAYER_TYPES
-from crosstrain.core.optimizers import OPTIMIZERS
-from crosstrain.core.plan import LOSSES, PRECISIONS, Plan
+from crosstrain.core.optimizers import DECAY_MODES, OPTIMIZERS
+from crosstrain.core.plan import COUNTED_METRICS, LOSSES, PRECISIONS, Plan
 
 #: layer types that are structure, not computation: resolved by core's graph, no builder
 STRUCTURAL_LAYERS = frozenset({"block"})
@@ -27,12 +28,17 @@ STRUCTURAL_LAYERS = frozenset({"block"})
 
 @attrs.frozen
 class Vocabulary:
-    """The names a backend can build, one set per closed set of the plan."""
+    """The names a backend can build, one set per closed set of the plan. ``metrics``: the
+    metrics its eval step counts (:data:`crosstrain.core.plan.COUNTED_METRICS`; core derives
+    the loss and perplexity itself); ``decay``: the ``optimizer.decay`` modes its optimizer
+    honours. A backend that does not name them speaks accuracy and decays every weight."""
 
     layers: frozenset[str]
     losses: frozenset[str]
     optimizers: frozenset[str]
     precisions: frozenset[str]
+    metrics: frozenset[str] = frozenset({"accuracy"})
+    decay: frozenset[str] = frozenset({"all"})
 
     @classmethod
     def of(
@@ -41,12 +47,23 @@ class Vocabulary:
         losses: Iterable[str],
         optimizers: Iterable[str],
         precisions: Iterable[str],
+        metrics: Iterable[str] = ("accuracy",),
+        decay: Iterable[str] = ("all",),
     ) -> Vocabulary:
-        return cls(frozenset(layers), frozenset(losses), frozenset(optimizers), frozenset(precisions))
+        return cls(
+            frozenset(layers),
+            frozenset(losses),
+            frozenset(optimizers),
+            frozenset(precisions),
+            frozenset(metrics),
+            frozenset(decay),
+        )
 
 
 #: every name core defines: a backend whose tables cover this is complete
-CORE_VOCABULARY = Vocabulary.of(set(LAYER_TYPES) - STRUCTURAL_LAYERS, LOSSES, OPTIMIZERS, PRECISIONS)
+CORE_VOCABULARY = Vocabulary.of(
+    set(LAYER_TYPES) - STRUCTURAL_LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, COUNTED_METRICS, DECAY_MODES
+)
 
 
 @runtime_checkable
@@ -66,6 +83,8 @@ def missing_names(vocabulary: Vocabulary) -> dict[str, list[str]]:
         "losses": CORE_VOCABULARY.losses - vocabulary.losses,
         "optimizers": CORE_VOCABULARY.optimizers - vocabulary.optimizers,
         "precisions": CORE_VOCABULARY.precisions - vocabulary.precisions,
+        "metrics": CORE_VOCABULARY.metrics - vocabulary.metrics,
+        "decay": CORE_VOCABULARY.decay - vocabulary.decay,
     }
     return {kind: sorted(names) for kind, names in gaps.items() if names}
 
@@ -87,3 +106,8 @@ def check_plan_vocabulary(plan: Plan, vocabulary: Vocabulary, backend: str) -> N
         raise refuse("optimizer.name", plan.optimizer.name, "optimizer ")
     if plan.train.precision not in vocabulary.precisions:
         raise refuse("train.precision", plan.train.precision, "precision ")
+    for metric in plan.metrics:
+        if metric in COUNTED_METRICS and metric not in vocabulary.metrics:
+            raise refuse("metrics", metric, "metric ")
+    if plan.optimizer.decay not in vocabulary.decay:
+        raise refuse("optimizer.decay", plan.optimizer.decay, "decay mode ")

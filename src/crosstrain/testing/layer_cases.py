@@ -25,6 +25,7 @@ from crosstrain.core.layers import (
     AvgPool2D,
     BatchNorm,
     Block,
+    ClassToken,
     Concat,
     Conv2D,
     Dense,
@@ -37,8 +38,10 @@ from crosstrain.core.layers import (
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    PaddingMask,
     PositionEmbedding,
     ReLU,
+    RMSNorm,
     Tanh,
 )
 from crosstrain.core.plan import BlockSpec, ModelSpec, Plan
@@ -67,6 +70,18 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     Embedding: ((6,), (Embedding(vocab_size=11, units=4),)),
     PositionEmbedding: ((6, 4), (PositionEmbedding(),)),
     Attention: ((6, 8), (Attention(heads=2, causal=True),)),
+    RMSNorm: ((6, 8), (RMSNorm(epsilon=1e-3),)),
+    ClassToken: ((5, 4), (ClassToken(),)),
+    # the mask of token ids 3 (rows 1, 2 and 4 of case_inputs hold some, row 2 at position 0,
+    # which a causal query 0 then attends to alone), read by attention as its second input
+    PaddingMask: (
+        (6,),
+        (
+            Embedding(vocab_size=11, units=8, name="tokens"),
+            PaddingMask(pad_id=3, inputs=("input",), name="mask"),
+            Attention(heads=2, causal=True, inputs=("tokens", "mask")),
+        ),
+    ),
     Add: (
         (5,),
         (Dense(units=4, name="a"), Dense(units=4, inputs=("input",), name="b"), Add(inputs=("a", "b", "a"))),
@@ -82,6 +97,24 @@ _BLOCKS = {"twice": BlockSpec(layers=(Dense(units=5), Tanh()))}
 #: dense and conv2d (core writes it out as the activation layer after it)
 FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     "dense_activation": ((5, 6), (Dense(units=4, activation="relu"), Dense(units=3, activation="gelu"))),
+    # Llama's attention: grouped keys and values, rotary positions, no biases
+    "attention_grouped_rotary": (
+        (6, 16),
+        (Attention(heads=4, kv_heads=2, causal=True, rotary=True, rotary_base=500.0, use_bias=False),),
+    ),
+    "attention_padding_mask": (
+        (6,),
+        (
+            Embedding(vocab_size=11, units=8, name="tokens"),
+            PaddingMask(pad_id=3, inputs=("input",), name="mask"),
+            Attention(heads=2, inputs=("tokens", "mask")),
+        ),
+    ),
+    # GPT-2's output: the dense's kernel is the embedding's table, transposed (gradients of both uses)
+    "dense_tied": (
+        (6,),
+        (Embedding(vocab_size=11, units=4, name="tokens"), LayerNorm(), Dense(units=11, tie="tokens")),
+    ),
     "conv2d_activation": ((7, 6, 3), (Conv2D(filters=4, kernel_size=(3, 2), activation="leaky_relu"),)),
 }
 #: every case a backend's per-op parity test runs: a layer type, or a form's name
@@ -100,7 +133,7 @@ def missing_cases() -> list[str]:
 
 def case_plan(kind: type[Layer] | str) -> Plan:
     input_shape, layers = FORM_CASES[kind] if isinstance(kind, str) else CASES[kind]
-    dtype: DType = "int32" if kind is Embedding else "float32"
+    dtype: DType = "int32" if layers[0].accepts == ("int32",) else "float32"  # token ids
     blocks = dict(_BLOCKS) if kind is Block else {}
     return Plan(
         model=ModelSpec(input_shape=input_shape, input_dtype=dtype, layers=layers, blocks=blocks), seed=4

@@ -33,6 +33,7 @@ from crosstrain import (
     Attention,
     AvgPool2D,
     BatchNorm,
+    ClassToken,
     Concat,
     Conv2D,
     Dense,
@@ -45,11 +46,15 @@ from crosstrain import (
     LeakyReLU,
     MaxPool2D,
     Node,
+    PaddingMask,
     Plan,
     PositionEmbedding,
     ReLU,
+    RMSNorm,
     Tanh,
+    decayed_weights,
     dropout,
+    rotary_tables,
 )
 from jax import lax
 
@@ -113,6 +118,8 @@ class Env:
     seed: int
     train: TrainInputs | None
     updates: dict[str, jax.Array] = attrs.field(factory=dict)
+    #: a tied dense node's index -> the name of its embedding's table
+    tied_tables: Mapping[int, str] = attrs.field(factory=dict)
 
     def param(self, name: str) -> jax.Array:
         # bf16 runs cast the float32 master weights here; the gradient flows back in float32.
@@ -121,7 +128,8 @@ class Env:
 
 #: a built layer: (env, input values in ``node.inputs`` order) -> output value
 Apply = Callable[[Env, Sequence[jax.Array]], jax.Array]
-#: a table entry: the node (layer, shapes, weight prefix) -> its Apply
+#: a table entry: the node (layer, shapes, weight prefix, the embedding a dense is tied
+#: to) -> its Apply
 Builder = Callable[[Node], Apply]
 #: forward(weights, x, train) -> (float32 outputs, updated non-trainable weights)
 Forward = Callable[[Params, jax.Array, TrainInputs | None], tuple[jax.Array, dict[str, jax.Array]]]
@@ -133,11 +141,13 @@ def build_forward(plan: Plan) -> Forward:
     compute = PRECISIONS[plan.train.precision]
     steps = [(node, LAYERS[type(node.layer)](node)) for node in graph.nodes]
     float_input = graph.input_dtype == "float32"  # token ids stay int32 for the embedding
+    tied = {node.index: table for node in graph.nodes
+            if (table := graph.tied_table(node)) is not None}
 
     def forward(
         weights: Params, x: jax.Array, train: TrainInputs | None
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        env = Env(weights, compute, plan.seed, train)
+        env = Env(weights, compute, plan.seed, train, tied_tables=tied)
         values = {MODEL_INPUT: x.astype(compute.dtype) if float_input else x}
         for node, apply in steps:
             values[node.index] = apply(env, [values[source] for source in node.inputs])
@@ -164,10 +174,15 @@ def _single(inputs: Sequence[jax.Array]) -> jax.Array:
 def _dense(node: Node) -> Apply:
     layer = _layer(node, Dense)
 
+    def kernel(env: Env) -> jax.Array:
+        if node.tied_to is None:
+            return env.param(f"{node.path}.kernel")
+        # tied: the embedding's table [vocab, units], transposed; its gradient sums both uses
+        return env.param(env.tied_tables[node.index]).T
+
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         # matmul contracts the last axis of any rank: [batch, ..., in] @ [in, out]
-        y = jnp.matmul(_single(inputs), env.param(f"{node.path}.kernel"),
-                       precision=env.compute.matmul)
+        y = jnp.matmul(_single(inputs), kernel(env), precision=env.compute.matmul)
         return y + env.param(f"{node.path}.bias") if layer.use_bias else y
 
     return apply
@@ -394,29 +409,75 @@ def _attention(node: Node) -> Apply:
     layer = _layer(node, Attention)
     length, units = node.input_shape
     heads, head_units = layer.heads, units // layer.heads
+    groups = heads // layer.key_heads
     # True where query position i may see key position j
     visible = np.tril(np.ones((length, length), bool)) if layer.causal else None
+    cos, sin = rotary_tables(length, head_units, layer.rotary_base)  # [length, head units]
+
+    def rotate(value: jax.Array) -> jax.Array:
+        """[batch, length, heads, head units] turned by the tables (the half-split pairs)."""
+        half = head_units // 2
+        turned = jnp.concatenate([-value[..., half:], value[..., :half]], axis=-1)
+        return (value * cos[:, None, :].astype(value.dtype)
+                + turned * sin[:, None, :].astype(value.dtype))
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
-        x = _single(inputs)
+        x = inputs[0]
 
         def project(name: str, value: jax.Array) -> jax.Array:
             kernel = env.param(f"{node.path}.{name}_kernel")
             y = jnp.matmul(value, kernel, precision=env.compute.matmul)
-            return y + env.param(f"{node.path}.{name}_bias")
+            return y + env.param(f"{node.path}.{name}_bias") if layer.use_bias else y
 
         def split(value: jax.Array) -> jax.Array:  # head h takes units h*d .. h*d+d
-            return value.reshape(x.shape[0], length, heads, head_units)
+            return value.reshape(x.shape[0], length, -1, head_units)
 
         query, key, value = (split(project(name, x)) for name in ("query", "key", "value"))
+        if layer.rotary:
+            query, key = rotate(query), rotate(key)
+        if groups > 1:  # key/value head j serves query heads j*groups .. j*groups+groups-1
+            key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
         scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=env.compute.matmul,
                             preferred_element_type=jnp.float32) / math.sqrt(head_units)
+        if len(inputs) > 1:  # the padding mask: -1e9 on a padded key's scores
+            scores = scores + ((inputs[1].astype(jnp.float32) - 1) * 1e9)[:, None, None, :]
         if visible is not None:
             scores = jnp.where(visible, scores, -jnp.inf)
         probabilities = jax.nn.softmax(scores, axis=-1).astype(x.dtype)  # softmax in fp32
         joined = jnp.einsum("bhqk,bkhd->bqhd", probabilities, value,
                             precision=env.compute.matmul).reshape(x.shape)
         return project("output", joined)
+
+    return apply
+
+
+def _rmsnorm(node: Node) -> Apply:
+    epsilon = _layer(node, RMSNorm).epsilon
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        """Over the last axis, in float32 even in bf16 runs (as layer norm)."""
+        x = _single(inputs)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * lax.rsqrt(jnp.square(x32).mean(axis=-1, keepdims=True) + epsilon)
+        return (normed * env.weights[f"{node.path}.scale"]).astype(x.dtype)
+
+    return apply
+
+
+def _class_token(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        token = env.param(f"{node.path}.token").astype(x.dtype)  # [1, units]
+        return jnp.concatenate([jnp.broadcast_to(token, (x.shape[0], *token.shape)), x], axis=1)
+
+    return apply
+
+
+def _padding_mask(node: Node) -> Apply:
+    pad_id = _layer(node, PaddingMask).pad_id
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return (_single(inputs) != pad_id).astype(jnp.float32)
 
     return apply
 
@@ -457,6 +518,9 @@ LAYERS: dict[type[Layer], Builder] = {
     Embedding: _embedding,
     PositionEmbedding: _position_embedding,
     Attention: _attention,
+    RMSNorm: _rmsnorm,
+    ClassToken: _class_token,
+    PaddingMask: _padding_mask,
     Add: _add,
     Concat: _concat,
 }
@@ -467,11 +531,10 @@ LAYERS: dict[type[Layer], Builder] = {
 
 @attrs.frozen
 class Loss:
-    """One loss: each row's loss and (for classification) each row's correct positions,
-    in float32, and how many target positions a row's targets hold."""
+    """One loss: each row's loss in float32 (``row_loss(outputs, targets, label_smoothing)``),
+    its targets' dtype, and how many target positions a row's targets hold."""
 
-    row_loss: Callable[[jax.Array, jax.Array], jax.Array]
-    row_hits: Callable[[jax.Array, jax.Array], jax.Array] | None
+    row_loss: Callable[[jax.Array, jax.Array, float], jax.Array]
     target_dtype: np.dtype[Any]
     targets_per_row: Callable[[tuple[int, ...]], int]
 
@@ -481,30 +544,62 @@ def _rows(values: jax.Array) -> jax.Array:
     return values.reshape(values.shape[0], -1).sum(axis=1)
 
 
-def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Logits [batch, ..., classes], targets [batch, ...]: the SUM over a row's positions."""
+def _cross_entropy(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float = 0.0
+) -> jax.Array:
+    """Logits [batch, ..., classes], targets [batch, ...]: the SUM over a row's positions;
+    label smoothing e: (1 - e) x the label's negative log-probability plus e x the classes'
+    mean one (torch's formula)."""
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        picked = (1 - label_smoothing) * picked + label_smoothing * log_probs.mean(axis=-1)
     return -_rows(picked)
 
 
-def _cross_entropy_hits(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """How many of a row's positions have the target as their argmax."""
-    return _rows((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
-
-
-def _mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+def _mse(outputs: jax.Array, targets: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
     """The mean over a row's output elements."""
     return jnp.square(outputs - targets).reshape(outputs.shape[0], -1).mean(axis=1)
+
+
+def _binary_cross_entropy(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float = 0.0
+) -> jax.Array:
+    """Each output's sigmoid cross-entropy with its float target (tf's stable form
+    max(x, 0) - x t + log(1 + exp(-|x|))), the mean over a row's outputs."""
+    targets = targets.reshape(logits.shape)
+    each = jnp.maximum(logits, 0) - logits * targets + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+    return each.reshape(logits.shape[0], -1).mean(axis=1)
 
 
 #: the losses this backend speaks: the keys are its vocabulary's losses
 LOSSES: dict[str, Loss] = {
     # jax runs 32-bit by default: class ids as int32 (vocabularies far below 2**31)
-    "cross_entropy": Loss(_cross_entropy, _cross_entropy_hits, np.dtype(np.int32),
-                          lambda shape: math.prod(shape[1:])),
-    # a regression row counts once, whatever its number of outputs
-    "mse": Loss(_mse, None, np.dtype(np.float32), lambda shape: 1),
+    "cross_entropy": Loss(_cross_entropy, np.dtype(np.int32), lambda shape: math.prod(shape[1:])),
+    # a regression or multi-label row counts once, whatever its number of outputs
+    "mse": Loss(_mse, np.dtype(np.float32), lambda shape: 1),
+    "binary_cross_entropy": Loss(_binary_cross_entropy, np.dtype(np.float32), lambda shape: 1),
+}
+
+
+def _correct(logits: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
+    """How many of a row's positions have the target as their argmax."""
+    return _rows((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def _top_k_correct(logits: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
+    """How many of a row's positions have fewer than ``top_k`` logits above the target's
+    (a tie counts for the target)."""
+    logits = logits.astype(jnp.float32)
+    target = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+    return _rows(((logits > target).sum(axis=-1) < plan.top_k).astype(jnp.float32))
+
+
+#: the metrics this backend counts in its eval step -> (the sum's name, each row's hits): the
+#: keys are its vocabulary's metrics
+METRIC_COUNTS: dict[str, tuple[str, Callable[[jax.Array, jax.Array, Plan], jax.Array]]] = {
+    "accuracy": ("correct", _correct),
+    "top_k_accuracy": ("top_k_correct", _top_k_correct),
 }
 
 
@@ -527,13 +622,15 @@ def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> C
     * ``scale``, scale = 1 / global real target positions).
     """
     loss, spec, clip = LOSSES[plan.loss.name], plan.optimizer, plan.train.clip_grad_norm
+    smoothing = plan.loss.label_smoothing
+    decayed = decayed_weights(plan.model.graph().weight_specs(), spec.decay)
 
     def micro_loss(
         params: Params, buffers: Params, x: jax.Array, y: jax.Array, train: TrainInputs,
         scale: jax.Array,
     ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
         outputs, updates = forward({**params, **buffers}, x, train)
-        micro_sum = (loss.row_loss(outputs, y) * train.weight).sum()
+        micro_sum = (loss.row_loss(outputs, y, smoothing) * train.weight).sum()
         return micro_sum * scale, (micro_sum, updates)
 
     gradient = jax.grad(micro_loss, has_aux=True)
@@ -555,22 +652,26 @@ def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> C
         (grads, buffers), micro_sums = lax.scan(accumulate, (zeros, buffers), (xs, ys, ws, rows))
         if clip is not None:
             grads = clip_by_global_norm(grads, trainable, clip)
-        new_params, new_state = apply_update(spec, params, grads, optimizer_state, scalars)
+        new_params, new_state = apply_update(spec, params, grads, optimizer_state, scalars, decayed)
         return new_params, buffers, new_state, micro_sums
 
     return train_step
 
 
-def make_eval_step(plan: Plan, forward: Forward) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """eval_step(weights, x, y) -> (per-row loss, per-row correct positions), to be jitted.
-    The host sums them in float64, in row order, so the totals do not depend on the device
-    count."""
+def make_eval_step(
+    plan: Plan, forward: Forward
+) -> Callable[..., tuple[jax.Array, dict[str, jax.Array]]]:
+    """eval_step(weights, x, y) -> (per-row loss, {sum name: per-row hits} of each counted
+    metric of the plan), to be jitted. The host sums them in float64, in row order, so the
+    totals do not depend on the device count."""
     loss = LOSSES[plan.loss.name]
+    counted = [METRIC_COUNTS[metric] for metric in plan.metrics if metric in METRIC_COUNTS]
 
-    def eval_step(weights: Params, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def eval_step(
+        weights: Params, x: jax.Array, y: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
         outputs, _ = forward(weights, x, None)
-        losses = loss.row_loss(outputs, y)
-        hits = jnp.zeros_like(losses) if loss.row_hits is None else loss.row_hits(outputs, y)
-        return losses, hits
+        losses = loss.row_loss(outputs, y, plan.loss.label_smoothing)
+        return losses, {name: hits(outputs, y, plan) for name, hits in counted}
 
     return eval_step

@@ -8,7 +8,8 @@ learning rate changes every step without recompiling.
 
 :data:`OPTIMIZERS` maps each optimizer name this backend speaks to its rule; its keys
 are part of the backend's vocabulary, so a plan naming another optimizer is refused
-before launch.
+before launch. Weight decay applies to the weights crosstrain's ``decayed_weights`` names
+for the plan's ``optimizer.decay``, so every mode of crosstrain's ``DECAY_MODES`` is spoken.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ Tree = dict[str, jax.Array]
 OptimizerState = dict[str, Tree]
 Scalars = dict[str, float]
 Update = Callable[
-    [OptimizerSpec, Tree, Tree, OptimizerState, Mapping[str, jax.Array]],
+    [OptimizerSpec, Tree, Tree, OptimizerState, Mapping[str, jax.Array], frozenset[str]],
     tuple[Tree, OptimizerState],
 ]
 
@@ -54,10 +55,12 @@ def host_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
 
 def apply_update(
     spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str] | None = None,
 ) -> tuple[Tree, OptimizerState]:
-    """One optimizer step on every trainable parameter (traced inside the compiled step)."""
-    return OPTIMIZERS[spec.name].update(spec, params, grads, state, scalars)
+    """One optimizer step on every trainable parameter (traced inside the compiled step);
+    ``weight_decay`` applies to the names in ``decayed`` (None: to every one)."""
+    chosen = frozenset(params) if decayed is None else decayed
+    return OPTIMIZERS[spec.name].update(spec, params, grads, state, scalars, chosen)
 
 
 def clip_by_global_norm(grads: Tree, names: Sequence[str], max_norm: float) -> Tree:
@@ -91,12 +94,12 @@ def _sgd_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
 
 def _sgd(
     spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     new_params, new_buffers = {}, {}
     for name, param in params.items():
         grad = grads[name]
-        if spec.weight_decay:
+        if spec.weight_decay and name in decayed:
             grad = grad + spec.weight_decay * param  # grad.add(param, alpha=wd)
         if spec.momentum:
             # buf.mul_(m).add_(grad); the first step's zero buffer gives torch's buf = grad
@@ -136,14 +139,15 @@ def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
 
 def _adam_step(
     decoupled: bool, spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     new_params, exp_avgs, exp_avg_sqs = {}, {}, {}
     for name, param in params.items():
         grad = grads[name]
-        if spec.weight_decay and decoupled:
+        decays = spec.weight_decay and name in decayed
+        if decays and decoupled:
             param = param * scalars["decay_factor"]  # param.mul_(1 - lr * wd)
-        elif spec.weight_decay:
+        elif decays:
             grad = grad + spec.weight_decay * param
         exp_avg = _lerp(state["exp_avg"][name], grad, 1 - spec.beta1)
         # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -157,18 +161,18 @@ def _adam_step(
 
 def _adam(
     spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     """L2 weight decay added to the gradient (torch.optim.Adam)."""
-    return _adam_step(False, spec, params, grads, state, scalars)
+    return _adam_step(False, spec, params, grads, state, scalars, decayed)
 
 
 def _adamw(
     spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     """Decoupled weight decay (torch.optim.AdamW)."""
-    return _adam_step(True, spec, params, grads, state, scalars)
+    return _adam_step(True, spec, params, grads, state, scalars, decayed)
 
 
 #: the optimizers this backend speaks: the keys are its vocabulary's optimizer names

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import attrs
 import numpy as np
 from crosstrain import (
+    DECAY_MODES,
     BackendError,
     Batch,
     FrameworkStatus,
@@ -89,10 +90,12 @@ class JaxStrategy:
     def vocabulary(cls) -> Vocabulary:
         """The keys of the model's and optimizer's tables. Importing them imports jax but
         initialises no jax backend (so no GPU memory is claimed in the launching process)."""
-        from crosstrain_jax.model import LAYERS, LOSSES, PRECISIONS
+        from crosstrain_jax.model import LAYERS, LOSSES, METRIC_COUNTS, PRECISIONS
         from crosstrain_jax.optimizer import OPTIMIZERS
 
-        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS)
+        # every decay mode: the update decays the weights crosstrain's decayed_weights names
+        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS,
+                             METRIC_COUNTS, DECAY_MODES)
 
     def check_job(self, job: Job) -> None:
         from crosstrain_jax.launch import check_job
@@ -183,8 +186,8 @@ class JaxStrategy:
         # float64 sums on the host, in row order: identical for any number of devices
         weight = batch.weight.astype(np.float64)
         metrics = {"loss_sum": float((np.asarray(losses, np.float64) * weight).sum())}
-        if loss.row_hits is not None:
-            metrics["correct"] = float((np.asarray(hits, np.float64) * weight).sum())
+        for name, counts in hits.items():
+            metrics[name] = float((np.asarray(counts, np.float64) * weight).sum())
         metrics["count"] = float(weight.sum()) * loss.targets_per_row(batch.y.shape)
         return metrics
 

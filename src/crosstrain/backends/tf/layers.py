@@ -30,6 +30,7 @@ from crosstrain.core.layers import (
     Attention,
     AvgPool2D,
     BatchNorm,
+    ClassToken,
     Concat,
     Conv2D,
     Dense,
@@ -41,9 +42,12 @@ from crosstrain.core.layers import (
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    PaddingMask,
     PositionEmbedding,
     ReLU,
+    RMSNorm,
     Tanh,
+    rotary_tables,
 )
 
 
@@ -227,41 +231,136 @@ class PositionTable(keras.layers.Layer):  # type: ignore[misc]
 class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
     """Multi-head self-attention as docs/layers.md writes it: projections in the compute
     dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32, later positions
-    masked when causal."""
+    masked when causal. Grouped keys and values (``kv_heads``) serve ``heads / kv_heads``
+    consecutive query heads each; ``rotary`` turns queries and keys by core's tables; a
+    second input, the padding mask [batch, length], adds -1e9 to padded keys' scores."""
 
-    def __init__(self, heads: int, causal: bool, **kwargs: Any) -> None:
+    def __init__(self, layer: Attention, length: int, units: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.use_bias = layer.heads, layer.causal, layer.use_bias
+        self.depth = units // layer.heads
+        self.groups = layer.heads // layer.key_heads
+        self.rotary = (
+            tuple(tf.constant(table) for table in rotary_tables(length, self.depth, layer.rotary_base))
+            if layer.rotary
+            else None
+        )
 
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        units = int(input_shape[-1])  # type: ignore[arg-type]
+    def build(self, input_shape: Any) -> None:
+        shape = input_shape[0] if isinstance(input_shape, list) else input_shape
+        units = int(shape[-1])
+        key_units = self.depth * (self.heads // self.groups)
         for projection in ATTENTION_PROJECTIONS:
-            kernel = self.add_weight(shape=(units, units), initializer="zeros", name=f"{projection}_kernel")
-            bias = self.add_weight(shape=(units,), initializer="zeros", name=f"{projection}_bias")
+            width = key_units if projection in ("key", "value") else units
+            kernel = self.add_weight(shape=(units, width), initializer="zeros", name=f"{projection}_kernel")
             setattr(self, f"{projection}_kernel", kernel)
-            setattr(self, f"{projection}_bias", bias)
+            if self.use_bias:
+                bias = self.add_weight(shape=(width,), initializer="zeros", name=f"{projection}_bias")
+                setattr(self, f"{projection}_bias", bias)
 
     def _project(self, x: Any, projection: str) -> Any:
         kernel = tf.cast(getattr(self, f"{projection}_kernel"), self.compute_dtype)
-        bias = tf.cast(getattr(self, f"{projection}_bias"), self.compute_dtype)
-        return tf.matmul(x, kernel) + bias
+        projected = tf.matmul(x, kernel)
+        if not self.use_bias:
+            return projected
+        return projected + tf.cast(getattr(self, f"{projection}_bias"), self.compute_dtype)
+
+    def _rotate(self, x: Any) -> Any:
+        """x [batch, heads, length, depth] turned by the rotary tables (half-split)."""
+        assert self.rotary is not None
+        cos, sin = (tf.cast(table, x.dtype) for table in self.rotary)
+        half = self.depth // 2
+        turned = tf.concat([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + turned * sin
 
     def call(self, inputs: Any) -> Any:
-        length, units = int(inputs.shape[1]), int(inputs.shape[2])
-        depth = units // self.heads
+        x, padding = (inputs[0], inputs[1]) if isinstance(inputs, list | tuple) else (inputs, None)
+        length, units = int(x.shape[1]), int(x.shape[2])
 
         def split(projection: str) -> Any:  # [batch, length, units] -> [batch, heads, length, depth]
-            heads = tf.reshape(self._project(inputs, projection), [-1, length, self.heads, depth])
-            return tf.transpose(heads, [0, 2, 1, 3])
+            projected = self._project(x, projection)
+            heads = int(projected.shape[-1]) // self.depth
+            return tf.transpose(tf.reshape(projected, [-1, length, heads, self.depth]), [0, 2, 1, 3])
 
         query, key, value = split("query"), split("key"), split("value")
-        scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32) / math.sqrt(depth)
+        if self.rotary is not None:
+            query, key = self._rotate(query), self._rotate(key)
+        if self.groups > 1:
+            key, value = tf.repeat(key, self.groups, axis=1), tf.repeat(value, self.groups, axis=1)
+        scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32) / math.sqrt(self.depth)
+        if padding is not None:
+            scores = scores + ((tf.cast(padding, tf.float32) - 1.0) * 1e9)[:, None, None, :]
         if self.causal:
             allowed = tf.linalg.band_part(tf.ones((length, length), tf.bool), -1, 0)
             scores = tf.where(allowed, scores, tf.constant(-math.inf, tf.float32))
         weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
         attended = tf.transpose(tf.matmul(weights, value), [0, 2, 1, 3])
         return self._project(tf.reshape(attended, [-1, length, units]), "output")
+
+
+class RootMeanSquareNorm(keras.layers.Layer):  # type: ignore[misc]
+    """docs/layers.md's RMS norm of the last axis, in fp32 whatever the compute dtype."""
+
+    def __init__(self, epsilon: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="ones", name="scale")  # type: ignore[arg-type]
+
+    def call(self, inputs: Any) -> Any:
+        x = tf.cast(inputs, tf.float32)
+        normed = x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + self.epsilon)
+        return tf.cast(normed * self.scale, self.compute_dtype)
+
+
+class ClassTokenLayer(keras.layers.Layer):  # type: ignore[misc]
+    """The learned token [1, units] before each row's sequence."""
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.token = self.add_weight(shape=(1, int(input_shape[-1])), initializer="zeros", name="token")  # type: ignore[arg-type]
+
+    def call(self, inputs: Any) -> Any:
+        token = tf.cast(self.token, inputs.dtype)[None]  # [1, 1, units]
+        return tf.concat([tf.tile(token, [tf.shape(inputs)[0], 1, 1]), inputs], axis=1)
+
+
+class TiedDense(keras.layers.Layer):  # type: ignore[misc]
+    """A dense whose kernel is an embedding's table transposed (``tie``): the graph model
+    hands it that embedding (:meth:`tie`); its own variable is the bias alone."""
+
+    def __init__(self, units: int, use_bias: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.units, self.use_bias = units, use_bias
+        self.table: Callable[[], Any] = _untied
+
+    def tie(self, embedding: keras.layers.Layer) -> None:
+        # read through a function: an attribute holding the layer would make Keras track the
+        # embedding, and its table, a second time
+        self.table = lambda: embedding.table
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        if self.use_bias:
+            self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias")
+
+    def call(self, inputs: Any) -> Any:
+        outputs = tf.matmul(inputs, tf.cast(self.table(), self.compute_dtype), transpose_b=True)
+        return outputs + tf.cast(self.bias, self.compute_dtype) if self.use_bias else outputs
+
+
+def _untied() -> Any:
+    raise RuntimeError("a tied dense runs after GraphModel.tie hands it its embedding")
+
+
+class PaddingMaskLayer(keras.layers.Layer):  # type: ignore[misc]
+    """Token ids -> float32 1 (a real token) or 0 (``pad_id``)."""
+
+    def __init__(self, pad_id: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pad_id = pad_id
+
+    def call(self, inputs: Any) -> Any:
+        return tf.cast(tf.not_equal(inputs, self.pad_id), tf.float32)
 
 
 # --------------------------------------------------------------------------- the tables
@@ -317,6 +416,13 @@ def _named(node: Node, options: NodeOptions) -> dict[str, Any]:
 
 
 def _dense(layer: Dense, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    if node.tied_to is not None:
+        return TiedDense(layer.units, layer.use_bias, **_named(node, options))
+    return _stock_dense(layer, node, options)
+
+
+def _stock_dense(layer: Dense, node: Node, options: NodeOptions = EXPORTED) -> keras.layers.Layer:
+    """Keras's Dense; a tied dense exports as one, its kernel a copy of the table (export.py)."""
     return keras.layers.Dense(layer.units, use_bias=layer.use_bias, **_named(node, options))
 
 
@@ -386,7 +492,7 @@ _BATCH_NORM = ("scale", "offset", "moving_mean", "moving_variance")
 #: core layer type -> how it runs here, one row each; core's graph resolves blocks, so
 #: Block has no row. The keys are the backend's vocabulary of layers.
 LAYERS: dict[type[Layer], NodeSpec[Any]] = {
-    Dense: NodeSpec(_dense, AS_BUILT, _KERNEL),
+    Dense: NodeSpec(_dense, Stock(_stock_dense, _KERNEL), _KERNEL),
     Conv2D: NodeSpec(_conv2d, AS_BUILT, _KERNEL),
     MaxPool2D: NodeSpec(_max_pool, AS_BUILT),
     AvgPool2D: NodeSpec(_avg_pool, AS_BUILT),
@@ -422,11 +528,25 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     Embedding: NodeSpec(_embedding, Stock(_stock_embedding, {"table": "embeddings"}), _same(("table",))),
     PositionEmbedding: NodeSpec(_keras(PositionTable), None, _same(("table",))),
     Attention: NodeSpec(
-        lambda layer, node, options: SelfAttention(layer.heads, layer.causal, **_named(node, options)),
+        lambda layer, node, options: SelfAttention(layer, *node.input_shape, **_named(node, options)),
         None,
         _same(
             f"{projection}_{param}" for projection in ATTENTION_PROJECTIONS for param in ("kernel", "bias")
         ),
+    ),
+    RMSNorm: NodeSpec(
+        lambda layer, node, options: RootMeanSquareNorm(layer.epsilon, **_named(node, options)),
+        Stock(
+            lambda layer, node: keras.layers.RMSNormalization(
+                epsilon=layer.epsilon, **_named(node, EXPORTED)
+            ),
+            _same(("scale",)),
+        ),
+        _same(("scale",)),
+    ),
+    ClassToken: NodeSpec(_keras(ClassTokenLayer), None, _same(("token",))),
+    PaddingMask: NodeSpec(
+        lambda layer, node, options: PaddingMaskLayer(layer.pad_id, name=node.path, dtype="float32"), None
     ),
     Add: NodeSpec(_keras(keras.layers.Add), AS_BUILT),  # sums left to right
     Concat: NodeSpec(_keras(keras.layers.Concatenate, axis=-1), AS_BUILT),

@@ -21,7 +21,7 @@ import tensorflow as tf
 from crosstrain.backends.common import native_factory
 from crosstrain.backends.tf.layers import LAYERS, ContextLayer, NodeOptions
 from crosstrain.core.graph import MODEL_INPUT, Graph
-from crosstrain.core.plan import Plan
+from crosstrain.core.plan import LossSpec, Plan
 
 #: core precision -> Keras dtype policy: float32 variables, low-precision compute
 DTYPE_POLICIES: dict[str, str] = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -40,12 +40,15 @@ class GraphModel(keras.Model):  # type: ignore[misc]
         self.neutral_graph = graph
         options = NodeOptions(policy=policy, seed=seed)
         self.node_layers = [LAYERS[type(node.layer)].build(node.layer, node, options) for node in graph.nodes]
+        for node in graph.nodes:  # a tied dense reads its embedding's table
+            if node.tied_to is not None:
+                self.node_layers[node.index].tie(self.node_layers[node.tied_to])
 
     def build(self, input_shape: Any = None) -> None:
         """Build every node's layer from the graph's shapes (rows of any count)."""
         for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
             shapes = [(None, *shape) for shape in node.input_shapes]
-            layer.build(shapes[0] if node.layer.arity == 1 else shapes)
+            layer.build(shapes[0] if len(shapes) == 1 else shapes)
 
     def call(
         self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
@@ -53,7 +56,7 @@ class GraphModel(keras.Model):  # type: ignore[misc]
         values: dict[int, Any] = {MODEL_INPUT: inputs}
         for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
             sources = [values[source] for source in node.inputs]
-            x = sources[0] if node.layer.arity == 1 else sources
+            x = sources[0] if len(sources) == 1 else sources  # merges, attention with its mask
             if isinstance(layer, ContextLayer):
                 values[node.index] = layer(x, training=training, weight=weight, rows=rows, step=step)
             else:
@@ -155,32 +158,65 @@ def _rows_of(tensor: Any) -> Any:
     return tf.reshape(tensor, [tf.shape(tensor)[0], -1])
 
 
-def _cross_entropy_rows(outputs: Any, targets: Any) -> Any:
-    """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions."""
-    per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
+def _cross_entropy_rows(outputs: Any, targets: Any, loss: LossSpec) -> Any:
+    """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions;
+    with label smoothing e, (1 - e) x the label's negative log-probability plus e x the mean
+    over the classes of theirs (torch's formula)."""
+    if not loss.label_smoothing:
+        per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
+    else:
+        log_probabilities = tf.nn.log_softmax(outputs, axis=-1)
+        picked = tf.gather(log_probabilities, targets, batch_dims=len(targets.shape))
+        smooth = tf.reduce_mean(log_probabilities, axis=-1)
+        per_position = -((1.0 - loss.label_smoothing) * picked + loss.label_smoothing * smooth)
     return tf.reduce_sum(_rows_of(per_position), axis=1)
 
 
-def _mse_rows(outputs: Any, targets: Any) -> Any:
+def _mse_rows(outputs: Any, targets: Any, loss: LossSpec) -> Any:
     """The mean squared error over each row's outputs."""
     return tf.reduce_mean(_rows_of(tf.square(outputs - tf.reshape(targets, tf.shape(outputs)))), axis=1)
 
 
+def _binary_cross_entropy_rows(outputs: Any, targets: Any, loss: LossSpec) -> Any:
+    """Each output's sigmoid cross-entropy with its float target, averaged over the row."""
+    each = tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.reshape(targets, tf.shape(outputs)), logits=outputs
+    )
+    return tf.reduce_mean(_rows_of(each), axis=1)
+
+
 #: core loss name -> loss of each row, in float32
-LOSSES: dict[str, Callable[[Any, Any], Any]] = {
+LOSSES: dict[str, Callable[[Any, Any, LossSpec], Any]] = {
     "cross_entropy": _cross_entropy_rows,
     "mse": _mse_rows,
+    "binary_cross_entropy": _binary_cross_entropy_rows,
 }
 
 
-def per_row_loss(name: str, outputs: Any, targets: Any) -> Any:
-    return LOSSES[name](tf.cast(outputs, tf.float32), targets)
+def per_row_loss(loss: LossSpec, outputs: Any, targets: Any) -> Any:
+    return LOSSES[loss.name](tf.cast(outputs, tf.float32), targets, loss)
 
 
-def correct_per_row(outputs: Any, targets: Any) -> Any:
+def correct_per_row(outputs: Any, targets: Any, plan: Plan) -> Any:
     """How many of each row's target positions the argmax of the logits gets right (float)."""
     hits = tf.equal(tf.argmax(outputs, axis=-1, output_type=targets.dtype), targets)
     return tf.reduce_sum(_rows_of(tf.cast(hits, tf.float32)), axis=1)
+
+
+def top_k_per_row(outputs: Any, targets: Any, plan: Plan) -> Any:
+    """How many of each row's target positions have fewer than ``plan.top_k`` logits above
+    the target's (a tie counts for the target, as tf.math.in_top_k's)."""
+    logits = tf.cast(outputs, tf.float32)
+    target = tf.gather(logits, targets, batch_dims=len(targets.shape))[..., None]
+    above = tf.reduce_sum(tf.cast(logits > target, tf.int32), axis=-1)
+    return tf.reduce_sum(_rows_of(tf.cast(above < plan.top_k, tf.float32)), axis=1)
+
+
+#: metric a backend counts -> (the eval sum it adds to, each row's hits)
+METRIC_COUNTS: dict[str, tuple[str, Callable[[Any, Any, Plan], Any]]] = {
+    "accuracy": ("correct", correct_per_row),
+    "top_k_accuracy": ("top_k_correct", top_k_per_row),
+}
 
 
 def targets_per_row(targets: Any) -> int:

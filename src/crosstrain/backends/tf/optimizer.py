@@ -65,9 +65,10 @@ def step_scalars(
     return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_targets], np.float32)
 
 
-def update_rule(spec: OptimizerSpec) -> UpdateRule:
-    """(variable, grad, slots, scalars) -> (new value, new slots), torch's update order."""
-    return OPTIMIZERS[spec.name].rule(spec)
+def update_rule(spec: OptimizerSpec, decays: bool = True) -> UpdateRule:
+    """(variable, grad, slots, scalars) -> (new value, new slots), torch's update order;
+    ``decays``: whether ``weight_decay`` applies to this variable (``optimizer.decay``)."""
+    return OPTIMIZERS[spec.name].rule(spec if decays else attrs.evolve(spec, weight_decay=0.0))
 
 
 def slot_count(spec: OptimizerSpec) -> int:
@@ -125,7 +126,7 @@ def _adam_rule(spec: OptimizerSpec, decoupled: bool = False) -> UpdateRule:
 
     def rule(variable: Any, grad: Any, slots: Sequence[Any], scalars: Any) -> tuple[Any, tuple[Any, ...]]:
         mean, square = slots
-        if decoupled:
+        if decoupled and spec.weight_decay:
             variable = variable * scalars[DECAY]
         elif spec.weight_decay:
             grad = grad + spec.weight_decay * variable

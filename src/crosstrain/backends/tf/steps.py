@@ -16,10 +16,12 @@ from crosstrain.backends.tf.optimizer import (
     LOSS_SCALE,
     REAL_TARGETS,
     SCALAR_COUNT,
+    UpdateRule,
     clip_like_torch,
     update_rule,
 )
 from crosstrain.core.data import StepBatch
+from crosstrain.core.optimizers import decayed_weights
 from crosstrain.core.plan import Plan
 
 #: (the step's input tensors, this replica's part) -> this replica's x and y rows: the
@@ -49,10 +51,10 @@ def train_function(
 
     from crosstrain.backends.tf.model import forward, per_row_loss
 
-    train, loss_name, accumulation = plan.train, plan.loss.name, plan.train.grad_accum_steps
+    train, loss_spec, accumulation = plan.train, plan.loss, plan.train.grad_accum_steps
     scaled = train.precision == "fp16"
     guarded = guarded_steps(plan)
-    rule = update_rule(plan.optimizer)
+    rules = [update_rule(plan.optimizer, decays) for decays in decayed_variables(model, plan, variables)]
     keras_variables = list(model.trainable_variables)
 
     def replica_gradients(micro: list[tuple[Any, ...]], step: Any, scalars: Any) -> tuple[list[Any], Any]:
@@ -64,7 +66,7 @@ def train_function(
         for index, (x, y, weight, row) in enumerate(micro):
             with tf.GradientTape() as tape:
                 outputs = forward(model, x, training=True, weight=weight, rows=row, step=step)
-                micro_sum = tf.reduce_sum(per_row_loss(loss_name, outputs, y) * weight)
+                micro_sum = tf.reduce_sum(per_row_loss(loss_spec, outputs, y) * weight)
                 loss = micro_sum / scalars[REAL_TARGETS]
                 if scaled:
                     loss = loss * scalars[LOSS_SCALE]
@@ -102,7 +104,7 @@ def train_function(
             grads = clip_like_torch(grads, train.clip_grad_norm)
         return grads, loss_sum, finite
 
-    def apply(variable: Any, grad: Any, finite: Any, scalars: Any, *state: Any) -> Any:
+    def apply(variable: Any, grad: Any, finite: Any, scalars: Any, rule: UpdateRule, *state: Any) -> Any:
         value, new_state = rule(variable, grad, state, scalars)
         if guarded:  # an inf/nan step is skipped, as GradScaler skips optimizer.step()
             value = tf.where(finite, value, variable)
@@ -114,8 +116,10 @@ def train_function(
     def train_function(inputs: tuple[Any, ...], integers: Any, floats: Any) -> tuple[Any, Any]:
         step, normaliser, rows, scalars, weights = unpack_step(integers, floats, accumulation)
         grads, loss_sum, finite = distribution.run(replica_step, args=(inputs, weights, rows, step, scalars))
-        for variable, grad, state in zip(variables, grads, slots, strict=True):
-            distribution.extended.update(variable, apply, args=(grad, finite, scalars, *state), group=False)
+        for variable, grad, state, rule in zip(variables, grads, slots, rules, strict=True):
+            distribution.extended.update(
+                variable, apply, args=(grad, finite, scalars, rule, *state), group=False
+            )
         total = distribution.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
         # a float64 division: the same bits as float(total) / normaliser on the host
         return total / normaliser, distribution.experimental_local_results(finite)[0]
@@ -124,13 +128,14 @@ def train_function(
 
 
 def eval_function(distribution: Any, local: int, model: Any, plan: Plan, fetch: Fetch) -> Any:
-    """Float64 sums over the real rows of the whole global batch, across every replica;
-    ``fetch`` reads each replica's rows (from the host's rows or the placed data)."""
+    """Float64 sums over the real rows of the whole global batch, across every replica, in
+    :func:`eval_names` order; ``fetch`` reads each replica's rows (from the host's rows or
+    the placed data)."""
     import tensorflow as tf
 
-    from crosstrain.backends.tf.model import correct_per_row, forward, per_row_loss, targets_per_row
+    from crosstrain.backends.tf.model import METRIC_COUNTS, forward, per_row_loss, targets_per_row
 
-    classify = plan.loss.name == "cross_entropy"
+    counted = [METRIC_COUNTS[metric][1] for metric in plan.metrics if metric in METRIC_COUNTS]
 
     def replica_eval(inputs: tuple[Any, ...], weight: Any, rows: Any) -> Any:
         part = tf.distribute.get_replica_context().replica_id_in_sync_group % local
@@ -138,9 +143,9 @@ def eval_function(distribution: Any, local: int, model: Any, plan: Plan, fetch: 
         weight, rows = (replica_rows(t, part, local) for t in (weight, rows))
         outputs = forward(model, x, training=False, weight=weight, rows=rows)
         weight = tf.cast(weight, tf.float64)
-        sums = [tf.reduce_sum(tf.cast(per_row_loss(plan.loss.name, outputs, y), tf.float64) * weight)]
-        if classify:
-            sums.append(tf.reduce_sum(tf.cast(correct_per_row(outputs, y), tf.float64) * weight))
+        sums = [tf.reduce_sum(tf.cast(per_row_loss(plan.loss, outputs, y), tf.float64) * weight)]
+        for hits in counted:
+            sums.append(tf.reduce_sum(tf.cast(hits(outputs, y, plan), tf.float64) * weight))
         sums.append(tf.reduce_sum(weight) * targets_per_row(y))
         return tf.stack(sums)
 
@@ -149,6 +154,26 @@ def eval_function(distribution: Any, local: int, model: Any, plan: Plan, fetch: 
         return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return tf.function(eval_function)
+
+
+def eval_names(plan: Plan) -> list[str]:
+    """The names of :func:`eval_function`'s sums, in order."""
+    from crosstrain.backends.tf.model import METRIC_COUNTS
+
+    counted = [METRIC_COUNTS[metric][0] for metric in plan.metrics if metric in METRIC_COUNTS]
+    return ["loss_sum", *counted, "count"]
+
+
+def decayed_variables(model: Any, plan: Plan, variables: list[Any]) -> list[bool]:
+    """Whether weight decay applies to each of ``variables`` (the trainable ones, in order):
+    core chooses by neutral name (``optimizer.decay``); a native model's all decay."""
+    if plan.optimizer.decay == "all":
+        return [True] * len(variables)
+    from crosstrain.backends.tf.model import neutral_variables
+
+    decayed = decayed_weights(plan.model.graph().weight_specs(), plan.optimizer.decay)
+    chosen = {id(variable.value): name in decayed for name, variable in neutral_variables(model).items()}
+    return [chosen[id(variable)] for variable in variables]
 
 
 def predict_function(distribution: Any, model: Any) -> Any:

@@ -24,6 +24,7 @@ from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_
 from crosstrain.backends.tf.steps import (
     Fetch,
     eval_function,
+    eval_names,
     guarded_steps,
     host_rows,
     pack_step,
@@ -33,7 +34,7 @@ from crosstrain.backends.tf.steps import (
 )
 from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
-from crosstrain.core.optimizers import OPTIMIZER_SLOTS
+from crosstrain.core.optimizers import DECAY_MODES, OPTIMIZER_SLOTS
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import GpuUtilisation
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
@@ -53,7 +54,7 @@ class TfState:
     # tf.function: (inputs, integers, floats) -> (loss, finite); the inputs (xs, ys) rows
     # from the host with a leading micro-batch axis, the rest as steps.pack_step packs them
     train_function: Any
-    eval_function: Any  # tf.function: ((x, y), weight, rows) -> float64 [loss_sum, (correct,) count]
+    eval_function: Any  # tf.function: ((x, y), weight, rows) -> float64 sums named by eval_names
     optimizer_steps: int = 0  # steps applied so far: Adam's bias corrections count these
     loss_scale: DynamicLossScale | None = None
     predict_function: Any = None  # tf.function: x -> outputs, made by the first predict()
@@ -241,7 +242,7 @@ class TfStrategy:
         function, inputs = self._inputs(state, "eval", [batch])
         rows = np.asarray(batch.rows, np.int64)
         sums = function(tuple(value[0] for value in inputs), batch.weight, rows).numpy()
-        names = ["loss_sum", "correct", "count"] if len(sums) == 3 else ["loss_sum", "count"]
+        names = eval_names(state.plan)
         return {name: float(value) for name, value in zip(names, sums, strict=True)}
 
     def _inputs(
@@ -425,10 +426,12 @@ class TfStrategy:
 def table_vocabulary() -> Vocabulary:
     """The keys of the tables the model and optimizer are built from (imports TensorFlow)."""
     from crosstrain.backends.tf.layers import LAYERS
-    from crosstrain.backends.tf.model import DTYPE_POLICIES, LOSSES
+    from crosstrain.backends.tf.model import DTYPE_POLICIES, LOSSES, METRIC_COUNTS
     from crosstrain.backends.tf.optimizer import OPTIMIZERS
 
-    return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, DTYPE_POLICIES)
+    # every decay mode: each variable's rule decays or not as core chooses (decayed_variables)
+    layers = (layer.type for layer in LAYERS)
+    return Vocabulary.of(layers, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES)
 
 
 def check_compilable(plan: Plan) -> None:

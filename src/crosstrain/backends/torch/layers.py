@@ -37,6 +37,7 @@ from crosstrain.core.layers import (
     Attention,
     AvgPool2D,
     BatchNorm,
+    ClassToken,
     Concat,
     Conv2D,
     Dense,
@@ -48,9 +49,12 @@ from crosstrain.core.layers import (
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    PaddingMask,
     PositionEmbedding,
     ReLU,
+    RMSNorm,
     Tanh,
+    rotary_tables,
 )
 
 
@@ -338,13 +342,28 @@ class PositionEmbeddingNode(NodeModule):
 
 class AttentionNode(NodeModule):
     """Multi-head self-attention with torch's scaled_dot_product_attention (softmax in fp32
-    for fp32 inputs; the fused kernels accumulate low-precision inputs in fp32)."""
+    for fp32 inputs; the fused kernels accumulate low-precision inputs in fp32). Grouped
+    keys and values are repeated to every query head of their group; rotary embedding turns
+    queries and keys by core's tables; a padding mask (the second input) adds -1e9 to the
+    scores of padded keys."""
 
     def __init__(self, layer: Attention, node: Node, channels_first: bool) -> None:
         super().__init__()
-        units = node.input_shape[-1]
+        length, units = node.input_shape
         self.heads, self.causal = layer.heads, layer.causal
-        self.query, self.key, self.value, self.output = (nn.Linear(units, units) for _ in range(4))
+        self.head_units = units // layer.heads
+        self.groups = layer.heads // layer.key_heads
+        key_units = self.head_units * layer.key_heads
+        bias = layer.use_bias
+        self.query, self.output = (nn.Linear(units, units, bias=bias) for _ in range(2))
+        self.key, self.value = (nn.Linear(units, key_units, bias=bias) for _ in range(2))
+        self.rotary = layer.rotary
+        cos, sin = rotary_tables(length, self.head_units, layer.rotary_base)
+        # constants of the plan, not weights: kept out of the state dict
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
+        self.register_buffer("cos", torch.from_numpy(cos), persistent=False)
+        self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0]
@@ -352,12 +371,99 @@ class AttentionNode(NodeModule):
 
         def split(projection: nn.Linear) -> torch.Tensor:
             projected: torch.Tensor = projection(x)
-            return projected.reshape(batch, length, self.heads, units // self.heads).transpose(1, 2)
+            return projected.reshape(batch, length, -1, self.head_units).transpose(1, 2)
 
-        attended = F.scaled_dot_product_attention(
-            split(self.query), split(self.key), split(self.value), is_causal=self.causal
-        )
+        query, key, value = split(self.query), split(self.key), split(self.value)
+        if self.rotary:
+            query, key = self._rotate(query), self._rotate(key)
+        if self.groups > 1:  # key/value head j serves query heads j*groups .. j*groups+groups-1
+            key, value = key.repeat_interleave(self.groups, 1), value.repeat_interleave(self.groups, 1)
+        if len(inputs) == 1:
+            attended = F.scaled_dot_product_attention(query, key, value, is_causal=self.causal)
+        else:
+            mask = self._score_bias(inputs[1], length, query.dtype)
+            attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
         return self.output(attended.transpose(1, 2).reshape(batch, length, units))  # type: ignore[no-any-return]
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [batch, heads, length, head units] turned by the rotary tables (half-split)."""
+        half = self.head_units // 2
+        turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * self.cos.to(x.dtype) + turned * self.sin.to(x.dtype)
+
+    def _score_bias(self, padding: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+        """What SDPA adds to the scores [batch, 1, query, key]: -1e9 for a padded key, and
+        -inf for a later one when causal (SDPA takes a mask or is_causal, not both)."""
+        bias = ((padding.to(dtype) - 1) * 1e9)[:, None, None, :]
+        if self.causal:
+            later = torch.ones(length, length, dtype=torch.bool, device=padding.device).triu(1)
+            bias = bias.masked_fill(later, -math.inf)
+        return bias
+
+
+class RMSNormNode(NodeModule):
+    """docs/layers.md's RMS norm of the last axis, in fp32 whatever the precision."""
+
+    def __init__(self, layer: RMSNorm, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.epsilon = layer.epsilon
+        self.scale = nn.Parameter(torch.ones(node.input_shape[-1]))
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0].float()
+        normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.epsilon)
+        return (normed * self.scale).to(inputs[0].dtype)
+
+
+class ClassTokenNode(NodeModule):
+    def __init__(self, layer: ClassToken, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(1, node.input_shape[-1]))
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
+        return torch.cat([self.token.to(x.dtype).expand(x.shape[0], 1, x.shape[2]), x], dim=1)
+
+
+class _BiasOnly(nn.Module):
+    """A tied dense's own parameter: its bias, or none."""
+
+    def __init__(self, units: int, use_bias: bool) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(units)) if use_bias else None
+
+
+class TiedDenseNode(NodeModule):
+    """A dense whose kernel is an embedding's table, transposed (``tie``): the graph module
+    hands it that embedding's node (:meth:`tie`), read at each forward; its own parameter is
+    the bias alone, under the untied dense's name (``linear.bias``)."""
+
+    def __init__(self, layer: Dense, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.linear = _BiasOnly(layer.units, layer.use_bias)
+        # a list, so that the embedding is not registered twice (its table stays one
+        # parameter of the model, under the embedding's name)
+        self.tied: list[EmbeddingNode] = []
+
+    def tie(self, embedding: NodeModule) -> None:
+        assert isinstance(embedding, EmbeddingNode), "a dense ties to an embedding"
+        self.tied[:] = [embedding]
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        # the table [vocab, units] is nn.Linear's weight layout [out, in] already
+        return F.linear(inputs[0], self.tied[0].table.weight, self.linear.bias)
+
+
+def _dense_node(layer: Dense, node: Node, channels_first: bool) -> NodeModule:
+    return (
+        DenseNode(layer, node, channels_first)
+        if node.tied_to is None
+        else TiedDenseNode(layer, node, channels_first)
+    )
+
+
+def _padding_mask(layer: PaddingMask) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda ids: (ids != layer.pad_id).float()
 
 
 class AddNode(NodeModule):
@@ -427,7 +533,7 @@ _ATTENTION: Layout = {
 #: core layer type -> how it runs here, one row each; core's graph resolves blocks, so
 #: Block has no row. The keys are the backend's vocabulary of layers.
 LAYERS: dict[type[Layer], NodeSpec[Any]] = {
-    Dense: NodeSpec(DenseNode, Order.NEUTRAL, _DENSE),  # on the last axis
+    Dense: NodeSpec(_dense_node, Order.NEUTRAL, _DENSE),  # on the last axis; tied: no kernel of its own
     Conv2D: NodeSpec(
         ConvNode, Order.CHANNELS_FIRST, {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)}
     ),
@@ -459,6 +565,9 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     ),
     PositionEmbedding: NodeSpec(PositionEmbeddingNode, Order.NEUTRAL, {"table": ("table", None)}),
     Attention: NodeSpec(AttentionNode, Order.NEUTRAL, _ATTENTION),
+    RMSNorm: NodeSpec(RMSNormNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
+    ClassToken: NodeSpec(ClassTokenNode, Order.NEUTRAL, {"token": ("token", None)}),
+    PaddingMask: NodeSpec(lambda layer, node, first: _Unary(_padding_mask(layer)), Order.NEUTRAL),
     Add: NodeSpec(lambda layer, node, channels_first: AddNode(), Order.EITHER),
     Concat: NodeSpec(ConcatNode, Order.EITHER),  # on the channel axis of either order
 }

@@ -27,7 +27,8 @@ from crosstrain.backends.torch.layers import (
     to_nhwc,
 )
 from crosstrain.core.graph import MODEL_INPUT, Graph
-from crosstrain.core.plan import Plan
+from crosstrain.core.optimizers import decayed_weights
+from crosstrain.core.plan import LossSpec, Plan
 
 
 def _module_key(path: str) -> str:
@@ -114,6 +115,10 @@ class GraphModule(nn.Module):
                 for node, first in zip(graph.nodes, self.layout.channels_first, strict=True)
             }
         )
+        for node in graph.nodes:  # a tied dense reads its embedding's table
+            if node.tied_to is not None:
+                tied = self.nodes[_module_key(node.path)]
+                tied.tie(self.nodes[_module_key(graph.nodes[node.tied_to].path)])  # type: ignore[operator]
 
     def forward(
         self,
@@ -195,49 +200,79 @@ def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- losses
 
 
-def _cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: LossSpec) -> torch.Tensor:
     """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions."""
     classes = outputs.shape[-1]
-    losses = F.cross_entropy(outputs.reshape(-1, classes), targets.reshape(-1), reduction="none")
+    losses = F.cross_entropy(
+        outputs.reshape(-1, classes),
+        targets.reshape(-1),
+        reduction="none",
+        label_smoothing=loss.label_smoothing,
+    )
     if outputs.dim() == 2:  # one position a row: its loss already is the row's (no extra kernel)
         return losses
     return losses.reshape(outputs.shape[0], -1).sum(dim=1)
 
 
-def _mse_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _mse_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: LossSpec) -> torch.Tensor:
     """The mean squared error over each row's outputs."""
     return ((outputs - targets.reshape(outputs.shape)) ** 2).reshape(outputs.shape[0], -1).mean(dim=1)
 
 
+def _binary_cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: LossSpec) -> torch.Tensor:
+    """Each output's sigmoid cross-entropy with its float target, averaged over the row."""
+    each = F.binary_cross_entropy_with_logits(outputs, targets.reshape(outputs.shape), reduction="none")
+    return each.reshape(outputs.shape[0], -1).mean(dim=1)
+
+
 #: core loss name -> loss of each row, in float32
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, LossSpec], torch.Tensor]] = {
     "cross_entropy": _cross_entropy_rows,
     "mse": _mse_rows,
+    "binary_cross_entropy": _binary_cross_entropy_rows,
 }
 
 
-def per_row_loss(name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return LOSSES[name](outputs.float(), targets)
+def per_row_loss(loss: LossSpec, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return LOSSES[loss.name](outputs.float(), targets, loss)
 
 
 def summed_loss(
-    name: str, outputs: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None
+    loss: LossSpec, outputs: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None
 ) -> torch.Tensor:
     """The loss summed over a micro-batch's real rows (``weight``: the row mask; None when
     every row is real). Without padding, cross entropy sums inside its own kernel: a step
     of a small model is bound by the host, and this is one launch and a few calls fewer."""
-    if weight is None and name == "cross_entropy":
+    if weight is None and loss.name == "cross_entropy":
         classes = outputs.shape[-1]
         flat = outputs.float().reshape(-1, classes)
-        return F.cross_entropy(flat, targets.reshape(-1), reduction="sum")
-    per_row = per_row_loss(name, outputs, targets)
+        return F.cross_entropy(
+            flat, targets.reshape(-1), reduction="sum", label_smoothing=loss.label_smoothing
+        )
+    per_row = per_row_loss(loss, outputs, targets)
     return (per_row if weight is None else per_row * weight).sum()
 
 
-def correct_per_row(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def correct_per_row(outputs: torch.Tensor, targets: torch.Tensor, plan: Plan) -> torch.Tensor:
     """How many of each row's target positions the argmax of the logits gets right."""
     hits = outputs.argmax(dim=-1) == targets.reshape(outputs.shape[:-1])
     return hits.reshape(outputs.shape[0], -1).sum(dim=1)
+
+
+def top_k_per_row(outputs: torch.Tensor, targets: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """How many of each row's target positions have fewer than ``plan.top_k`` logits above
+    the target's (a tie counts for the target, as tf.math.in_top_k's)."""
+    logits = outputs.float()
+    target = logits.gather(-1, targets.reshape(outputs.shape[:-1]).unsqueeze(-1))
+    hits = (logits > target).sum(dim=-1) < plan.top_k
+    return hits.reshape(outputs.shape[0], -1).sum(dim=1)
+
+
+#: metric a backend counts -> (the eval sum it adds to, each row's hits)
+METRIC_COUNTS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor, Plan], torch.Tensor]]] = {
+    "accuracy": ("correct", correct_per_row),
+    "top_k_accuracy": ("top_k_correct", top_k_per_row),
+}
 
 
 def neutral_parameters(
@@ -253,6 +288,15 @@ def neutral_parameters(
         for neutral, (native, axes) in _layouts(plan).items()
         if native in params
     }
+
+
+def undecayed_parameters(module: nn.Module, plan: Plan) -> list[nn.Parameter]:
+    """The trainable parameters ``optimizer.decay`` keeps weight decay off (core chooses,
+    by neutral name: crosstrain.core.optimizers.decayed_weights)."""
+    if plan.optimizer.decay == "all":
+        return []
+    decayed = decayed_weights(plan.model.graph().weight_specs(), plan.optimizer.decay)
+    return [param for name, (param, _) in neutral_parameters(module, plan).items() if name not in decayed]
 
 
 def to_neutral(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray:

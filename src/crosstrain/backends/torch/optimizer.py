@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -90,15 +90,25 @@ def make_optimizer(
     fused: bool = False,
     capturable: bool = False,
     loss_scaled: bool = False,
+    undecayed: Collection[torch.nn.Parameter] = (),
 ) -> torch.optim.Optimizer:
     """The plan's optimizer over the trainable parameters (batch norm's running statistics
     are buffers, never optimized); ``fused`` on CUDA under ``train.compile`` or a CUDA
-    graph, ``capturable`` under a CUDA graph; ``loss_scaled``: fp16's scaler steps it."""
+    graph, ``capturable`` under a CUDA graph; ``loss_scaled``: fp16's scaler steps it.
+    ``undecayed`` (``optimizer.decay``): parameters in a group of their own without weight
+    decay; the groups share every other setting, the learning rate tensor included."""
     row = OPTIMIZERS[spec.name]
     if loss_scaled and not row.fused_under_loss_scaling:
         fused = False
     params = list(module.parameters())
-    return row.kind(params, **row.arguments(params, spec, fused, capturable))
+    arguments = row.arguments(params, spec, fused, capturable)
+    skipped = {id(param) for param in undecayed}
+    decayed = [param for param in params if id(param) not in skipped]
+    undecayed_group = [param for param in params if id(param) in skipped]
+    groups: list[dict[str, Any]] = [{"params": decayed}] if decayed else []
+    if undecayed_group:
+        groups.append({"params": undecayed_group, "weight_decay": 0.0})
+    return row.kind(groups, **arguments)
 
 
 def _row_of(optimizer: torch.optim.Optimizer) -> TorchOptimizer:

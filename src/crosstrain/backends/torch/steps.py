@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 
 from crosstrain.backends.torch.graphs import StepGraph
-from crosstrain.backends.torch.model import correct_per_row, per_row_loss, summed_loss
+from crosstrain.backends.torch.model import METRIC_COUNTS, per_row_loss, summed_loss
 from crosstrain.backends.torch.optimizer import grads_finite
 from crosstrain.backends.torch.state import PRECISIONS, TorchState
 from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.plan import CLASS_LOSSES
 
 
 @attrs.frozen
@@ -55,7 +56,7 @@ def train_step(state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
                 outputs = forward(state, state.model, x, weight, rows, step.step)
             # without padding the mask is all ones: the same sum, fewer kernels
             mask = None if micro.weight.all() else weight
-            micro_sum = summed_loss(state.plan.loss.name, outputs, y, mask)
+            micro_sum = summed_loss(state.plan.loss, outputs, y, mask)
             if state.scaler is not None:
                 state.scaler.scale(micro_sum * scale).backward()  # type: ignore[no-untyped-call]
             else:  # backward from d(loss)/d(sum) = scale: no multiply, no seed of ones
@@ -103,7 +104,7 @@ def _update(
     for x, y, weight, rows in micro_batches:
         with autocast(state, cache=False):  # a capture must not keep cached casts
             outputs = forward(state, state.model, x, weight, rows, counter)
-        micro_sum = summed_loss(state.plan.loss.name, outputs, y, weight)
+        micro_sum = summed_loss(state.plan.loss, outputs, y, weight)
         micro_sum.backward(graph.seed)  # type: ignore[no-untyped-call]
         loss_sum = _add_loss(loss_sum, micro_sum)
     assert loss_sum is not None  # a step has at least one micro-batch
@@ -131,23 +132,27 @@ def resolve_metrics(pending: Sequence[Mapping[str, Any]]) -> list[dict[str, floa
 
 
 def eval_step(state: TorchState, batch: Batch) -> dict[str, float]:
-    """The batch's weighted loss sum, correct rows (classification) and target count,
-    summed over the processes."""
+    """The batch's weighted loss sum, its hits of each counted metric (classification) and
+    its target count, summed over the processes."""
     state.set_training(False)
+    plan = state.plan
     x, y, weight, rows = state.feed.tensors(batch)
     with torch.no_grad(), autocast(state):
         # the module, not DDP: no gradient sync is needed
         outputs = forward(state, state.module, x, weight, rows, 0)
     with torch.no_grad():
         weight64 = weight.double()
-        classify = state.plan.loss.name == "cross_entropy"
-        positions = y[0].numel() if classify else 1  # target positions per row
-        sums = [(per_row_loss(state.plan.loss.name, outputs, y).double() * weight64).sum()]
-        if classify:
-            sums.append((correct_per_row(outputs, y).double() * weight64).sum())
+        positions = y[0].numel() if plan.loss.name in CLASS_LOSSES else 1  # target positions per row
+        names = ["loss_sum"]
+        sums = [(per_row_loss(plan.loss, outputs, y).double() * weight64).sum()]
+        for metric in plan.metrics:
+            if metric in METRIC_COUNTS:
+                name, hits = METRIC_COUNTS[metric]
+                names.append(name)
+                sums.append((hits(outputs, y, plan).double() * weight64).sum())
+        names.append("count")
         sums.append(weight64.sum() * positions)
         totals = sum_across(state, torch.stack(sums)).tolist()
-    names = ["loss_sum", "correct", "count"] if len(totals) == 3 else ["loss_sum", "count"]
     return dict(zip(names, totals, strict=True))
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from crosstrain.backends.torch.state import PRECISIONS, TorchState
 from crosstrain.core.data import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError
+from crosstrain.core.optimizers import DECAY_MODES
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import GpuUtilisation
 from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
@@ -80,10 +81,12 @@ class TorchStrategy:
     @classmethod
     def vocabulary(cls) -> Vocabulary:
         from crosstrain.backends.torch.layers import LAYERS
-        from crosstrain.backends.torch.model import LOSSES
+        from crosstrain.backends.torch.model import LOSSES, METRIC_COUNTS
         from crosstrain.backends.torch.optimizer import OPTIMIZERS
 
-        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS)
+        # every decay mode: the optimizer's groups come from core's choice (undecayed_parameters)
+        layers = (layer.type for layer in LAYERS)
+        return Vocabulary.of(layers, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.torch.launch import check_layout
@@ -105,7 +108,7 @@ class TorchStrategy:
         import torch
 
         from crosstrain.backends.torch.graphs import StepGraph, capture_blocker
-        from crosstrain.backends.torch.model import build_module, load_neutral
+        from crosstrain.backends.torch.model import build_module, load_neutral, undecayed_parameters
         from crosstrain.backends.torch.optimizer import make_optimizer
 
         module = build_module(plan)
@@ -128,7 +131,12 @@ class TorchStrategy:
         graphed = capture_blocker(plan, self.device, self.world.process_count) is None
         fused = (plan.train.compile and on_cuda) or graphed
         optimizer = make_optimizer(
-            module, plan.optimizer, fused=fused, capturable=graphed, loss_scaled=scaler is not None
+            module,
+            plan.optimizer,
+            fused=fused,
+            capturable=graphed,
+            loss_scaled=scaler is not None,
+            undecayed=undecayed_parameters(module, plan),
         )
         if plan.train.compile:
             # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
