@@ -253,6 +253,10 @@ def _describe(args: argparse.Namespace, manager: CrosstrainPluginManager, consol
     return 0
 
 
+#: eval metrics a plan may ask for beyond loss and accuracy, shown only when it does
+_LATER_METRICS = ("top_k_accuracy", "perplexity")
+
+
 def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) -> None:
     table = Table(
         title=f"{summary['plan']} on {summary['backend']} x{summary['world_size']}", show_header=False
@@ -263,6 +267,11 @@ def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) ->
         ("train loss", f"{summary['train']['loss']:.4f}"),
         ("eval loss", f"{evaluation['loss']:.4f}" if "loss" in evaluation else "-"),
         ("eval accuracy", f"{evaluation['accuracy']:.4f}" if "accuracy" in evaluation else "-"),
+        *[
+            (f"eval {name.replace('_', ' ')}", f"{evaluation[name]:.4f}")
+            for name in _LATER_METRICS
+            if name in evaluation
+        ],
         ("samples/s", f"{summary['samples_per_second']:.0f}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         *_rank_rows(summary.get("ranks") or []),

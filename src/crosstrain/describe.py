@@ -1,7 +1,8 @@
 """``crosstrain describe PLAN``: the model as a table, without starting any framework.
 
 Keras's ``model.summary()`` for a neutral plan: each node of the graph (blocks expanded,
-one row per repeat's layer) with its output shape and parameters, then the totals and the
+one row per repeat's layer) with its output shape and parameters (a dense tied to an
+embedding counts none for the table it shares), then the totals and the
 forward FLOPs of one row (2 x multiply-adds of dense, convolution and attention; the
 elementwise work is left out, as most summaries do).
 """
@@ -55,10 +56,11 @@ def describe_graph(graph: Graph) -> ModelDescription:
         sizes = {name: math.prod(spec.shape) for name, spec in specs.items()}
         previous = node.index - 1 if node.index > 0 else MODEL_INPUT
         inputs = "" if node.inputs == (previous,) else ", ".join(names[i] for i in node.inputs)
+        tied = "" if node.tied_to is None else f" (tied to {graph.nodes[node.tied_to].path})"
         rows.append(
             LayerRow(
                 name=node.path,
-                type=node.layer.type,
+                type=node.layer.type + tied,
                 inputs=inputs,
                 output_shape=node.output_shape,
                 parameters=sum(sizes.values()),

@@ -368,7 +368,8 @@ def _sample_rows(plan: Plan) -> np.ndarray:
 def evaluation_rows(metrics: Mapping[str, float]) -> list[tuple[str, str]]:
     """(name, value) of the eval metrics, for a table."""
     rows = [("loss", f"{metrics['loss']:.6f}")]
-    if "accuracy" in metrics:
-        rows.append(("accuracy", f"{metrics['accuracy']:.6f}"))
+    for name in ("accuracy", "top_k_accuracy", "perplexity"):
+        if name in metrics:
+            rows.append((name, f"{metrics[name]:.6f}"))
     rows.append(("count", f"{metrics['count']:.0f}"))
     return rows

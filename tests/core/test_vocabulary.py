@@ -49,6 +49,8 @@ def test_missing_names_lists_what_a_backend_lacks() -> None:
         "layers": ["attention"],
         "optimizers": ["adamw"],
         "precisions": ["bf16", "fp16"],
+        "metrics": ["top_k_accuracy"],  # a backend that names no metrics counts accuracy alone
+        "decay": ["kernels"],
     }
 
 

@@ -14,7 +14,7 @@ from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.convert import structure_plan
 from crosstrain.core.data import Batch, StepBatch
 from crosstrain.core.layers import LAYER_TYPES, Block, Layer
-from crosstrain.core.plan import Plan
+from crosstrain.core.plan import LossSpec, Plan
 from crosstrain.core.strategy import World
 from crosstrain.core.vocabulary import CORE_VOCABULARY, missing_names
 from crosstrain.testing.layer_cases import case_plan
@@ -30,6 +30,7 @@ from crosstrain.backends.tf.model import (
     load_neutral,
     neutral_state,
     per_row_loss,
+    top_k_per_row,
 )
 from crosstrain.backends.tf.strategy import TfStrategy, table_vocabulary
 
@@ -342,16 +343,33 @@ def test_cross_entropy_sums_a_row_s_positions_and_counts_its_hits() -> None:
     shifted = logits - logits.max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     expected = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0].sum(1)
-    _close(per_row_loss("cross_entropy", tf.constant(logits), tf.constant(targets)), expected)
+    _close(per_row_loss(LossSpec(), tf.constant(logits), tf.constant(targets)), expected)
+    # label smoothing 0.1: 0.9 on the label's log-probability, 0.1 on the classes' mean
+    picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    smoothed = -(0.9 * picked + 0.1 * log_probs.mean(-1)).sum(1)
+    _close(per_row_loss(LossSpec(label_smoothing=0.1), tf.constant(logits), tf.constant(targets)), smoothed)
+    plan = _plan([5], [{"type": "dense", "units": 5}], top_k=2)
     hits = (logits.argmax(-1) == targets).sum(1)
-    assert np.array_equal(correct_per_row(tf.constant(logits), tf.constant(targets)).numpy(), hits)
+    assert np.array_equal(correct_per_row(tf.constant(logits), tf.constant(targets), plan).numpy(), hits)
+    above = (logits > np.take_along_axis(logits, targets[..., None], -1)).sum(-1)
+    top_2 = top_k_per_row(tf.constant(logits), tf.constant(targets), plan).numpy()
+    assert np.array_equal(top_2, (above < 2).sum(1))
 
 
 def test_mse_averages_a_row_s_outputs() -> None:
     outputs = RNG.normal(size=(3, 2, 2)).astype(np.float32)
     targets = RNG.normal(size=(3, 4)).astype(np.float32)
     expected = ((outputs.reshape(3, 4) - targets) ** 2).mean(1)
-    _close(per_row_loss("mse", tf.constant(outputs), tf.constant(targets)), expected)
+    _close(per_row_loss(LossSpec(name="mse"), tf.constant(outputs), tf.constant(targets)), expected)
+
+
+def test_binary_cross_entropy_averages_each_output_s_sigmoid_loss() -> None:
+    logits = (RNG.normal(size=(3, 4)) * 5).astype(np.float32)
+    targets = RNG.integers(0, 2, size=(3, 4)).astype(np.float32)
+    probability = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    expected = -(targets * np.log(probability) + (1 - targets) * np.log1p(-probability)).mean(1)
+    loss = LossSpec(name="binary_cross_entropy")
+    _close(per_row_loss(loss, tf.constant(logits), tf.constant(targets)), expected)
 
 
 # --------------------------------------------------------------------------- through the strategy

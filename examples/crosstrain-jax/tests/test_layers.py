@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import jax
 import numpy as np
 import pytest
-from crosstrain import Attention, BatchNorm, Dropout, Layer, ModelSpec, Plan
+from crosstrain import Attention, BatchNorm, Dense, Dropout, Layer, ModelSpec, Plan
 from crosstrain import dropout as reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from crosstrain_jax.model import LOSSES, TrainInputs, build_forward, keep_mask
+from crosstrain_jax.model import LOSSES, METRIC_COUNTS, TrainInputs, build_forward, keep_mask
 
 Arrays = dict[str, np.ndarray]
 
@@ -173,21 +174,46 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _loss(name: str, part: str, outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    function = getattr(LOSSES[name], part)
-    return np.asarray(jax.jit(function)(outputs, targets))
+def _loss(name: str, outputs: np.ndarray, targets: np.ndarray, smoothing: float = 0.0
+          ) -> np.ndarray:
+    function = LOSSES[name].row_loss
+    return np.asarray(jax.jit(function, static_argnums=2)(outputs, targets, smoothing))
+
+
+def _hits(metric: str, logits: np.ndarray, targets: np.ndarray, top_k: int = 5) -> np.ndarray:
+    _, function = METRIC_COUNTS[metric]
+    plan = attrs.evolve(_plan((6,), Dense(units=6)), top_k=top_k)
+    return np.asarray(jax.jit(lambda o, t: function(o, t, plan))(logits, targets))
 
 
 def test_cross_entropy_sums_over_a_rows_target_positions() -> None:
     rng = np.random.default_rng(4)
     logits = rng.normal(size=(3, 4, 6)).astype(np.float32)
     targets = rng.integers(0, 6, size=(3, 4)).astype(np.int32)
-    picked = np.take_along_axis(_log_softmax(logits.astype(np.float64)), targets[..., None], -1)
-    np.testing.assert_allclose(_loss("cross_entropy", "row_loss", logits, targets),
-                               -picked[..., 0].sum(axis=1), rtol=1e-6)
+    log_probs = _log_softmax(logits.astype(np.float64))
+    picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(_loss("cross_entropy", logits, targets), -picked.sum(axis=1),
+                               rtol=1e-6)
+    # label smoothing 0.2: 0.8 on the label's log-probability, 0.2 on the classes' mean
+    smoothed = -(0.8 * picked + 0.2 * log_probs.mean(axis=-1)).sum(axis=1)
+    np.testing.assert_allclose(_loss("cross_entropy", logits, targets, 0.2), smoothed, rtol=1e-6)
     hits = (logits.argmax(axis=-1) == targets).sum(axis=1)
-    assert np.array_equal(_loss("cross_entropy", "row_hits", logits, targets), hits)
+    assert np.array_equal(_hits("accuracy", logits, targets), hits)
+    # top 2: fewer than two logits above the target's
+    above = (logits > np.take_along_axis(logits, targets[..., None], -1)).sum(axis=-1)
+    assert np.array_equal(_hits("top_k_accuracy", logits, targets, 2), (above < 2).sum(axis=1))
     assert LOSSES["cross_entropy"].targets_per_row(targets.shape) == 4
+
+
+def test_binary_cross_entropy_is_the_mean_of_each_outputs_sigmoid_loss() -> None:
+    rng = np.random.default_rng(6)
+    logits = (rng.normal(size=(4, 3)) * 5).astype(np.float32)
+    targets = rng.integers(0, 2, size=(4, 3)).astype(np.float32)
+    probability = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    each = -(targets * np.log(probability) + (1 - targets) * np.log1p(-probability))
+    np.testing.assert_allclose(_loss("binary_cross_entropy", logits, targets), each.mean(axis=1),
+                               rtol=1e-5)
+    assert LOSSES["binary_cross_entropy"].targets_per_row((4, 3)) == 1
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (5, 2, 3)])
@@ -195,5 +221,5 @@ def test_mse_is_the_mean_over_a_rows_outputs(shape: Sequence[int]) -> None:
     rng = np.random.default_rng(5)
     outputs, targets = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
     expected = np.square(outputs - targets).reshape(shape[0], -1).mean(axis=1)
-    np.testing.assert_allclose(_loss("mse", "row_loss", outputs, targets), expected, rtol=1e-6)
+    np.testing.assert_allclose(_loss("mse", outputs, targets), expected, rtol=1e-6)
     assert LOSSES["mse"].targets_per_row(tuple(shape)) == 1

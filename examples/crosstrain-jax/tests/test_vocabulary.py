@@ -10,11 +10,11 @@ from pathlib import Path
 
 import crosstrain
 import pytest
-from crosstrain import Attention, PlanError, Vocabulary
+from crosstrain import DECAY_MODES, Attention, PlanError, Vocabulary
 from crosstrain.core.vocabulary import missing_names  # the check's own helper, tested here
 
 from crosstrain_jax import JaxStrategy, model
-from crosstrain_jax.model import LAYERS, LOSSES, PRECISIONS
+from crosstrain_jax.model import LAYERS, LOSSES, METRIC_COUNTS, PRECISIONS
 from crosstrain_jax.optimizer import OPTIMIZERS
 from jaxtest_support import run_cli
 
@@ -22,9 +22,11 @@ from jaxtest_support import run_cli
 def test_the_vocabulary_is_what_the_tables_hold() -> None:
     vocabulary = JaxStrategy.vocabulary()
     assert vocabulary == Vocabulary.of(
-        (layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS)
-    # every core layer type (block is core's structure, not a layer to build), every loss
-    # and optimizer; fp16 would need a loss scaler, which this example leaves out
+        (layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS,
+        DECAY_MODES)
+    # every core layer type (block is core's structure, not a layer to build), every loss,
+    # optimizer, counted metric and decay mode; fp16 would need a loss scaler, which this
+    # example leaves out
     assert missing_names(vocabulary) == {"precisions": ["fp16"]}
 
 

@@ -15,10 +15,14 @@ import pytest
 from crosstrain.testing.plans import (
     DIGITS_MLP_PLAN,
     DROPOUT_MLP_PLAN,
+    GPT2_PLAN,
     GPT_PLAN,
+    LLAMA_PLAN,
+    MULTILABEL_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
     write_images,
+    write_multilabel_data,
     write_tokens,
 )
 
@@ -27,9 +31,13 @@ PLANS = {
     "resnet": RESNET_PLAN,
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
+    "llama": LLAMA_PLAN,  # rotary grouped-query attention, tied output, decay on kernels only
 }
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
+#: plans of one feature each, trained only by the tests that name them (not every backend's
+#: conformance suite): GPT-2's tied output, binary cross-entropy
+FEATURE_PLANS = {"gpt2": GPT2_PLAN, "multilabel": MULTILABEL_PLAN}
 #: the steps of every run a check compares (``train.max_steps``)
 STEPS = 12
 
@@ -56,14 +64,17 @@ def run_cli(
 
 
 def write_plan(directory: Path, name: str) -> Path:
-    """One of :data:`PLANS` in ``directory`` (with its token file for the GPT)."""
+    """One of :data:`PLANS`, :data:`EXAMPLE_PLANS` or :data:`FEATURE_PLANS` in ``directory``
+    (with the data files it reads)."""
     directory.mkdir(parents=True, exist_ok=True)
     if name == "gpt":
         write_tokens(str(directory / "tokens.npy"))
     if name == "scaled_images":
         write_images(str(directory))
+    if name == "multilabel":
+        write_multilabel_data(str(directory / "multilabel.npz"))
     path = directory / f"{name}.toml"
-    path.write_text({**PLANS, **EXAMPLE_PLANS}[name])
+    path.write_text({**PLANS, **EXAMPLE_PLANS, **FEATURE_PLANS}[name])
     return path
 
 
@@ -92,9 +103,9 @@ def train_refused(backend: str, plan: Path, out: Path, *settings: str) -> str:
 
 @attrs.frozen
 class RunKey:
-    """What makes a conformance run of :data:`STEPS` steps: the backend, one of
-    :data:`PLANS`, the replicas, the ``--set`` settings and other ``crosstrain run`` flags (a
-    layout such as ``--workers 2``)."""
+    """What makes a conformance run of :data:`STEPS` steps: the backend, a plan of
+    :data:`PLANS` or :data:`FEATURE_PLANS`, the replicas, the ``--set`` settings and other
+    ``crosstrain run`` flags (a layout such as ``--workers 2``)."""
 
     backend: str
     plan: str
@@ -116,8 +127,8 @@ class RunCache:
     def __call__(
         self, backend: str, plan: str, nproc: int, *settings: str, flags: tuple[str, ...] = ()
     ) -> Path:
-        """The run of ``plan`` (a name in :data:`PLANS`) on ``backend`` at ``nproc`` replicas
-        with ``settings``, launched with ``flags``."""
+        """The run of ``plan`` (a name in :data:`PLANS` or :data:`FEATURE_PLANS`) on
+        ``backend`` at ``nproc`` replicas with ``settings``, launched with ``flags``."""
         key = RunKey(backend, plan, nproc, settings, flags)
         if key not in self.runs:
             directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")

@@ -141,7 +141,7 @@ class NullStrategy(InProcessStrategy):
         return {"loss": LazyLoss(float(step.step + 1))}
 
     def eval_step(self, state: State, batch: Batch) -> dict[str, float]:
-        return {"loss_sum": 0.0, "correct": 0.0, "count": float(batch.weight.sum())}
+        return {"loss_sum": 0.0, "correct": 0.0, "top_k_correct": 0.0, "count": float(batch.weight.sum())}
 
     def state_dict(self, state: State) -> dict[str, np.ndarray]:
         return {name: value.copy() for name, value in state["weights"].items()}
@@ -183,7 +183,8 @@ class MomentumStrategy(InProcessStrategy):
 
     def eval_step(self, state: State, batch: Batch) -> dict[str, float]:
         count = float(batch.weight.sum())
-        return {"loss_sum": float((state["w"] ** 2).sum()) * count, "correct": 0.0, "count": count}
+        loss_sum = float((state["w"] ** 2).sum()) * count
+        return {"loss_sum": loss_sum, "correct": 0.0, "top_k_correct": 0.0, "count": count}
 
     def state_dict(self, state: State) -> dict[str, np.ndarray]:
         return {"w": state["w"].copy()}

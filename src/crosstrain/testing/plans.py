@@ -2,7 +2,8 @@
 
 Each is a TOML text (the plan format of docs/plans.md) small enough to train a few steps in
 seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
-batch norm, and a GPT-style decoder with dropout on token data.
+batch norm, a GPT-style decoder with dropout on token data, a Llama-style and a GPT-2-style
+decoder on the built-in ``python-stdlib`` text, and a multi-label MLP.
 """
 
 DROPOUT_MLP_PLAN = """
@@ -145,6 +146,135 @@ global_batch_size = 16
 epochs = 1
 clip_grad_norm = 1.0
 """
+
+
+#: a Llama-style decoder: RMS norms, rotary grouped-query attention without biases, the
+#: output tied to the token embedding, no decay on norms and embeddings; label smoothing and
+#: the top-5 accuracy. Its MLP is dense + GELU (SwiGLU needs multiply and silu).
+LLAMA_PLAN = """
+name = "tiny_llama"
+seed = 5
+metrics = ["loss", "accuracy", "top_k_accuracy"]
+top_k = 5
+[model]
+input_shape = [32]
+input_dtype = "int32"
+layers = [
+  { type = "embedding", vocab_size = 256, units = 32, name = "tokens" },
+  { type = "block", block = "decoder", repeat = 2 },
+  { type = "rmsnorm" },
+  { type = "dense", units = 256, use_bias = false, tie = "tokens" },
+]
+[model.blocks.decoder]
+layers = [
+  { type = "rmsnorm" },
+  { type = "attention", heads = 4, kv_heads = 2, causal = true, rotary = true, use_bias = false },
+  { type = "add", inputs = ["input", "attention_1"], name = "mid" },
+  { type = "rmsnorm" },
+  { type = "dense", units = 64, use_bias = false },
+  { type = "gelu" },
+  { type = "dense", units = 32, use_bias = false, name = "mlp" },
+  { type = "add", inputs = ["mid", "mlp"] },
+]
+[data]
+source = "python-stdlib"
+sequence_length = 32
+limit = 400
+eval_fraction = 0.1
+[loss]
+name = "cross_entropy"
+label_smoothing = 0.1
+[optimizer]
+name = "adamw"
+lr = 0.003
+weight_decay = 0.1
+decay = "kernels"
+[train]
+global_batch_size = 16
+clip_grad_norm = 1.0
+"""
+
+#: a GPT-2-style decoder: learned positions, layer norms, attention and MLP with biases,
+#: dropout, the output tied to the token embedding (with a bias of its own); perplexity
+GPT2_PLAN = """
+name = "tiny_gpt2"
+seed = 6
+metrics = ["loss", "accuracy", "perplexity"]
+[model]
+input_shape = [32]
+input_dtype = "int32"
+layers = [
+  { type = "embedding", vocab_size = 256, units = 32 },
+  { type = "position_embedding" },
+  { type = "dropout", rate = 0.1 },
+  { type = "block", block = "decoder", repeat = 2 },
+  { type = "layernorm" },
+  { type = "dense", units = 256, tie = "embedding_0" },
+]
+[model.blocks.decoder]
+layers = [
+  { type = "layernorm" },
+  { type = "attention", heads = 4, causal = true, name = "att" },
+  { type = "dropout", rate = 0.1, name = "att_drop" },
+  { type = "add", inputs = ["input", "att_drop"], name = "mid" },
+  { type = "layernorm" },
+  { type = "dense", units = 128, activation = "gelu" },
+  { type = "dense", units = 32, name = "mlp" },
+  { type = "add", inputs = ["mid", "mlp"] },
+]
+[data]
+source = "python-stdlib"
+sequence_length = 32
+limit = 400
+eval_fraction = 0.1
+[optimizer]
+name = "adamw"
+lr = 0.003
+weight_decay = 0.1
+decay = "kernels"
+[train]
+global_batch_size = 16
+clip_grad_norm = 1.0
+"""
+
+#: a multi-label MLP: four yes/no facts about each handwritten digit (written by
+#: :func:`write_multilabel_data`), one sigmoid output each
+MULTILABEL_PLAN = """
+name = "multilabel_mlp"
+seed = 7
+metrics = ["loss"]
+[model]
+input_shape = [64]
+layers = [
+  { type = "dense", units = 32, activation = "relu" },
+  { type = "dense", units = 4 },
+]
+[data]
+source = "npz"
+path = "multilabel.npz"
+[loss]
+name = "binary_cross_entropy"
+[optimizer]
+name = "sgd"
+lr = 0.1
+momentum = 0.9
+weight_decay = 0.01
+decay = "kernels"
+[train]
+global_batch_size = 32
+"""
+
+
+def write_multilabel_data(path: str) -> None:
+    """MULTILABEL_PLAN's data: the 1,797 digits, each with four float labels: even, above 4,
+    a closed loop in the glyph (0, 6, 8, 9), a prime (2, 3, 5, 7)."""
+    import numpy as np
+
+    from crosstrain.core.data import load_digits_arrays
+
+    x, digits = load_digits_arrays()
+    facts = [digits % 2 == 0, digits > 4, np.isin(digits, (0, 6, 8, 9)), np.isin(digits, (2, 3, 5, 7))]
+    np.savez(path, x=x, y=np.stack(facts, axis=1).astype(np.float32))
 
 
 def write_tokens(path: str, count: int = 4000, vocabulary: int = 32, seed: int = 0) -> None:

@@ -83,6 +83,9 @@ def stock_model(plan: Plan, weights: dict[str, np.ndarray]) -> keras.Model:
         for param, attribute in attributes.items():
             if param in node.weight_specs():
                 getattr(layer, attribute).assign(np.asarray(weights[f"{node.path}.{param}"], np.float32))
+        table = graph.tied_table(node)
+        if table is not None:  # a tied dense exports as Keras's Dense holding a copy of the table
+            layer.kernel.assign(np.asarray(weights[table], np.float32).T)
     return model
 
 
