@@ -22,7 +22,7 @@ import numpy as np
 from crosstrain.core.errors import InputError, PlanError, closest_name
 from crosstrain.core.graph import dense_on_image
 from crosstrain.core.mapped import MappedRows, map_npy
-from crosstrain.core.plan import DataSpec, Plan, output_shape
+from crosstrain.core.plan import CLASS_LOSSES, DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
 
@@ -411,7 +411,7 @@ def fit_targets(y: np.ndarray, plan: Plan) -> np.ndarray:
     output's shape; else :class:`TargetMisfit`."""
     shape = output_shape(plan)
     rows = y.shape[0]
-    if plan.loss.name == "cross_entropy":
+    if plan.loss.name in CLASS_LOSSES:
         if not np.issubdtype(y.dtype, np.integer) and not np.all(np.mod(y, 1) == 0):
             raise TargetMisfit("cross_entropy needs integer class labels", "data.y_key")
         target_shape = y.shape[1:] if shape is None else shape[:-1]

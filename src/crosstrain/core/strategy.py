@@ -325,7 +325,8 @@ class DistributedStrategy(Protocol):
 
     def eval_step(self, state: Any, batch: Batch) -> dict[str, float]:
         """Metric sums over the real rows of the whole global batch (all replicas):
-        ``loss_sum``, ``correct`` (classification) and ``count``."""
+        ``loss_sum``, ``count``, and for each metric of the plan the backend counts,
+        ``correct`` (``accuracy``) and ``top_k_correct`` (``top_k_accuracy``)."""
         ...
 
     def all_reduce(self, values: np.ndarray, op: ReduceOp = "sum") -> np.ndarray:
