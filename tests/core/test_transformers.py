@@ -62,6 +62,38 @@ def test_describe_counts_a_tied_table_once(write_plan: Callable[..., Path]) -> N
     assert untied.parameters - description.parameters == 32 * 256
 
 
+GPT2_SMALL = """
+[model]
+input_shape = [1024]
+input_dtype = "int32"
+layers = [
+  { type = "embedding", vocab_size = 50257, units = 768, name = "wte" },
+  { type = "position_embedding" },
+  { type = "block", block = "h", repeat = 12 },
+  { type = "layernorm" },
+  { type = "dense", units = 50257, use_bias = false, tie = "wte" },
+]
+[model.blocks.h]
+layers = [
+  { type = "layernorm" },
+  { type = "attention", heads = 12, causal = true, name = "attn" },
+  { type = "add", inputs = ["input", "attn"], name = "mid" },
+  { type = "layernorm" },
+  { type = "dense", units = 3072, activation = "gelu" },
+  { type = "dense", units = 768, name = "mlp" },
+  { type = "add", inputs = ["mid", "mlp"] },
+]
+"""
+
+
+def test_gpt2_small_with_tied_embeddings_has_hugging_face_s_parameter_count(
+    write_plan: Callable[..., Path],
+) -> None:
+    """GPT2LMHeadModel (vocabulary 50,257): 124,439,808 parameters, wte counted once."""
+    description = describe_graph(load_plan(write_plan(GPT2_SMALL)).model.graph())
+    assert description.parameters == 124_439_808
+
+
 def test_attention_s_weights_and_multiply_adds_follow_its_heads() -> None:
     grouped = Attention(heads=4, kv_heads=1, use_bias=False)
     assert {name: spec.shape for name, spec in grouped.weight_specs((10, 16)).items()} == {
@@ -92,6 +124,40 @@ def test_rotary_tables_turn_the_half_split_pairs() -> None:
     np.testing.assert_array_equal(cos[:, 4:], cos[:, :4])  # each pair's two halves turn alike
     np.testing.assert_allclose(sin[:, 4:], np.sin(angles), rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(sin[0], np.zeros(8))  # position 0 is not turned
+
+
+ENCODER = """
+[model]
+input_shape = [12]
+input_dtype = "int32"
+layers = [
+  { type = "embedding", vocab_size = 50, units = 16, name = "tokens" },
+  { type = "padding_mask", inputs = ["input"], name = "mask" },
+  { type = "block", block = "encoder", repeat = 2, inputs = ["tokens", "mask"] },
+  { type = "dense", units = 3 },
+]
+[model.blocks.encoder]
+layers = [
+  { type = "attention", heads = 2, inputs = ["input", "mask"], name = "att" },
+  { type = "add", inputs = ["input", "att"] },
+  { type = "layernorm" },
+]
+"""
+
+
+def test_a_padding_mask_reaches_every_repeat_of_a_block_as_its_side_input(
+    write_plan: Callable[..., Path],
+) -> None:
+    graph = load_plan(write_plan(ENCODER)).model.graph()
+    by_path = {node.path: node for node in graph.nodes}
+    mask = by_path["mask"].index
+    first, second = by_path["block_2.0.att"], by_path["block_2.1.att"]
+    assert first.inputs == (by_path["tokens"].index, mask)
+    assert second.inputs == (by_path["block_2.0.layernorm_2"].index, mask)  # the repeat before
+    with pytest.raises(PlanError, match=r"layers\[2\]\.inputs: block takes 1 input \(then optionally a side"):
+        load_plan(
+            write_plan(ENCODER.replace('inputs = ["tokens", "mask"]', 'inputs = ["tokens", "mask", "mask"]'))
+        )
 
 
 def test_rmsnorm_and_the_class_token_shapes_and_weights() -> None:

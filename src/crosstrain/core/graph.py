@@ -120,10 +120,16 @@ class _Builder:
         return PlanError(message, field=field, source=self.source)
 
     def run_list(
-        self, layers: Sequence[Layer], list_input: int, place: _ListPlace, stack: tuple[str, ...]
+        self,
+        layers: Sequence[Layer],
+        list_input: int,
+        place: _ListPlace,
+        stack: tuple[str, ...],
+        side: Mapping[str, int] | None = None,
     ) -> int:
-        """Add the list's nodes; return the node holding the list's output."""
-        named: dict[str, int] = {INPUT_NAME: list_input}
+        """Add the list's nodes; return the node holding the list's output. ``side``: a
+        block's side inputs, by the names its layers read them under."""
+        named: dict[str, int] = {INPUT_NAME: list_input, **(side or {})}
         shifted: dict[str, str] = {}  # default names that count added activations -> field
         previous = list_input
         for position, entry in enumerate(expand_activations(layers, place.field)):
@@ -133,7 +139,10 @@ class _Builder:
                 raise self.error(f"the name {name!r} is used twice in this list", f"{field}.name")
             inputs = self._resolve_inputs(entry.layer, named, shifted, previous, field)
             if isinstance(entry.layer, Block):
-                previous = self._run_block(entry.layer, name, inputs[0], place, position, field, stack)
+                side = (
+                    dict(zip(entry.layer.inputs[1:], inputs[1:], strict=True)) if entry.layer.inputs else {}
+                )
+                previous = self._run_block(entry.layer, name, inputs[0], place, position, field, stack, side)
             else:
                 tied_to = self._resolve_tie(entry.layer, named, field)
                 previous = self._add_node(entry.layer, name, inputs, place, position, field, tied_to)
@@ -252,7 +261,10 @@ class _Builder:
         position: int,
         field: str,
         stack: tuple[str, ...],
+        side: Mapping[str, int],
     ) -> int:
+        """Each repeat reads the one before (its ``"input"``); the side inputs, every repeat
+        the same, under their names in the block layer's ``inputs``."""
         if layer.block not in self.blocks:
             known = ", ".join(sorted(self.blocks)) or "none defined"
             raise self.error(f"no block {layer.block!r} in model.blocks ({known})", f"{field}.block")
@@ -265,7 +277,7 @@ class _Builder:
                 path=f"{place.path}{name}.{repeat}.",
                 seed_path=(*place.seed_path, position, repeat),
             )
-            output = self.run_list(self.blocks[layer.block], output, inner, (*stack, layer.block))
+            output = self.run_list(self.blocks[layer.block], output, inner, (*stack, layer.block), side)
         return output
 
 

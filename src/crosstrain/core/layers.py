@@ -577,9 +577,11 @@ class Concat(Layer):
 
 @attrs.frozen
 class Block(Layer):
-    """Runs ``model.blocks.NAME`` ``repeat`` times in sequence, each repeat with its own weights."""
+    """Runs ``model.blocks.NAME`` ``repeat`` times in sequence, each repeat with its own weights.
+    A second input (a padding mask) is a side input: every repeat's layers read it by its name."""
 
     type: ClassVar[str] = "block"
+    optional_inputs: ClassVar[tuple[str, ...]] = ("a side input its layers read by name",)
     block: str = attrs.field()
     repeat: int = attrs.field(default=1, validator=_positive)
 
