@@ -45,6 +45,9 @@ def test_the_examples_agree_for_30_steps_at_two_replicas(
     assert result.returncode == 0, result.stdout + result.stderr
     assert "verdict: AGREE" in result.stdout and "max rel. step-loss" in result.stdout
     listed = json.loads((tmp_path / "compare.json").read_text())["runs"]
-    assert listed == [{"backend": "torch", "folder": "torch"}, {"backend": "tf", "folder": "tf"}]
+    assert listed == [
+        {"backend": "torch", "folder": "torch", "role": "reference", "seed": 0},
+        {"backend": "tf", "folder": "tf", "role": "candidate", "seed": 0},
+    ]
     labels = [line.get_label() for line in build_figure([tmp_path]).axes[0].get_lines()]
     assert labels == [f"{tmp_path.name}/torch", f"{tmp_path.name}/tf"]
