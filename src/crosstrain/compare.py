@@ -388,6 +388,12 @@ def _drift_text(comparisons: Sequence[Comparison]) -> str:
     )
 
 
+def _within_text(tolerance: float, horizon: int) -> str:
+    if horizon == 0:
+        return f"beyond {tolerance:g} from step 1"
+    return f"every step within {tolerance:g} up to step {horizon}"
+
+
 def judge(
     comparisons: Sequence[Comparison],
     spreads: Sequence[MetricSpread],
@@ -409,15 +415,16 @@ def judge(
         return Verdict("DIFFERENT", kinds, "verdict: DIFFERENT (likely a bug): " + "; ".join(reasons))
     if "DRIFTED" in kinds.values():
         line = (
-            f"verdict: DRIFTED after step {horizon} ({_drift_text(comparisons)}); "
+            f"verdict: DRIFTED {'after step ' + str(horizon) if horizon else 'from step 1'} "
+            f"({_drift_text(comparisons)}); "
             f"no seed spread to judge it by: --seeds 3 tells EQUIVALENT from DIFFERENT"
         )
         return Verdict("DRIFTED", kinds, line)
     if "EQUIVALENT" in kinds.values():
         numbers = [text for kind, found in judged.values() if kind == "EQUIVALENT" for text in found]
         line = (
-            f"verdict: EQUIVALENT: every step within {tolerance:g} up to step {horizon} "
-            f"({_drift_text(comparisons)}), then within the seed spread: " + "; ".join(numbers)
+            f"verdict: EQUIVALENT: {_within_text(tolerance, horizon)} ({_drift_text(comparisons)}), "
+            f"then within the seed spread: " + "; ".join(numbers)
         )
         return Verdict("EQUIVALENT", kinds, line)
     steps = comparisons[0].steps
