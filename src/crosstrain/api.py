@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+import sys
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +14,17 @@ import attrs
 from crosstrain.core.admission import admit, owns_run_folder
 from crosstrain.core.cluster import Cluster, default_replicas
 from crosstrain.core.convert import structure_plan, unstructure_plan
-from crosstrain.core.errors import NonFiniteLossError
+from crosstrain.core.errors import InputError, NonFiniteLossError, RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
 from crosstrain.core.planfile import apply_override, load_plan
-from crosstrain.core.runfolder import open_run_folder, write_run_plan
+from crosstrain.core.runfolder import (
+    PLAN_FILE,
+    PlanChange,
+    continued_plan,
+    open_run_folder,
+    read_run_plan,
+    write_run_plan,
+)
 from crosstrain.core.strategy import (
     DeviceChoice,
     Job,
@@ -37,6 +46,70 @@ def prepare_plan(plan: Plan | str | Path, overrides: Iterable[str] = ()) -> Plan
         plan = structure_plan(raw, source=plan.source)
     validate_plan(plan)
     return plan
+
+
+def say_on_stderr(line: str) -> None:
+    """A note (a damaged checkpoint skipped, a schedule following a new length): one line."""
+    print(f"crosstrain: {line}", file=sys.stderr, flush=True)
+
+
+def plan_to_resume(
+    plan: Plan | str | Path | None, overrides: Iterable[str], out: str | Path | None
+) -> tuple[Plan, list[str]]:
+    """The plan a resumed run continues with (its run folder's ``plan.json``, overrides
+    included, changed only where the user says and where a run may change:
+    :func:`~crosstrain.core.runfolder.continued_plan`), and the notes to show. ``plan``:
+    the plan file given on the command line, if any; ``out``: the run folder (default: the
+    plan file's ``output.dir``)."""
+    overrides = list(overrides)
+    requested = prepare_plan(plan, overrides) if plan is not None else None
+    folder = out if out is not None else (requested.output.dir if requested is not None else None)
+    if folder is None:
+        raise InputError("--resume needs --out DIR, the folder of the run to continue")
+    run_dir = Path(folder)
+    if not run_dir.is_dir():
+        raise RunFolderError(f"--resume: no run folder {run_dir}")
+    if requested is not None and not (run_dir / PLAN_FILE).is_file():
+        return requested, []  # a folder written before runs kept plan.json: the checkpoint's hash guards it
+    if requested is None:
+        requested = prepare_plan(read_run_plan(run_dir), overrides)
+    continued, changes = continued_plan(run_dir, requested, _stated_fields(plan, overrides))
+    return continued, _length_notes(continued, changes)
+
+
+def _stated_fields(plan: Plan | str | Path | None, overrides: Iterable[str]) -> list[str] | None:
+    """The fields the user gives now: each ``--set`` field, and a TOML plan file's keys;
+    None: every field (a Python plan or a Plan object states them all)."""
+    given = [override.partition("=")[0].strip() for override in overrides]
+    if plan is None:
+        return given
+    if isinstance(plan, Plan) or Path(plan).suffix != ".toml":
+        return None
+    with Path(plan).open("rb") as handle:
+        raw = tomllib.load(handle)  # load_plan read it already: it parses
+    return [*_table_fields(raw), *given]
+
+
+def _table_fields(raw: Mapping[str, Any], prefix: str = "") -> list[str]:
+    fields: list[str] = []
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            fields += _table_fields(value, f"{prefix}{key}.")
+        else:
+            fields.append(f"{prefix}{key}")
+    return fields
+
+
+def _length_notes(plan: Plan, changes: list[PlanChange]) -> list[str]:
+    """A cosine schedule's curve depends on the run's length: say that a new length bends
+    it from the checkpoint on."""
+    lengths = [str(change) for change in changes if change.field in ("train.epochs", "train.max_steps")]
+    if not lengths or plan.schedule.name != "cosine":
+        return []
+    return [
+        f"schedule.name = 'cosine' depends on the run's length: after the checkpoint the "
+        f"learning rate follows the curve of the new length ({'; '.join(lengths)})"
+    ]
 
 
 def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
@@ -64,6 +137,9 @@ class LaunchOptions:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = ""
+    #: start a new run from these weights: a run folder, one of its checkpoints, or a
+    #: .safetensors file under neutral names (``--init-from``)
+    init_from: str | Path | None = None
 
 
 def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None) -> Job:
@@ -85,6 +161,7 @@ def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None)
         plugins=options.plugins,
         timeout_seconds=options.timeout_seconds,
         resume=options.resume,
+        init_from=None if options.init_from is None else str(Path(options.init_from).resolve()),
         max_restarts=options.max_restarts,
         nnodes=options.nnodes,
         node_rank=options.node_rank,
@@ -94,19 +171,23 @@ def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None)
 
 
 def run_job(
-    job: Job, manager: CrosstrainPluginManager | None = None, overwrite: bool = False
+    job: Job,
+    manager: CrosstrainPluginManager | None = None,
+    overwrite: bool = False,
+    say: Callable[[str], None] = say_on_stderr,
 ) -> dict[str, Any]:
     """Admit the job (:func:`crosstrain.core.admission.admit`: nothing is written before
-    it passes), create (or check, or clear) the run folder and hold its lock, launch;
-    return rank 0's summary. A run that met a non-finite loss raises
+    it passes; its notes go to ``say``), create (or check, or clear) the run folder and
+    hold its lock, launch; return rank 0's summary. A run that met a non-finite loss raises
     :class:`NonFiniteLossError` once its summary is written."""
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
     cluster = detect_environment()
-    admit(job, strategy, cluster, overwrite=overwrite)
+    job = admit(job, strategy, cluster, overwrite=overwrite, say=say)
     if owns_run_folder(job, cluster):
         with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
-            write_run_plan(Path(job.out_dir), job.plan)  # what evaluate, predict and export read
+            # what evaluate, predict, export and a later --resume read
+            write_run_plan(Path(job.out_dir), job.plan, job.init_from)
             summary = dict(strategy.launch(job).summary)
     else:
         Path(job.out_dir).mkdir(parents=True, exist_ok=True)  # rank 0's machine minds its contents
@@ -121,7 +202,7 @@ def run_job(
 
 
 def fit(
-    plan: Plan | str | Path,
+    plan: Plan | str | Path | None,
     backend: str = "torch",
     nproc: int | None = None,
     *,
@@ -138,13 +219,24 @@ def fit(
     nnodes: int = 1,
     node_rank: int = 0,
     rdzv_endpoint: str = "",
+    init_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train ``plan`` on ``backend`` with ``nproc`` replicas (default: one per machine, or
     what an outside launcher started); return the run's summary. ``nnodes``, ``node_rank``
     and ``rdzv_endpoint`` spread them over machines, as the CLI's flags do.
-    ``resume`` continues ``out``'s last checkpoint; ``overwrite`` replaces an earlier run
-    there; ``max_restarts`` restarts a failed worker group from its last checkpoint."""
-    prepared = prepare_plan(plan, overrides)
+    ``resume`` continues the run in ``out`` from its newest intact checkpoint, with the plan
+    it was started with (``plan`` may be None; ``overrides`` may change its output and
+    length); ``overwrite`` replaces an earlier run there; ``max_restarts`` restarts a failed
+    worker group from its last checkpoint; ``init_from`` starts a new run from another
+    run's weights (a run folder, a checkpoint folder or a .safetensors file)."""
+    if resume:
+        prepared, notes = plan_to_resume(plan, overrides, out)
+        for note in notes:
+            say_on_stderr(note)
+    elif plan is None:
+        raise InputError("fit: a plan is needed (only resume=True reads the run folder's own)")
+    else:
+        prepared = prepare_plan(plan, overrides)
     manager = make_plugin_manager(plugins)
     get_backend(manager, backend)  # fail on an unknown backend before writing anything
     launch_options = LaunchOptions(
@@ -161,6 +253,7 @@ def fit(
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
+        init_from=init_from,
     )
     job = make_job(prepared, launch_options)
     return run_job(job, manager, overwrite)

@@ -13,7 +13,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from crosstrain.api import LaunchOptions, make_job, prepare_plan, run_job
+from crosstrain.api import (
+    LaunchOptions,
+    make_job,
+    plan_to_resume,
+    prepare_plan,
+    run_job,
+    say_on_stderr,
+)
 from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, WorkerError
 from crosstrain.launch import interrupts_raise
 from crosstrain.launch.process import exit_now
@@ -38,6 +45,7 @@ _RUN_ARGUMENTS = {
     "plugins",
     "timeout",
     "resume",
+    "init_from",
     "overwrite",
     "max_restarts",
     "nnodes",
@@ -56,8 +64,15 @@ def _plugin_args(argv: Sequence[str]) -> list[str]:
     return list(known.plugins)
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = True) -> None:
-    parser.add_argument("plan", help="plan file (.toml or .py)")
+def _add_run_arguments(
+    parser: argparse.ArgumentParser, with_backend: bool = True, plan_required: bool = True
+) -> None:
+    if plan_required:
+        parser.add_argument("plan", help="plan file (.toml or .py)")
+    else:  # run --resume reads the run folder's own plan
+        parser.add_argument(
+            "plan", nargs="?", default=None, help="plan file (.toml or .py); with --resume, optional"
+        )
     if with_backend:
         parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
     parser.add_argument(
@@ -89,7 +104,17 @@ def _add_run_arguments(parser: argparse.ArgumentParser, with_backend: bool = Tru
 
 def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--resume", action="store_true", help="continue the run folder's last complete checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest intact checkpoint, with its own plan "
+        "(plan.json); --set may change the output section, train.epochs and train.max_steps",
+    )
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        metavar="PATH",
+        help="start a new run from another run's weights: RUN_DIR, RUN_DIR/checkpoints/step-N "
+        "or a .safetensors file (the optimizer starts fresh)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run in the run folder")
     parser.add_argument(
@@ -127,7 +152,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train a plan")
-    _add_run_arguments(run)
+    _add_run_arguments(run, plan_required=False)
     _add_run_folder_arguments(run)
     _add_node_arguments(run)
     manager.hook.crosstrain_addoption(parser=run)
@@ -186,7 +211,17 @@ def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
-    plan = prepare_plan(args.plan, args.overrides)
+    if args.resume:
+        plan, notes = plan_to_resume(args.plan, args.overrides, args.out)
+        for note in notes:
+            say_on_stderr(note)
+    elif args.plan is None:
+        raise InputError(
+            "run: no plan file; crosstrain run PLAN starts a run, crosstrain run --out DIR --resume "
+            "continues the one in DIR"
+        )
+    else:
+        plan = prepare_plan(args.plan, args.overrides)
     get_backend(manager, args.backend)
     options = LaunchOptions(
         backend=args.backend,
@@ -198,6 +233,7 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
         plugins=selection_from_args(args.plugins),
         timeout_seconds=args.timeout,
         resume=args.resume,
+        init_from=args.init_from,
         max_restarts=args.max_restarts,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
@@ -358,10 +394,18 @@ def _add_inference_commands(commands: Any) -> None:
     evaluate = commands.add_parser(
         "evaluate",
         help="the eval metrics of a run's model on any backend",
-        description=f"Eval loss, accuracy and count over the plan's eval set; {_IN_PROCESS}.",
+        description="Eval loss, accuracy and count over the plan's eval set, or over --data and "
+        f"--labels; {_IN_PROCESS}.",
     )
     _add_model_arguments(evaluate)
     _add_backend_arguments(evaluate)
+    evaluate.add_argument(
+        "--data",
+        default=None,
+        metavar="X.npy",
+        help="rows to evaluate on instead (raw, scaled as in training)",
+    )
+    evaluate.add_argument("--labels", default=None, metavar="Y.npy", help="their labels (or targets)")
     evaluate.add_argument("--json", action="store_true", help="print JSON instead of a table")
     evaluate.set_defaults(handler=_evaluate)
     predict = commands.add_parser(
@@ -389,12 +433,15 @@ def _add_inference_commands(commands: Any) -> None:
 def _evaluate(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     from crosstrain.inference import evaluate_run, evaluation_rows
 
-    result = evaluate_run(args.run, args.backend, args.checkpoint, args.device, manager)
+    result = evaluate_run(
+        args.run, args.backend, args.checkpoint, args.device, manager, args.data, args.labels
+    )
     if args.json:
         print(json.dumps(result, indent=2), flush=True)
         return 0
     table = Table(title=f"{result['run']} on {result['backend']}", show_header=False)
-    for name, value in [*evaluation_rows(result["eval"]), ("weights", result["weights"])]:
+    given = [(name, result[name]) for name in ("data", "labels") if name in result]
+    for name, value in [*evaluation_rows(result["eval"]), ("weights", result["weights"]), *given]:
         table.add_row(name, Text(value))
     console.print(table)
     return 0

@@ -19,16 +19,22 @@ from typing import Any, Literal
 
 import attrs
 import numpy as np
-from safetensors import safe_open
 
-from crosstrain.core.checkpoint import MODEL_FILE, complete_checkpoints, load_checkpoint, step_folder
-from crosstrain.core.data import load_datasets
+from crosstrain.core.checkpoint import (
+    MODEL_FILE,
+    complete_checkpoints,
+    file_metadata,
+    load_checkpoint,
+    step_folder,
+)
+from crosstrain.core.data import ArrayDataset, TargetMisfit, fit_targets, load_datasets
 from crosstrain.core.errors import BackendError, InputError
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_run_plan, run_plan_source
+from crosstrain.core.scaling import ScaledRows
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
@@ -66,9 +72,8 @@ def open_run(run: str | Path, checkpoint: str | None = None) -> TrainedModel:
     if plan.model.native is not None:
         _import_beside(run_plan_source(run_dir))
     path = _weights_file(run_dir, checkpoint)
-    with safe_open(str(path), "np") as handle:
-        trained_on = (handle.metadata() or {}).get("backend", "")
-    return TrainedModel(run_dir, plan, dict(load_checkpoint(path)), path, trained_on)
+    weights = load_checkpoint(path)  # a damaged file is one line naming it
+    return TrainedModel(run_dir, plan, weights, path, file_metadata(path).get("backend", ""))
 
 
 def _import_beside(source: Path | None) -> None:
@@ -147,24 +152,60 @@ def evaluate_run(
     checkpoint: str | None = None,
     device: LocalDevice = "cpu",
     manager: CrosstrainPluginManager | None = None,
+    data: str | Path | None = None,
+    labels: str | Path | None = None,
 ) -> dict[str, Any]:
     """The eval metrics (loss, accuracy where the plan has it, count) of the run's model
-    over the plan's eval set, exactly as training computes them, on any backend."""
+    over the plan's eval set, exactly as training computes them, on any backend; or over
+    the rows of ``data`` (raw, scaled as in training) and ``labels`` (.npy files) instead."""
+    if (data is None) != (labels is None):
+        given, missing = ("--data", "--labels") if labels is None else ("--labels", "--data")
+        raise InputError(f"{given} needs {missing}: evaluate reads rows and their labels together")
     model = open_run(run, checkpoint)
     strategy_class = backend_for(model, backend, manager or make_plugin_manager())
-    datasets = load_datasets(model.plan)
-    if datasets.eval is None:
-        raise InputError(f"{model.run_dir}: the plan has no eval set (data.eval_fraction = 0, no eval path)")
+    dataset = _eval_set(model, data, labels)
     strategy = local_strategy(strategy_class, device)
     state = build_trained(strategy, model)
-    metrics = evaluate(strategy, state, datasets.eval, model.plan)
-    return {
+    metrics = evaluate(strategy, state, dataset, model.plan)
+    result = {
         "run": str(model.run_dir),
         "weights": str(model.weights_file),
         "trained_on": model.trained_on,
         "backend": strategy.name,
         "eval": metrics,
     }
+    if data is not None:
+        result["data"], result["labels"] = str(data), str(labels)
+    return result
+
+
+def _eval_set(model: TrainedModel, data: str | Path | None, labels: str | Path | None) -> ArrayDataset:
+    """The rows of ``data`` with ``labels``, else the plan's eval set."""
+    if data is not None and labels is not None:
+        x = read_rows(data, model.plan)
+        return ArrayDataset(x, read_labels(labels, len(x), data, model.plan))
+    datasets = load_datasets(model.plan)
+    if datasets.eval is None:
+        raise InputError(
+            f"{model.run_dir}: the plan has no eval set (data.eval_fraction = 0, no eval path); "
+            "give --data X.npy --labels Y.npy"
+        )
+    return datasets.eval
+
+
+def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np.ndarray:
+    """The targets of ``rows`` rows from a ``.npy`` file, checked against the model's
+    output as training checks its data's."""
+    labels = np.asarray(_open_npy(Path(path), "--labels"))
+    if labels.ndim == 0 or len(labels) != rows:
+        count = len(labels) if labels.ndim else 0
+        raise InputError(f"--labels {path}: {count} rows, but --data {data} has {rows}")
+    if labels.dtype.kind not in "iuf":
+        raise InputError(f"--labels {path}: dtype {labels.dtype} is not a number type")
+    try:
+        return fit_targets(labels, plan)
+    except TargetMisfit as misfit:
+        raise InputError(f"--labels {path}: {misfit} (array {list(labels.shape)})") from None
 
 
 # --------------------------------------------------------------------------- predict
@@ -174,15 +215,7 @@ def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
     """Rows from a ``.npy`` file, checked against the model's input and scaled as in
     training (``data.scale``/``mean``/``std``): float32, or int32 token ids."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"--data {path}: no such file")
-    with path.open("rb") as handle:
-        if handle.read(6) != b"\x93NUMPY":
-            raise InputError(f"--data {path}: not a .npy file (write it with numpy.save)")
-    try:
-        raw = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise InputError(f"--data {path}: not a .npy array ({error})") from None
+    raw = _open_npy(path, "--data")
     shape = tuple(plan.model.input_shape)
     # as in training: rows of the input's shape, or of its size (flat rows are reshaped)
     if raw.ndim < 2 or (raw.shape[1:] != shape and int(np.prod(raw.shape[1:])) != int(np.prod(shape))):
@@ -202,6 +235,20 @@ def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
         _check_token_ids(path, rows, plan)
         return rows.astype(np.int32)
     return plan.data.scaling.apply(rows)
+
+
+def _open_npy(path: Path, flag: str) -> np.ndarray:
+    """A ``.npy`` file, memory-mapped; refused in one line naming ``flag`` and the file."""
+    if not path.is_file():
+        raise InputError(f"{flag} {path}: no such file")
+    with path.open("rb") as handle:
+        if handle.read(6) != b"\x93NUMPY":
+            raise InputError(f"{flag} {path}: not a .npy file (write it with numpy.save)")
+    try:
+        array: np.ndarray = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise InputError(f"{flag} {path}: not a .npy array ({error})") from None
+    return array
 
 
 def _check_token_ids(path: Path, rows: np.ndarray, plan: Plan) -> None:
@@ -278,7 +325,8 @@ def export_run(
     """Files that ``format_name``'s framework loads without crosstrain (``torch``: an
     ExportedProgram and a state_dict; ``keras``: a ``.keras`` model), written under ``out``
     (default: ``RUN/export-FORMAT``), checked against crosstrain's own outputs. The model
-    is exported in float32, whatever precision it trained in."""
+    is exported in float32, whatever precision it trained in, and takes the raw rows
+    ``predict`` takes: it applies the plan's input scaling itself."""
     manager = manager or make_plugin_manager()
     formats = export_formats(manager)
     if format_name not in formats:
@@ -308,11 +356,13 @@ def _float32(plan: Plan) -> Plan:
 
 
 def _sample_rows(plan: Plan) -> np.ndarray:
-    """A few rows of the plan's data, scaled as the model sees them."""
+    """A few rows of the plan's data as ``predict`` reads them: raw, before the plan's
+    input scaling (an export applies it itself)."""
     datasets = load_datasets(plan)
     rows = datasets.eval if datasets.eval is not None else datasets.train
     count = min(EXPORT_CHECK_ROWS, len(rows))
-    return np.asarray(rows.x[np.arange(count)])
+    x = rows.x.raw if isinstance(rows.x, ScaledRows) else rows.x
+    return np.asarray(x[np.arange(count)])
 
 
 def evaluation_rows(metrics: Mapping[str, float]) -> list[tuple[str, str]]:

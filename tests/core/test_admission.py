@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from crosstrain.core.admission import admit
+from crosstrain.core.checkpoint import LoopState, plan_hash, write_checkpoint
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError, RunFolderError
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import FrameworkStatus, Job
@@ -93,6 +95,7 @@ def test_a_job_that_fits_is_admitted_and_nothing_is_written(
         (NullStrategy(), (), {"nnodes": 2, "timeout_seconds": 0.0}, InputError, "--nnodes 2 needs"),
         # 3, the numbers, before 4, the plan against the world
         (NullStrategy(), (), {"replicas": 3, "timeout_seconds": 0.0}, InputError, "--timeout 0: must be"),
+        (NullStrategy(), (), {"replicas": 3, "resume": True, "init_from": "FILE"}, InputError, "exclude"),
         # 4, the world, before 6, the backend's tables
         (WithoutRelu(), (), {"replicas": 3}, PlanError, r"32 is not divisible by replicas \(3\)"),
         # 5, the data, before 6, the backend's tables
@@ -109,8 +112,8 @@ def test_a_job_that_fits_is_admitted_and_nothing_is_written(
         ),
         # 8, the capabilities, before 9, the output folder
         (NullStrategy(), (), {"max_restarts": 1, "out_dir": "FILE"}, BackendError, "cannot restart"),
-        # 9, the output folder, before 10, the resumed run
-        (NullStrategy(), (), {"resume": True, "out_dir": "FILE"}, InputError, "is a file, not a folder"),
+        # 9, the output folder, before 10, the weights to start from
+        (NullStrategy(), (), {"init_from": "FILE", "out_dir": "FILE"}, InputError, "is a file, not a folder"),
     ],
 )
 def test_of_two_problems_the_earlier_step_is_reported(
@@ -124,8 +127,7 @@ def test_of_two_problems_the_earlier_step_is_reported(
 ) -> None:
     file = tmp_path / "file"
     file.write_text("not a folder")
-    if fields.get("out_dir") == "FILE":
-        fields = {**fields, "out_dir": str(file)}
+    fields = {key: str(file) if value == "FILE" else value for key, value in fields.items()}
     with pytest.raises(error, match=message):
         admit(make_job(*settings, **fields), strategy)
     assert not (tmp_path / "run").exists()
@@ -152,11 +154,43 @@ def test_a_resumed_run_needs_its_folder_and_a_checkpoint_of_this_plan(
         admit(job, NullStrategy())
     with pytest.raises(RunFolderError, match="--resume and --overwrite exclude each other"):
         admit(job, NullStrategy(), overwrite=True)
-    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000010"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "state.json").write_text(json.dumps({"plan_hash": "another plan's"}))
+    state = LoopState(step=10, epoch=0, step_in_epoch=10, backend="null", plan_hash="another plan's")
+    write_checkpoint(tmp_path / "run", state, {}, {})
     with pytest.raises(CheckpointError, match="written by another plan"):
         admit(job, NullStrategy())
+    mine = attrs.evolve(state, plan_hash=plan_hash(job.plan))
+    write_checkpoint(tmp_path / "run", mine, {}, {})
+    admitted = admit(job, NullStrategy())  # the checkpoint the workers read, chosen once
+    assert admitted.resume_from == str(tmp_path / "run" / "checkpoints" / "step-00000010")
+    finished = attrs.evolve(mine, step=45, step_in_epoch=0, epoch=1)  # the plan's 45 steps, done
+    write_checkpoint(tmp_path / "run", finished, {}, {})
+    with pytest.raises(InputError, match=r"the run already ended at step 45 .* --set train\.epochs=N"):
+        admit(job, NullStrategy())
+
+
+def test_a_new_run_starts_only_from_weights_that_fit_its_model(
+    make_job: Callable[..., Job], tmp_path: Path
+) -> None:
+    """--init-from: a run folder's final weights, name by name and shape by shape against
+    the plan's model; the first that does not fit is named."""
+    source = tmp_path / "source"
+    source.mkdir()
+    weights = make_job().plan.model.graph().init_weights(0)
+    save_file(weights, str(source / "model.safetensors"))
+    admitted = admit(make_job(init_from=str(source)), NullStrategy())
+    assert admitted.init_from == str(source / "model.safetensors")
+    narrow = make_job("model.layers=[{type='dense', units=16}, {type='relu'}, {type='dense', units=10}]")
+    with pytest.raises(
+        InputError, match=r"weight 'dense_0.kernel' has shape \[64, 32\], the plan's model needs \[64, 16\]"
+    ):
+        admit(attrs.evolve(narrow, init_from=str(source)), NullStrategy())
+    save_file({"other": np.zeros(3, np.float32)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(InputError, match=r"has no weight 'dense_0\.kernel'"):
+        admit(make_job(init_from=str(tmp_path / "other.safetensors")), NullStrategy())
+    (tmp_path / "cut.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:50])
+    with pytest.raises(CheckpointError, match=r"cut\.safetensors: cannot be read as safetensors"):
+        admit(make_job(init_from=str(tmp_path / "cut.safetensors")), NullStrategy())
+    assert not (tmp_path / "run").exists()
 
 
 def test_under_an_outside_launcher_the_flags_meet_its_processes(make_job: Callable[..., Job]) -> None:

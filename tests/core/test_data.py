@@ -136,3 +136,82 @@ def test_bad_data_files_are_refused_at_load_naming_the_file(
     plan = load_plan(write_plan(), ["data.source='npz'", f"data.path='{tmp_path / 'bad.npz'}'"])
     with pytest.raises(PlanError, match=message):
         load_datasets(plan)
+
+
+@pytest.fixture
+def mnist_like(tmp_path: Path) -> Path:
+    """An .npz laid out as Keras's mnist.npz: uint8 images, train and test arrays in one file."""
+    rng = np.random.default_rng(5)
+    path = tmp_path / "mnist.npz"
+    np.savez(
+        path,
+        x_train=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8),
+        y_train=rng.integers(0, 10, 60),
+        x_test=rng.integers(0, 256, (24, 8, 8), dtype=np.uint8),
+        y_test=rng.integers(0, 10, 24),
+    )
+    return path
+
+
+def _mnist_plan(path: Path, *overrides: str) -> list[str]:
+    return [
+        "model.input_shape=[8, 8, 1]",
+        "model.layers=[{type='flatten'}, {type='dense', units=10}]",
+        "data.source='npz'",
+        f"data.path='{path}'",
+        "data.x_key='x_train'",
+        "data.y_key='y_train'",
+        *overrides,
+    ]
+
+
+def test_the_eval_set_is_read_from_the_same_npz_by_its_keys(
+    write_plan: Callable[..., Path], mnist_like: Path
+) -> None:
+    keys = ["data.eval_x_key='x_test'", "data.eval_y_key='y_test'", "data.scale=0.00390625"]
+    datasets = load_datasets(load_plan(write_plan(), _mnist_plan(mnist_like, *keys)))
+    assert datasets.eval is not None and len(datasets.train) == 60 and len(datasets.eval) == 24
+    with np.load(mnist_like) as arrays:
+        expected = arrays["x_test"].reshape(24, 8, 8, 1).astype(np.float32) / 256
+        assert np.array_equal(datasets.eval.x[np.arange(24)], expected)
+        assert np.array_equal(datasets.eval.y, arrays["y_test"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["data.eval_x_key='x_tst'", "data.eval_y_key='y_test'"],
+            r"data\.eval_x_key: .*mnist\.npz has no array 'x_tst'; did you mean 'x_test'\? "
+            r"\(it has x_train, y_train, x_test, y_test\)$",
+        ),
+        (["data.eval_x_key='x_test'"], r"data: eval_x_key and eval_y_key come together$"),
+        (
+            ["data.eval_x_key='x_test'", "data.eval_y_key='y_test'", "data.source='digits'"],
+            r"data: eval_x_key and eval_y_key name arrays of an \.npz file .* not of source 'digits'$",
+        ),
+    ],
+)
+def test_npz_eval_keys_are_checked_naming_the_key_and_file(
+    write_plan: Callable[..., Path], mnist_like: Path, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(PlanError, match=message):
+        load_datasets(load_plan(write_plan(), _mnist_plan(mnist_like, *overrides)))
+
+
+def test_a_dense_layer_on_an_image_is_named_with_the_flatten_it_lacks(
+    write_plan: Callable[..., Path],
+) -> None:
+    """Keras's Dense, like crosstrain's, acts on the last axis: after a convolution and a
+    pooling with no flatten, the logits keep the image's height and width."""
+    layers = (
+        "[{type='conv2d', filters=4, kernel_size=3, activation='relu'}, {type='maxpool2d'},"
+        " {type='dense', units=10}]"
+    )
+    plan = load_plan(write_plan(), ["model.input_shape=[8, 8, 1]", f"model.layers={layers}"])
+    with pytest.raises(PlanError) as refused:
+        load_datasets(plan)
+    assert str(refused.value).endswith(
+        "model.layers[2]: labels have shape [] per row but the model's logits need [3, 3]: this dense "
+        'layer reads an image [3, 3, 4] and acts on its last axis only; add { type = "flatten" } before it'
+    )

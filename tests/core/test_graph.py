@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.errors import PlanError
 from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
@@ -89,3 +91,74 @@ def test_token_ids_must_meet_an_embedding(write_plan: Callable[..., Path]) -> No
         PlanError, match=r"model\.layers\[0\]: position_embedding cannot read integer token ids"
     ):
         load_plan(write_plan(text))
+
+
+KERAS_STYLE = """
+[model]
+input_shape = [8, 8, 1]
+layers = [
+  { type = "conv2d", filters = 4, kernel_size = 3, activation = "relu" },
+  { type = "flatten" },
+  { type = "dense", units = 16, activation = "leaky_relu" },
+  { type = "dropout", rate = 0.5 },
+  { type = "dense", units = 10 },
+]
+"""
+WRITTEN_OUT = """
+[model]
+input_shape = [8, 8, 1]
+layers = [
+  { type = "conv2d", filters = 4, kernel_size = 3 },
+  { type = "relu" },
+  { type = "flatten" },
+  { type = "dense", units = 16 },
+  { type = "leaky_relu", negative_slope = 0.2 },
+  { type = "dropout", rate = 0.5 },
+  { type = "dense", units = 10 },
+]
+"""
+
+
+def test_an_activation_is_the_activation_layer_after_its_layer(write_plan: Callable[..., Path]) -> None:
+    """Keras's activation = is the same graph as the layers written out: node for node
+    (dropout's counter is the node index), the same weight names and initial values."""
+    keras_style = load_plan(write_plan(KERAS_STYLE)).model.graph()
+    written_out = load_plan(write_plan(WRITTEN_OUT, "out.toml")).model.graph()
+    assert [(node.path, node.layer, node.inputs, node.seed_path) for node in keras_style.nodes] == [
+        (node.path, node.layer, node.inputs, node.seed_path) for node in written_out.nodes
+    ]
+    assert keras_style.nodes[1].field == "model.layers[0].activation"
+    ours, theirs = keras_style.init_weights(5), written_out.init_weights(5)
+    names = [
+        f"{layer}.{weight}" for layer in ("conv2d_0", "dense_3", "dense_6") for weight in ("bias", "kernel")
+    ]
+    assert sorted(ours) == sorted(theirs) == names
+    assert all(np.array_equal(ours[name], theirs[name]) for name in ours)
+
+
+def test_a_layer_named_with_an_activation_is_read_after_it(write_plan: Callable[..., Path]) -> None:
+    """As in Keras, a layer's output is its activation's; a default name that counts an
+    added activation could mean another layer than the one written there, so it is refused."""
+    text = KERAS_STYLE.replace(
+        'units = 16, activation = "leaky_relu"', 'units = 16, activation = "tanh", name = "h"'
+    )
+    named = text.replace('{ type = "dense", units = 10 }', '{ type = "dense", units = 10, inputs = ["h"] }')
+    graph = load_plan(write_plan(named)).model.graph()
+    assert [graph.nodes[i].path for i in graph.nodes[-1].inputs] == ["tanh_4"]
+    by_default = text.replace(
+        '{ type = "dense", units = 10 }', '{ type = "dense", units = 10, inputs = ["dropout_5"] }'
+    )
+    with pytest.raises(PlanError) as refused:
+        load_plan(write_plan(by_default))
+    assert "model.layers[4].inputs: 'dropout_5' is the default name of model.layers[3], which counts" in str(
+        refused.value
+    )
+
+
+def test_a_plan_without_the_newer_fields_is_written_as_before(write_plan: Callable[..., Path]) -> None:
+    """Unset, activation and the npz eval keys stay out of plan.json (its hash is what a
+    resumed run checks); set, they round-trip."""
+    plain = unstructure_plan(load_plan(write_plan()))
+    assert "activation" not in json.dumps(plain) and "eval_x_key" not in plain["data"]
+    keras_style = load_plan(write_plan(KERAS_STYLE))
+    assert structure_plan(unstructure_plan(keras_style)) == keras_style

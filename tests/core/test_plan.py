@@ -119,3 +119,49 @@ def test_plan_is_frozen() -> None:
     with pytest.raises(AttributeError):
         plan.seed = 5  # type: ignore[misc]
     assert isinstance(plan, Plan)
+
+
+DID_YOU_MEAN = [
+    ("optimzer.lr=0.1", "optimzer: unknown key; did you mean 'optimizer'?"),
+    ("data.eval_frac=0.1", "data.eval_frac: unknown key; did you mean 'eval_fraction'?"),
+    (
+        "model.layers=[{type='dense', units=10, activaton='relu'}]",
+        "model.layers[0].activaton: unknown key; did you mean 'activation'?",
+    ),
+    (
+        "model.layers=[{type='MaxPooling2D'}]",
+        "model.layers[0]: unknown layer type 'MaxPooling2D'; did you mean 'maxpool2d'?",
+    ),
+    (
+        "model.layers=[{type='dense', units=10, activation='rellu'}]",
+        "model.layers[0].activation: must be one of gelu, leaky_relu, linear, relu, tanh, got 'rellu'; "
+        "did you mean 'relu'?",
+    ),
+    (
+        "model.layers=[{type='dense', units=10, activation='softmax'}]",
+        "model.layers[0].activation: must be one of gelu, leaky_relu, linear, relu, tanh, got 'softmax': "
+        "loss cross_entropy reads logits (Keras's from_logits=True), so the last layer has no activation",
+    ),
+    ("train.zzz=1", "train.zzz: unknown key (known: clip_grad_norm, compile, cuda_graph, epochs, "),
+    # a block's table by its key; a misspelt required key is named as unknown, not missing
+    ("model.blocks.res.layer=[{type='relu'}]", "model.blocks.res.layer: unknown key; did you mean 'layers'?"),
+]
+
+
+@pytest.mark.parametrize(("override", "expected"), DID_YOU_MEAN)
+def test_an_unknown_name_is_refused_with_the_nearest_known_one(
+    write_plan: Callable[..., Path], override: str, expected: str
+) -> None:
+    path = write_plan()
+    with pytest.raises(PlanError) as caught:
+        load_plan(path, [override])
+    assert str(caught.value).startswith(f"{path}: {expected}")
+
+
+def test_cli_refuses_a_misspelt_key_in_one_line_naming_it(write_plan: Callable[..., Path]) -> None:
+    path = write_plan(MLP_PLAN.replace('{ type = "relu" }', '{ type = "dropout", rates = 0.5 }'))
+    result = run_cli("run", str(path))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"crosstrain: error: {path}: model.layers[1].rates: unknown key; did you mean 'rate'?\n"
+    )

@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 
 from crosstrain.core.checkpoint import (
+    MANIFEST_FILE,
+    check_written_by,
+    choose_checkpoint,
     complete_checkpoints,
     last_checkpoint,
+    plan_hash,
     read_checkpoint,
 )
 from crosstrain.core.errors import BackendError, CheckpointError
@@ -24,8 +28,12 @@ from crosstrain.core.loop import train
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.strategy import Job
+from crosstrain.testing import step_losses
 from crosstrain.testing.null import MomentumStrategy
+from tests.conftest import InProcessCli
 from tests.support import StepRecorder
+
+NULL = ("-p", "crosstrain.testing.null", "-p", "no:progress")
 
 SETTINGS = [
     "train.epochs=2",
@@ -139,3 +147,107 @@ def test_what_a_backend_cannot_do_is_refused_before_launch(
     with pytest.raises(BackendError, match=r"data\.placement = 'device': the bare backend keeps the data"):
         check_backend_supports(NoOptimizerState(), placed, "bare")  # type: ignore[arg-type]
     check_backend_supports(NoOptimizerState(), load_plan(write_plan(), ["data.placement='host'"]), "bare")  # type: ignore[arg-type]
+
+
+def test_checkpoints_are_verified_against_their_manifest(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The newest checkpoint that verifies is chosen, each newer one named with its damaged
+    file; a format-1 checkpoint (no manifest) counts as intact when its files read whole."""
+    job = _job(write_plan, tmp_path)
+    _run(MomentumStrategy(), job)
+    twenty, forty, sixty = (path for _, path in complete_checkpoints(tmp_path))
+    assert choose_checkpoint(tmp_path).path == sixty and not choose_checkpoint(tmp_path).damaged
+    model = sixty / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-1] + b"\x01")  # the same size, another byte
+    (forty / "optimizer.safetensors").write_bytes((forty / "optimizer.safetensors").read_bytes()[:40])
+    choice = choose_checkpoint(tmp_path)
+    assert choice.path == twenty
+    assert [problem for _, problem in choice.damaged] == [
+        f"{model} is damaged (its sha256 differs from its manifest's)",
+        f"{forty / 'optimizer.safetensors'} is damaged (40 bytes, its manifest says "
+        f"{json.loads((forty / MANIFEST_FILE).read_text())['files']['optimizer.safetensors']['size']})",
+    ]
+    # format 1: no manifest, and a plan hash that includes the run's length
+    (twenty / MANIFEST_FILE).unlink()
+    state = json.loads((twenty / "state.json").read_text())
+    legacy = {**state, "format": 1, "plan_hash": plan_hash(job.plan, with_length=True)}
+    (twenty / "state.json").write_text(json.dumps(legacy))
+    assert choose_checkpoint(tmp_path).path == twenty
+    check_written_by(twenty, job.plan)
+    longer = _job(write_plan, tmp_path, "train.max_steps=80").plan
+    with pytest.raises(CheckpointError, match="only the output section may change"):
+        check_written_by(twenty, longer)  # a format-1 checkpoint continues only to its own end
+    (twenty / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint in .*: .*step-00000060/model"):
+        choose_checkpoint(tmp_path)
+
+
+def test_a_run_continues_with_its_own_plan_to_a_new_end(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """`run --out DIR --resume --set train.max_steps=60` on a finished 30-step run started
+    with overrides: the run's own plan (no plan file, nothing retyped) continues to the new
+    end through the same steps and checkpoints as an uninterrupted 60-step run."""
+    plan = str(write_plan())
+    started = ["--set", "train.epochs=2", "--set", "output.checkpoint_every_steps=10"]
+    started += ["--set", "output.log_every_steps=1", "--set", "output.keep_checkpoints=10"]
+
+    def run(*arguments: str) -> str:
+        result = cli_in_process(*NULL, "run", *arguments, "--backend", "momentum")
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    run(plan, "--out", str(tmp_path / "whole"), *started, "--set", "train.max_steps=60")
+    run(plan, "--out", str(tmp_path / "run"), *started, "--set", "train.max_steps=30")
+    assert run("--out", str(tmp_path / "run"), "--resume", "--set", "train.max_steps=60") == ""
+    assert list(step_losses(tmp_path / "run")) == list(step_losses(tmp_path / "whole"))
+    steps = [step for step, _ in complete_checkpoints(tmp_path / "run")]
+    assert steps == [step for step, _ in complete_checkpoints(tmp_path / "whole")] == list(range(10, 61, 10))
+
+
+def test_what_cannot_continue_is_refused_in_one_line(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """No plan and no --resume; a run that kept no checkpoints (--init-from is the way on);
+    a cosine schedule continued to a new length says its curve follows the new length."""
+
+    def run(*arguments: str) -> Any:
+        return cli_in_process(*NULL, "run", *arguments, "--backend", "momentum")
+
+    plan = str(write_plan())
+    refused = run("--out", str(tmp_path / "nothing"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("crosstrain: error: run: no plan file; crosstrain run PLAN starts")
+    assert run(plan, "--out", str(tmp_path / "bare")).returncode == 0
+    refused = run("--out", str(tmp_path / "bare"), "--resume", "--set", "train.epochs=2")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert f"--init-from {tmp_path / 'bare'} starts a new run from its weights" in refused.stderr
+    cosine = ("--set", "schedule.name='cosine'", "--set", "output.checkpoint_every_steps=20")
+    assert run(plan, "--out", str(tmp_path / "cosine"), *cosine).returncode == 0
+    continued = run("--out", str(tmp_path / "cosine"), "--resume", "--set", "train.epochs=2")
+    assert continued.returncode == 0, continued.stderr
+    assert continued.stderr.splitlines() == [
+        "crosstrain: schedule.name = 'cosine' depends on the run's length: after the checkpoint the "
+        "learning rate follows the curve of the new length (train.epochs: 1 in the run, 2 now)"
+    ]
+
+
+def test_fit_starts_a_new_run_from_another_run_s_weights(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """``crosstrain.fit(..., init_from=RUN_DIR)``: the run's final weights (the null backend
+    keeps the plan's, under their real names), a step-0 evaluation first, the source named
+    in plan.json."""
+    from crosstrain.api import fit
+    from crosstrain.core.strategy import PluginSelection
+
+    plugins = PluginSelection(enabled=("crosstrain.testing.null",), disabled=("progress",))
+    plan = write_plan()
+    fit(plan, backend="null", out=tmp_path / "source", plugins=plugins)
+    started = fit(plan, backend="null", out=tmp_path / "new", plugins=plugins, init_from=tmp_path / "source")
+    records = [json.loads(line) for line in (tmp_path / "new" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0] == {"step": 0, "epoch": 0, "eval": records[0]["eval"]} and "loss" in records[1]
+    assert started["steps"] == 45 and started["resumed_from_step"] is None
+    plan_json = json.loads((tmp_path / "new" / "plan.json").read_text())
+    assert plan_json["init_from"] == str(tmp_path / "source" / "model.safetensors")

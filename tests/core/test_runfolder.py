@@ -81,3 +81,34 @@ def test_the_plan_as_run_is_kept_and_read_back(tmp_path: Path) -> None:
     (tmp_path / "run" / PLAN_FILE).write_text("{not json")
     with pytest.raises(RunFolderError, match=r"plan\.json: not a crosstrain plan file"):
         read_run_plan(tmp_path / "run")
+
+
+def test_a_continued_run_keeps_its_plan_and_changes_only_what_may_change(tmp_path: Path) -> None:
+    """--resume: the run's plan.json (its overrides included) is the plan; what the plan file
+    and --set state now may change the output section and the run's length, anything else
+    is refused naming each field with both values. Data paths compare resolved."""
+    from crosstrain.core.errors import InputError
+    from crosstrain.core.planfile import load_plan
+    from crosstrain.core.runfolder import continued_plan, write_run_plan
+    from crosstrain.testing.plans import GPT_PLAN, write_tokens
+
+    write_tokens(str(tmp_path / "tokens.npy"))
+    (tmp_path / "gpt.toml").write_text(GPT_PLAN)
+    started = ["optimizer.lr=0.5", "output.checkpoint_every_steps=20"]
+    (tmp_path / "run").mkdir()
+    write_run_plan(tmp_path / "run", load_plan(tmp_path / "gpt.toml", started))
+    stated = ["name", "data.path", "model.layers", "optimizer.name", "train.epochs"]  # the file's, not lr
+    longer = load_plan(tmp_path / "gpt.toml", ["train.epochs=3"])
+    plan, changes = continued_plan(tmp_path / "run", longer, stated)
+    assert [str(change) for change in changes] == ["train.epochs: 1 in the run, 3 now"]
+    assert plan.train.epochs == 3 and plan.optimizer.lr == 0.5 and plan.output.checkpoint_every_steps == 20
+    with pytest.raises(InputError) as refused:
+        continued_plan(tmp_path / "run", longer, [*stated, "optimizer.lr", "model.input_shape"])
+    line = str(refused.value)
+    assert line.startswith("--resume: optimizer.lr: 0.5 in the run, 0.003 now; only the output section")
+    assert "\n" not in line and "input_shape" not in line  # unchanged fields are not named
+    narrower = load_plan(
+        tmp_path / "gpt.toml", ["model.layers=[{type='embedding', vocab_size=32, units=32}]"]
+    )
+    with pytest.raises(InputError, match=r"model\.layers: 5 entries in the run, 1 entry now"):
+        continued_plan(tmp_path / "run", narrower, None)  # None: every field stated (a Python plan)

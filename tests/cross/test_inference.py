@@ -1,11 +1,13 @@
 """`crosstrain evaluate`, `predict` and `export` end to end: a run trained on torch,
 evaluated and predicted on torch and tf, exported for torch and Keras and loaded back by a
-fresh Python that cannot import crosstrain."""
+fresh Python that cannot import crosstrain. The plan is written as a Keras user writes it
+(``activation = "relu"``) and scales its inputs, which every one of them applies to raw rows."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.errors import InputError, RunFolderError
+from crosstrain.core.data import load_datasets
+from crosstrain.core.errors import CheckpointError, InputError, RunFolderError
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import read_run_plan
+from crosstrain.core.scaling import ScaledRows
 from crosstrain.inference import evaluate_run, export_run, predict_run, read_rows
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN
 from tests.conftest import run_cli
@@ -27,18 +31,26 @@ pytestmark = pytest.mark.cross
 #: torch and tf compute the same model within float32 rounding
 PARITY = 1e-5
 STEPS = 6
+#: the dropout MLP with its activation written as Keras writes it: the same model
+KERAS_STYLE_MLP = DROPOUT_MLP_PLAN.replace(
+    '{ type = "dense", units = 128 },\n  { type = "relu" },',
+    '{ type = "dense", units = 128, activation = "relu" },',
+)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The dropout MLP on the digits, a few steps on torch, with periodic checkpoints."""
+    """The dropout MLP on the digits, its inputs normalised, a few steps on torch, with
+    periodic checkpoints."""
     folder = tmp_path_factory.mktemp("inference")
     plan = folder / "mlp.toml"
-    plan.write_text(DROPOUT_MLP_PLAN)
+    assert 'activation = "relu"' in KERAS_STYLE_MLP
+    plan.write_text(KERAS_STYLE_MLP)
     run = folder / "run"
     result = run_cli(
         "-p", "no:progress", "run", str(plan), "--device", "cpu", "--out", str(run),
         "--set", f"train.max_steps={STEPS}", "--set", "output.checkpoint_every_steps=3",
+        "--set", "data.mean=0.3", "--set", "data.std=0.4",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     from sklearn.datasets import load_digits
@@ -65,6 +77,18 @@ def test_evaluates_a_named_checkpoint(trained: Path) -> None:
     assert at_three["weights"].endswith("checkpoints/step-00000003/model.safetensors")
     assert evaluate_run(trained, checkpoint="3")["eval"] == at_three["eval"]
     assert at_three["eval"]["loss"] != evaluate_run(trained)["eval"]["loss"]  # other weights
+
+
+def test_evaluates_raw_rows_and_labels_given_on_the_command_line(trained: Path) -> None:
+    """The plan's own eval rows, raw (before data.mean/std), as files: the same numbers as
+    the plan's eval set, so the rows were scaled as training scales them."""
+    evaluation = load_datasets(read_run_plan(trained)).eval
+    assert evaluation is not None and isinstance(evaluation.x, ScaledRows)
+    rows, labels = trained.parent / "eval_x.npy", trained.parent / "eval_y.npy"
+    np.save(rows, evaluation.x.raw[np.arange(len(evaluation))])
+    np.save(labels, evaluation.y)
+    given = _evaluate(trained, "--data", str(rows), "--labels", str(labels))
+    assert given == evaluate_run(trained)["eval"]
 
 
 def test_predicts_the_same_logits_on_torch_and_tf(trained: Path) -> None:
@@ -120,7 +144,10 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
     np.save(tmp_path / "text.npy", np.array([["a"] * 64]))
     (tmp_path / "notes.txt").write_text("not an array")
     narrow = ("predict", str(trained), "--data", str(tmp_path / "narrow.npy"), "--out", "o.npy")
+    np.save(tmp_path / "three.npy", np.zeros(3, np.int64))
+    labels = ("evaluate", str(trained), "--data", str(rows), "--labels", str(tmp_path / "three.npy"))
     cases = [
+        (labels, f"--labels {tmp_path / 'three.npy'}: 3 rows, but --data {rows} has 40"),
         (("export", str(trained), "--format", "onnx"), "--format onnx: unknown format (known: keras, torch)"),
         (narrow, "narrow.npy: rows have shape [7] (array [3, 7]), model.input_shape is [64]"),
     ]
@@ -133,6 +160,9 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
     (tmp_path / "gpt.toml").write_text(GPT_PLAN)
     gpt = load_plan(tmp_path / "gpt.toml")
     np.save(tmp_path / "ids.npy", np.full((2, 16), 32))
+    damaged = tmp_path / "damaged"
+    shutil.copytree(trained, damaged)
+    (damaged / "model.safetensors").write_bytes((trained / "model.safetensors").read_bytes()[:-100])
     refused: list[tuple[type[Exception], str, Callable[[], object]]] = [
         (InputError, "--backend nosuch: unknown backend 'nosuch'", lambda: evaluate_run(trained, "nosuch")),
         (
@@ -158,6 +188,11 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(trained: Path, tmp_path: 
             lambda: predict_run(trained, rows, tmp_path / "missing" / "o.npy"),
         ),
         (RunFolderError, "plan.json: no such file", lambda: evaluate_run(tmp_path)),
+        (
+            CheckpointError,
+            f"{damaged / 'model.safetensors'}: cannot be read as safetensors",
+            lambda: evaluate_run(damaged),
+        ),
         (
             InputError,
             "already exists and is not an empty folder",

@@ -57,10 +57,16 @@ def _weights(plan_path: Path) -> dict[str, np.ndarray]:
     return weights
 
 
+#: the resnet reading raw pixels (0..16), scaled as a plan asks: the export applies it too
+SCALED_RESNET_PLAN = RESNET_PLAN.replace(
+    'source = "digits"', 'source = "digits"\nscale = 0.0625\nmean = [0.25]\nstd = 0.5'
+)
+
+
 @pytest.mark.parametrize(
     ("text", "rows"),
     [
-        (RESNET_PLAN, lambda rng: rng.uniform(0, 16, (9, 8, 8, 1)).astype(np.float32)),
+        (SCALED_RESNET_PLAN, lambda rng: rng.uniform(0, 16, (9, 8, 8, 1)).astype(np.float32)),
         (STOCK_PLAN, lambda rng: rng.integers(0, 20, (9, 12)).astype(np.int32)),
     ],
     ids=["resnet", "stock"],
@@ -70,11 +76,20 @@ def test_the_saved_model_computes_what_predict_does(tmp_path: Path, text: str, r
     plan = load_plan(tmp_path / "plan.toml")
     strategy = TfStrategy.local("cpu")
     state = strategy.build(plan, _weights(tmp_path / "plan.toml"))
-    x = rows(np.random.default_rng(2))  # type: ignore[operator]
+    x = rows(np.random.default_rng(2))  # type: ignore[operator]  # raw, as predict reads them
     [path] = strategy.export(state, "keras", tmp_path / "out", x[:4])
     loaded = keras.saving.load_model(str(path))
     assert all(type(layer).__module__.startswith("keras.") for layer in loaded.layers)  # stock only
-    assert np.max(np.abs(loaded.predict(x, verbose=0) - strategy.predict(state, x))) <= 1e-5
+    scaling = plan.data.scaling
+    if not scaling.is_identity:  # the model begins with the plan's scaling, as stock layers
+        assert [type(layer) for layer in loaded.layers[1:3]] == [
+            keras.layers.Rescaling,
+            keras.layers.Normalization,
+        ]
+        expected = strategy.predict(state, scaling.apply(x))
+    else:
+        expected = strategy.predict(state, x)
+    assert np.max(np.abs(loaded.predict(x, verbose=0) - expected)) <= 1e-5
 
 
 def test_a_layer_without_a_stock_keras_layer_is_refused_naming_it(tmp_path: Path) -> None:

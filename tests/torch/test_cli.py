@@ -257,3 +257,58 @@ def test_bad_input_found_in_a_worker_exits_2_as_before_launch(tmp_path: Path) ->
         f"crosstrain: error: rank 0 failed: {tmp_path / 'plan.py'}: model.native.torch: "
         "cannot load 'nosuchmodule:build': No module named 'nosuchmodule'"
     )
+
+
+#: the classic Keras convnet as a Keras user writes it, scaled down: activation =, uint8
+#: images scaled by 1/255, and the test arrays of the same .npz as the eval set
+KERAS_CONVNET = """
+name = "keras_convnet"
+[model]
+input_shape = [8, 8, 1]
+layers = [
+  { type = "conv2d", filters = 4, kernel_size = 3, activation = "relu" },
+  { type = "maxpool2d", pool_size = 2 },
+  { type = "flatten" },
+  { type = "dense", units = 16, activation = "relu" },
+  { type = "dense", units = 10 },
+]
+[data]
+source = "npz"
+path = "mnist.npz"
+x_key = "x_train"
+y_key = "y_train"
+eval_x_key = "x_test"
+eval_y_key = "y_test"
+scale = 0.00392156862745098
+[optimizer]
+name = "adam"
+lr = 0.003
+[train]
+global_batch_size = 20
+epochs = 1
+"""
+
+
+def test_a_keras_users_first_plan_trains_and_a_missing_flatten_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(
+        tmp_path / "mnist.npz",
+        x_train=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8),
+        y_train=rng.integers(0, 10, 60),
+        x_test=rng.integers(0, 256, (30, 8, 8), dtype=np.uint8),
+        y_test=rng.integers(0, 10, 30),
+    )
+    plan = tmp_path / "convnet.toml"
+    plan.write_text(KERAS_CONVNET)
+    result = run_cli("-p", "no:progress", "run", str(plan), "--device", "cpu", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summary(tmp_path / "run")["eval"]["count"] == 30  # x_test, not a split of x_train
+    plan.write_text(KERAS_CONVNET.replace('  { type = "flatten" },\n', ""))
+    result = run_cli("run", str(plan), "--device", "cpu", "--out", str(tmp_path / "refused"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"crosstrain: error: {plan}: model.layers[2]: labels have shape [] per row but the model's "
+        "logits need [3, 3]: this dense layer reads an image [3, 3, 4] and acts on its last axis "
+        'only; add { type = "flatten" } before it\n'
+    )
+    assert not (tmp_path / "refused").exists()  # refused before anything started

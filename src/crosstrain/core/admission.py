@@ -7,7 +7,8 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
 1. the backend's framework imports (its optional package: ``pip install 'crosstrain[tf]'``);
 2. the cluster: ``--nproc``, ``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint``
    against each other and against an outside launcher's processes (torchrun, SLURM, ...);
-3. the numbers: replicas, processes, timeout and restarts in range;
+3. the numbers: replicas, processes, timeout and restarts in range; ``--init-from`` and
+   ``--resume`` not together;
 4. the plan against the world: the global batch splits into replicas x accumulation steps;
 5. the data: it loads and fits the model (read only);
 6. the plan against the backend's tables: every layer, loss, optimizer and precision has
@@ -18,8 +19,17 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
    on the device, skipped steps: :func:`~crosstrain.core.resume.check_backend_supports`)
    and across machines (:class:`~crosstrain.core.strategy.SpansNodes`);
 9. the output folder: it is one, or can be made, and can be written (nothing is created);
-10. a resumed run: its folder holds a complete checkpoint, written by this plan (only
-    where this process minds the run folder).
+10. ``--init-from``: the weights file reads, and holds exactly the plan's weights, name by
+    name and shape by shape (from the file's header; the first mismatch is named);
+11. a resumed run (only where this process minds the run folder): its folder holds a
+    checkpoint; the newest one that verifies against its manifest is chosen (each newer,
+    damaged one is named in one line through ``say``), was written by this plan, and ends
+    before the plan's (possibly new) last step.
+
+:func:`admit` returns the job as it launches: ``init_from`` is the weights file and
+``resume_from`` the chosen checkpoint, so every worker reads exactly what was checked.
+(What a resumed run's plan may change is settled before, where the plan is made:
+:func:`~crosstrain.core.runfolder.continued_plan`.)
 
 The cheap checks of the flags come first, those that read files last. Core sits below
 launch, so the caller hands in the cluster it detected (:class:`~crosstrain.core.cluster.Cluster`);
@@ -31,13 +41,23 @@ from __future__ import annotations
 import errno
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from crosstrain.core.checkpoint import check_written_by, last_checkpoint
+import attrs
+
+from crosstrain.core.checkpoint import (
+    check_written_by,
+    choose_checkpoint,
+    read_state,
+    tensor_shapes,
+    weights_file,
+)
 from crosstrain.core.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
 from crosstrain.core.data import load_datasets
-from crosstrain.core.errors import BackendError, InputError
-from crosstrain.core.plan import check_world_fits
+from crosstrain.core.errors import BackendError, CheckpointError, InputError
+from crosstrain.core.loop import total_steps
+from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import check_request
 from crosstrain.core.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
@@ -46,17 +66,29 @@ from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 THIS_MACHINE = ThisMachine()
 
 
+def _silent(line: str) -> None:
+    """Where admission's notes go unless the caller shows them."""
+
+
 def admit(
-    job: Job, strategy: DistributedStrategy, cluster: Cluster = THIS_MACHINE, *, overwrite: bool = False
-) -> None:
+    job: Job,
+    strategy: DistributedStrategy,
+    cluster: Cluster = THIS_MACHINE,
+    *,
+    overwrite: bool = False,
+    say: Callable[[str], None] = _silent,
+) -> Job:
     """Run every pre-launch check on ``job`` for ``strategy``, in the module's order; raise
-    the first problem. Reads files (data, checkpoints), writes none. ``overwrite``: the run
-    replaces the folder's earlier run (``--overwrite``)."""
+    the first problem, else return the job as it launches (its ``init_from`` and
+    ``resume_from`` resolved). Reads files (data, checkpoints), writes none.
+    ``overwrite``: the run replaces the folder's earlier run (``--overwrite``); ``say``:
+    shows a note (a damaged checkpoint skipped) in one line."""
     check_framework(type(strategy), job.backend)
     check_cluster(cluster, job.replicas, job.nnodes, job.node_rank, job.rdzv_endpoint)
     check_numbers(job.replicas, job.workers, job.timeout_seconds, job.max_restarts)
+    check_starting_point(job)
     check_world_fits(job.plan, job.replicas)
-    load_datasets(job.plan)  # the data must load and fit the model before any worker starts
+    datasets = load_datasets(job.plan)  # the data must load and fit the model before any worker starts
     if isinstance(strategy, SpeaksVocabulary):
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
     if isinstance(strategy, ChecksJob):
@@ -64,8 +96,12 @@ def admit(
     check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
     check_backend_spans(strategy, job, cluster)
     check_out_dir(job.out_dir)
+    if job.init_from is not None:
+        job = attrs.evolve(job, init_from=str(check_init_from(Path(job.init_from), job.plan)))
     if owns_run_folder(job, cluster):
-        check_resumed_run(job, overwrite)
+        resume_from = check_resumed_run(job, overwrite, len(datasets.train), say)
+        job = attrs.evolve(job, resume_from=None if resume_from is None else str(resume_from))
+    return job
 
 
 def check_framework(strategy: type[DistributedStrategy], backend: str) -> None:
@@ -128,6 +164,15 @@ def check_numbers(replicas: int, workers: int | None, timeout_seconds: float, ma
         raise InputError(f"--max-restarts {max_restarts}: must be 0 or more")
 
 
+def check_starting_point(job: Job) -> None:
+    """A run starts from its own checkpoint or from other weights, not both."""
+    if job.resume and job.init_from is not None:
+        raise InputError(
+            "--init-from starts a new run from other weights and --resume continues this one: "
+            "they exclude each other"
+        )
+
+
 def check_backend_spans(strategy: DistributedStrategy, job: Job, cluster: Cluster) -> None:
     """A backend that runs on one machine is refused more machines, and an outside
     launcher's group (which would otherwise run as that many separate jobs)."""
@@ -171,11 +216,65 @@ def owns_run_folder(job: Job, cluster: Cluster) -> bool:
     return job.node_rank == 0 and cluster.rank() == 0
 
 
-def check_resumed_run(job: Job, overwrite: bool = False) -> None:
-    """``--resume`` and ``--overwrite`` apart; a resumed folder holds a complete checkpoint
-    that this plan wrote (the run folder asks again under its lock)."""
+def check_init_from(source: Path, plan: Plan) -> Path:
+    """The weights file ``--init-from`` names, holding exactly the plan's weights (names and
+    shapes from the file's header, in the model's order); return it."""
+    if plan.model.native is not None:
+        raise InputError(
+            f"--init-from {source}: model.native: a native model's weights have no neutral "
+            f"names to check against; --init-from needs a model of layers"
+        )
+    file = weights_file(source)
+    found = tensor_shapes(file)
+    needed = plan.model.graph(plan.source).weight_specs()
+    for name, spec in needed.items():
+        if name not in found:
+            raise InputError(
+                f"--init-from {file}: has no weight {name!r} "
+                f"(the plan's model has it, shape {list(spec.shape)})"
+            )
+        if found[name] != tuple(spec.shape):
+            raise InputError(
+                f"--init-from {file}: weight {name!r} has shape {list(found[name])}, "
+                f"the plan's model needs {list(spec.shape)}"
+            )
+    extra = [name for name in found if name not in needed]
+    if extra:
+        raise InputError(f"--init-from {file}: holds {extra[0]!r}, which the plan's model has no weight of")
+    return file.resolve()
+
+
+def check_resumed_run(
+    job: Job, overwrite: bool = False, train_rows: int | None = None, say: Callable[[str], None] = _silent
+) -> Path | None:
+    """``--resume`` and ``--overwrite`` apart; a resumed folder holds a checkpoint that
+    verifies (the newest such; each newer, damaged one is named through ``say``), that this
+    plan wrote, and that ends before the plan's last step (``train_rows``: the train set's
+    rows, for that step). Return that checkpoint (the run folder asks again under its lock)."""
     out_dir = Path(job.out_dir)
     check_request(out_dir, job.resume, overwrite)
-    checkpoint = last_checkpoint(out_dir) if job.resume else None
-    if checkpoint is not None:
-        check_written_by(checkpoint, job.plan)
+    if not job.resume:
+        return None
+    try:
+        choice = choose_checkpoint(out_dir)
+    except CheckpointError as error:
+        raise CheckpointError(f"--resume: {error}") from None
+    if choice.path is None:
+        return None
+    for _, problem in choice.damaged:
+        say(f"--resume: {problem}; resuming from {choice.path.name}, the newest intact checkpoint")
+    check_written_by(choice.path, job.plan)
+    if train_rows is not None:
+        check_continues(choice.path, job.plan, train_rows)
+    return choice.path
+
+
+def check_continues(checkpoint: Path, plan: Plan, train_rows: int) -> None:
+    """A resumed run has steps left: a finished one continues only to a new end."""
+    step = int(read_state(checkpoint)["step"])
+    last = total_steps(plan, train_rows)
+    if step >= last:
+        raise InputError(
+            f"--resume: the run already ended at step {step} (its plan trains {last} steps); "
+            f"--set train.epochs=N or train.max_steps=N continues it to a new end"
+        )

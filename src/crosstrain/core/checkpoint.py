@@ -7,10 +7,16 @@ A run folder's periodic checkpoints (docs/checkpoints.md)::
         optimizer.safetensors   optimizer.{weight}.{slot}: momentum | exp_avg | exp_avg_sq
         state.json              step, epoch, schedule, optimizer step and loss scale,
                                 dropout counter, backend, plan hash (see LoopState)
+        manifest.json           each file above: its size in bytes and its sha256
 
-Each is written into ``checkpoints/.step-NNNNNNNN.tmp``, every file fsynced, then renamed:
-a folder named ``step-NNNNNNNN`` is always complete. Older ones are pruned only after the
-new one is in place.
+Each is written into ``checkpoints/.step-NNNNNNNN.tmp``, every file fsynced, the manifest
+last, then renamed: a folder named ``step-NNNNNNNN`` is always complete, and a file damaged
+after it was written (a full disk, a copy cut short) no longer matches its manifest
+(:func:`verify_checkpoint`). Older ones are pruned only after the new one is in place.
+
+Format 1 (written before checkpoints carried a manifest) has no manifest: it counts as
+intact when its state.json parses and both safetensors files read whole, and its plan hash
+includes ``train.epochs`` and ``train.max_steps`` (it continues only to its own end).
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from crosstrain.core.errors import CheckpointError
@@ -35,7 +42,12 @@ CHECKPOINTS_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
-FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+#: 2: a manifest, and a plan hash without the run's length; 1: neither (see the module)
+FORMAT_VERSION = 2
+#: the plan fields that may change when a run continues (besides its output section):
+#: its length. The plan hash leaves them out
+LENGTH_FIELDS = ("epochs", "max_steps")
 _STEP_FOLDER = re.compile(r"^step-(\d{8})$")
 #: ``output.keep_best`` -> (eval metric, True when larger is better)
 KEEP_BEST: dict[str, tuple[str, bool]] = {"eval.loss": ("loss", False), "eval.accuracy": ("accuracy", True)}
@@ -54,16 +66,69 @@ def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Map
 
 
 def load_checkpoint(path: Path) -> dict[str, np.ndarray]:
-    return load_file(str(path))
+    """The tensors of a safetensors file; one that does not read (truncated, not safetensors)
+    is a :class:`CheckpointError` naming it, never safetensors' own traceback."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
 
 
-def plan_hash(plan: Plan) -> str:
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's name and shape in a safetensors file, from its header alone."""
+    try:
+        with safe_open(str(path), "np") as handle:
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 (no __iter__)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
+
+
+def file_metadata(path: Path) -> dict[str, str]:
+    """The metadata a safetensors file carries (the backend that wrote it, its step)."""
+    try:
+        with safe_open(str(path), "np") as handle:
+            return dict(handle.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
+
+
+def weights_file(source: Path) -> Path:
+    """The weights ``--init-from`` names: a .safetensors file itself, a checkpoint folder's
+    model.safetensors (verified against its manifest), or a run folder's final
+    model.safetensors (its newest intact checkpoint's when the run kept no final model)."""
+    if source.is_file():
+        if source.suffix != ".safetensors":
+            raise CheckpointError(f"--init-from {source}: not a .safetensors file")
+        return source
+    if not source.is_dir():
+        raise CheckpointError(f"--init-from {source}: no such file or folder")
+    if (source / STATE_FILE).is_file():  # a checkpoint folder
+        problem = verify_checkpoint(source)
+        if problem is not None:
+            raise CheckpointError(f"--init-from {source}: {problem}")
+        return source / MODEL_FILE
+    if (source / MODEL_FILE).is_file():
+        return source / MODEL_FILE
+    newest = choose_checkpoint(source).path
+    if newest is None:
+        raise CheckpointError(
+            f"--init-from {source}: holds neither {MODEL_FILE} nor a checkpoint "
+            f"(a run folder, one of its checkpoints/step-NNNNNNNN, or a .safetensors file)"
+        )
+    return newest / MODEL_FILE
+
+
+def plan_hash(plan: Plan, *, with_length: bool = False) -> str:
     """What must not change between a run and its resumption: the whole plan but its
-    ``output`` section (where and how often to write is free to change)."""
+    ``output`` section (where and how often to write) and its length (``train.epochs``,
+    ``train.max_steps``: a run may continue to a new end). ``with_length``: the hash
+    format-1 checkpoints hold, which includes the length."""
     from crosstrain.core.convert import unstructure_plan
 
     raw = unstructure_plan(plan)
     raw.pop("output", None)
+    if not with_length:
+        raw["train"] = {key: value for key, value in raw["train"].items() if key not in LENGTH_FIELDS}
     text = json.dumps(raw, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -150,6 +215,7 @@ def write_checkpoint(
     state_path = temporary / STATE_FILE
     state_path.write_text(json.dumps(attrs.asdict(state), indent=2, default=_json_number) + "\n")
     _fsync(state_path)
+    _write_manifest(temporary, (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE))
     _fsync(temporary)
     if final.exists():  # the same step written again (a rerun after a restart): replace it
         shutil.rmtree(final)
@@ -159,19 +225,105 @@ def write_checkpoint(
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
-    raw = json.loads((path / STATE_FILE).read_text())
-    state = LoopState(**raw)
-    optimizer = dict(load_file(str(path / OPTIMIZER_FILE)))
+    raw = read_state(path)
+    try:
+        state = LoopState(**raw)
+    except TypeError as error:
+        raise CheckpointError(f"{path / STATE_FILE}: not a crosstrain loop state ({error})") from None
+    optimizer = load_checkpoint(path / OPTIMIZER_FILE)
     for name, (section, key) in _SCALARS.items():
         values = raw.get(section) or {}
         if key in values:
             optimizer[name] = np.asarray(values[key], np.float64 if section == "loss_scale" else np.int64)
-    return Checkpoint(path, state, dict(load_file(str(path / MODEL_FILE))), optimizer)
+    return Checkpoint(path, state, load_checkpoint(path / MODEL_FILE), optimizer)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint folder's state.json as a dict; one that does not parse names itself."""
+    try:
+        raw = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path / STATE_FILE}: cannot be read ({_first_line(error)})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path / STATE_FILE}: not a crosstrain loop state")
+    return raw
+
+
+# --------------------------------------------------------------------------- trust
+
+
+def _write_manifest(folder: Path, names: Iterable[str]) -> None:
+    """Each file's size and sha256, written (and fsynced) after the files themselves."""
+    files = {
+        name: {"size": (folder / name).stat().st_size, "sha256": _sha256(folder / name)} for name in names
+    }
+    path = folder / MANIFEST_FILE
+    path.write_text(json.dumps({"format": FORMAT_VERSION, "files": files}, indent=2) + "\n")
+    _fsync(path)
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when the checkpoint folder is intact; else one sentence naming the damaged file.
+    Format 2 against its manifest (sizes, then sha256); format 1 by reading every file."""
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        return _readable_format_1(path)
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        expected = {str(name): (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{manifest} cannot be read ({_first_line(error)})"
+    for name in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE):
+        if name not in expected:
+            return f"{manifest} does not list {name}"
+    for name, (size, digest) in expected.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        if file.stat().st_size != size:
+            return f"{file} is damaged ({file.stat().st_size} bytes, its manifest says {size})"
+        if _sha256(file) != digest:
+            return f"{file} is damaged (its sha256 differs from its manifest's)"
+    return None
+
+
+def _readable_format_1(path: Path) -> str | None:
+    """A checkpoint without a manifest: intact if its state parses and its tensors read."""
+    try:
+        read_state(path)
+        for name in (MODEL_FILE, OPTIMIZER_FILE):
+            load_checkpoint(path / name)
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
+@attrs.frozen
+class ResumeChoice:
+    """The newest intact checkpoint of a run folder and the newer ones skipped as damaged
+    (each with the sentence naming its file)."""
+
+    path: Path | None
+    damaged: tuple[tuple[Path, str], ...] = ()
+
+
+def choose_checkpoint(run_dir: Path) -> ResumeChoice:
+    """The newest checkpoint that verifies; raise when there are checkpoints but none is
+    intact (path None: the folder has no checkpoint at all)."""
+    damaged: list[tuple[Path, str]] = []
+    for _, path in reversed(complete_checkpoints(run_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return ResumeChoice(path, tuple(damaged))
+        damaged.append((path, problem))
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint in {run_dir}: {damaged[0][1]}")
+    return ResumeChoice(None)
 
 
 def resume_point(run_dir: Path, plan: Plan) -> Checkpoint | None:
-    """The last complete checkpoint of ``run_dir``, checked against ``plan``; None if none."""
-    path = last_checkpoint(run_dir)
+    """The newest intact checkpoint of ``run_dir``, checked against ``plan``; None if none."""
+    path = choose_checkpoint(run_dir).path
     if path is None:
         return None
     check_written_by(path, plan)
@@ -180,11 +332,14 @@ def resume_point(run_dir: Path, plan: Plan) -> Checkpoint | None:
 
 def check_written_by(path: Path, plan: Plan) -> None:
     """Refuse a checkpoint that another plan wrote (only its loop state is read)."""
-    written = json.loads((path / STATE_FILE).read_text())["plan_hash"]
-    if written != plan_hash(plan):
+    state = read_state(path)
+    legacy = int(state.get("format", 1)) < 2
+    written, mine = state.get("plan_hash"), plan_hash(plan, with_length=legacy)
+    if written != mine:
+        allowed = "the output section" if legacy else "the output section, train.epochs and train.max_steps"
         raise CheckpointError(
-            f"{path}: written by another plan (hash {written}, this plan's is "
-            f"{plan_hash(plan)}); only the output section may change on --resume"
+            f"{path}: written by another plan (hash {written}, this plan's is {mine}); "
+            f"only {allowed} may change on --resume"
         )
 
 
@@ -246,6 +401,16 @@ def _fsync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _json_number(value: Any) -> Any:

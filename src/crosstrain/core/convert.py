@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.layers import LAYER_TYPES, Layer
 from crosstrain.core.plan import DataSpec, NativeModel, Plan
 
@@ -82,15 +82,16 @@ def _structure_layer(value: Any, _: type) -> Layer:
     fields = dict(value)
     kind = fields.pop("type", None)
     if kind not in LAYER_TYPES:
-        known = ", ".join(sorted(LAYER_TYPES))
-        raise ValueError(f"unknown layer type {kind!r} (known: {known})")
+        raise ValueError(f"unknown layer type {kind!r}{did_you_mean(str(kind), LAYER_TYPES)}")
     return _CONVERTER.structure(fields, LAYER_TYPES[kind])
 
 
 def _unstructure_layer(layer: Layer) -> dict[str, Any]:
     fields = {"type": layer.type}
     fields.update(attrs.asdict(layer))
-    for optional in ("name", "inputs"):
+    # unset, these stay out of plan.json, so a plan that does not use them hashes as it
+    # did before they existed (a run from then still resumes)
+    for optional in ("name", "inputs", "activation"):
         if fields.get(optional) is None:
             fields.pop(optional, None)
     return fields
@@ -117,7 +118,16 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
     }
     if raw["model"].get("native") is None:
         raw["model"].pop("native", None)
+    for section, fields in _LEFT_OUT_UNSET.items():
+        for field in fields:
+            if raw[section].get(field) is None:
+                raw[section].pop(field, None)
     return raw
+
+
+#: fields newer than the first plans: left out of plan.json while unset, so a run written
+#: before they existed hashes as it did (and still resumes); a layer's activation likewise
+_LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key")}
 
 
 def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Path | None = None) -> Plan:
@@ -154,10 +164,11 @@ _LITERAL_MESSAGE = re.compile(r"^(.*) not in literal typing\.Literal\[(.*)\]$")
 def _first_problem(error: BaseException, path: str = "") -> tuple[str, str]:
     """Walk cattrs' nested exception group to the first leaf; return (field path, message)."""
     if isinstance(error, ForbiddenExtraKeysError):
-        keys = ", ".join(sorted(error.extra_fields))
-        return path, f"unknown key(s): {keys}"
+        return _unknown_key(error, path)
     if isinstance(error, BaseExceptionGroup) and error.exceptions:
-        child = error.exceptions[0]
+        # a misspelt required key is both missing and unknown: the unknown one says why
+        unknown = [child for child in error.exceptions if isinstance(child, ForbiddenExtraKeysError)]
+        child = unknown[0] if unknown else error.exceptions[0]
         note = _location_note(child)
         return _first_problem(child, _join(path, note))
     message = _describe_leaf(error)
@@ -167,8 +178,21 @@ def _first_problem(error: BaseException, path: str = "") -> tuple[str, str]:
     return path, message
 
 
+def _unknown_key(error: ForbiddenExtraKeysError, path: str) -> tuple[str, str]:
+    """The first unknown key as the field, with the section's nearest key: every section's
+    keys, and a layer's, are refused here and only here (the converter forbids extra keys)."""
+    first, *others = sorted(error.extra_fields)
+    known = [field.alias or field.name for field in attrs.fields(error.cl) if field.init]
+    if error.cl is Plan:  # its source is where it was read from, not a key of the file
+        known.remove("source")
+    also = f" (also unknown: {', '.join(others)})" if others else ""
+    return _join(path, first), f"unknown key{did_you_mean(first, known)}{also}"
+
+
 def _location_note(error: BaseException) -> str:
     for note in getattr(error, "__notes__", []):
+        if isinstance(note, IterableValidationNote):  # a list's index or a table's key
+            return f"[{note.index}]" if isinstance(note.index, int) else str(note.index)
         name = getattr(note, "name", None)
         if name is not None:
             return f"[{name}]" if isinstance(name, int) else str(name)

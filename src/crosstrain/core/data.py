@@ -19,7 +19,8 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
-from crosstrain.core.errors import InputError, PlanError
+from crosstrain.core.errors import InputError, PlanError, closest_name
+from crosstrain.core.graph import dense_on_image
 from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -191,12 +192,27 @@ def _load_raw_datasets(plan: Plan) -> Datasets:
     x = _fit_to_input(x, plan, "data.path" if spec.source == "npz" else "data.source")
     y = _targets(y, plan)
     full = ArrayDataset(x, y)
-    if spec.eval_path is not None:
-        eval_x, eval_y = _load_arrays(spec, spec.eval_path, plan.source, field="data.eval_path")
-        _check_rows(eval_x, eval_y, spec.eval_path, "data.eval_path", plan.source)
-        evaluation = ArrayDataset(_fit_to_input(eval_x, plan, "data.eval_path"), _targets(eval_y, plan))
+    evaluation = _npz_eval_set(plan)
+    if evaluation is not None:
         return _nonempty(Datasets(train=full, eval=evaluation), plan)
     return _nonempty(_split(full, spec.eval_fraction, plan.seed), plan)
+
+
+def _npz_eval_set(plan: Plan) -> ArrayDataset | None:
+    """The eval set of an npz plan: ``eval_path``'s arrays, or the eval keys' arrays of
+    ``path`` (Keras's mnist.npz: x_test, y_test beside x_train, y_train); None: split."""
+    spec = plan.data
+    if spec.eval_path is None and spec.eval_x_key is None:
+        return None
+    path, field = (
+        (spec.eval_path, "data.eval_path") if spec.eval_path is not None else (spec.path, "data.path")
+    )
+    keys = (spec.eval_x_key or spec.x_key, spec.eval_y_key or spec.y_key)
+    key_fields = ("data.eval_x_key", "data.eval_y_key") if spec.eval_x_key else ("data.x_key", "data.y_key")
+    eval_x, eval_y = _read_npz(path, keys, key_fields, field, plan.source)
+    rows_field = key_fields[0] if spec.eval_path is None else field
+    _check_rows(eval_x, eval_y, path, rows_field, plan.source)
+    return ArrayDataset(_fit_to_input(eval_x, plan, rows_field), _targets(eval_y, plan))
 
 
 def _check_rows(x: np.ndarray, y: np.ndarray, path: str | None, field: str, source: str | None) -> None:
@@ -311,24 +327,33 @@ def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
         )
 
 
-def _load_arrays(
-    spec: DataSpec, path: str | None, source: str | None, field: str = "data.path"
-) -> tuple[np.ndarray, np.ndarray]:
-    if spec.source == "digits" and field == "data.path":
+def _load_arrays(spec: DataSpec, path: str | None, source: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """The training arrays: the digits, or ``x_key``/``y_key`` of the npz at ``path``."""
+    if spec.source == "digits":
         return load_digits_arrays()
+    return _read_npz(path, (spec.x_key, spec.y_key), ("data.x_key", "data.y_key"), "data.path", source)
+
+
+def _read_npz(
+    path: str | None, keys: tuple[str, str], key_fields: tuple[str, str], field: str, source: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays ``keys`` (x, y) of an .npz file; a missing one is named with its field, the
+    file, the array nearest to it and the arrays the file has."""
     assert path is not None  # DataSpec refuses source "npz" without a path
     if not Path(path).is_file():
         raise PlanError(f"no such file {path}", field=field, source=source)
     try:
         with np.load(path, allow_pickle=False) as arrays:
-            missing = [key for key in (spec.x_key, spec.y_key) if key not in arrays.files]
-            if missing:
-                raise PlanError(
-                    f"{path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})",
-                    field="data.x_key" if missing[0] == spec.x_key else "data.y_key",
-                    source=source,
-                )
-            return np.asarray(arrays[spec.x_key]), np.asarray(arrays[spec.y_key])
+            for key, key_field in zip(keys, key_fields, strict=True):
+                if key not in arrays.files:
+                    near = closest_name(key, arrays.files)
+                    hint = f"; did you mean {near!r}?" if near else ""
+                    raise PlanError(
+                        f"{path} has no array {key!r}{hint} (it has {', '.join(arrays.files)})",
+                        field=key_field,
+                        source=source,
+                    )
+            return np.asarray(arrays[keys[0]]), np.asarray(arrays[keys[1]])
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         # a truncated or corrupt file: one line naming it, not numpy's traceback
         raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
@@ -367,41 +392,67 @@ def _fit_to_input(x: np.ndarray, plan: Plan, field: str) -> np.ndarray:
 
 
 def _targets(y: np.ndarray, plan: Plan) -> np.ndarray:
+    try:
+        return fit_targets(y, plan)
+    except TargetMisfit as misfit:
+        raise PlanError(str(misfit), field=misfit.field, source=plan.source) from None
+
+
+class TargetMisfit(ValueError):
+    """Targets that do not fit the model's output; ``field`` is the plan field at fault."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def fit_targets(y: np.ndarray, plan: Plan) -> np.ndarray:
     """Class ids of the logits' shape without the class axis, or regression targets of the
-    output's shape."""
+    output's shape; else :class:`TargetMisfit`."""
     shape = output_shape(plan)
     rows = y.shape[0]
     if plan.loss.name == "cross_entropy":
         if not np.issubdtype(y.dtype, np.integer) and not np.all(np.mod(y, 1) == 0):
-            raise PlanError(
-                "cross_entropy needs integer class labels", field="data.y_key", source=plan.source
-            )
+            raise TargetMisfit("cross_entropy needs integer class labels", "data.y_key")
         target_shape = y.shape[1:] if shape is None else shape[:-1]
         if math.prod(y.shape[1:]) != math.prod(target_shape):
-            raise PlanError(
+            raise _output_misfit(
+                plan,
                 f"labels have shape {list(y.shape[1:])} per row but the model's logits need "
                 f"{list(target_shape)}",
-                field="data.y_key",
-                source=plan.source,
+                "data.y_key",
             )
         labels = y.astype(np.int64).reshape(rows, *target_shape)
         classes = None if shape is None else shape[-1]
         if labels.min(initial=0) < 0 or (classes is not None and labels.max(initial=0) >= classes):
-            raise PlanError(
+            raise TargetMisfit(
                 f"labels span 0..{int(labels.max())} but the model's last layer has {classes} units",
-                field="model.layers",
-                source=plan.source,
+                "model.layers",
             )
         return labels
     target_shape = (-1,) if shape is None else shape
     if shape is not None and math.prod(y.shape[1:]) != math.prod(shape):
-        raise PlanError(
+        raise _output_misfit(
+            plan,
             f"targets have {math.prod(y.shape[1:])} values per row but the model's output has "
             f"shape {list(shape)}",
-            field="model.layers",
-            source=plan.source,
+            "model.layers",
         )
     return y.astype(np.float32).reshape(rows, *target_shape)
+
+
+def _output_misfit(plan: Plan, message: str, field: str) -> TargetMisfit:
+    """The misfit, naming the dense layer that reads an image where that is the cause: a
+    dense layer acts on the last axis only, so after a convolution or pooling without a
+    flatten the output keeps the image's height and width (Keras's Dense does the same)."""
+    reader = None if plan.model.native is not None else dense_on_image(plan.model.graph(plan.source))
+    if reader is None:
+        return TargetMisfit(message, field)
+    hint = (
+        f": this dense layer reads an image {list(reader.input_shape)} and acts on its last axis "
+        'only; add { type = "flatten" } before it'
+    )
+    return TargetMisfit(message + hint, reader.field)
 
 
 def _split(full: ArrayDataset, eval_fraction: float, seed: int) -> Datasets:

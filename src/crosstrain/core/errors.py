@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def closest_name(word: str, known: Iterable[str]) -> str | None:
+    """The known name nearest to ``word`` (difflib's ratio, ignoring case, so Keras's
+    ``MaxPooling2D`` finds ``maxpool2d``), or None when none is near."""
+    by_lower = {name.lower(): name for name in known}
+    found = difflib.get_close_matches(word.lower(), list(by_lower), n=1)
+    return by_lower[found[0]] if found else None
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """The tail of a refusal of an unknown name: ``"; did you mean 'dense'?"`` when a known
+    name is near, else the known names, so the line always says what would do."""
+    known = sorted(known)
+    match = closest_name(word, known)
+    return f"; did you mean {match!r}?" if match is not None else f" (known: {', '.join(known)})"
+
 
 class CrosstrainError(Exception):
     """Base of every error the CLI turns into a message and an exit code."""

@@ -19,7 +19,17 @@ import attrs
 import numpy as np
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.layers import Block, DType, Layer, Shape, Weights, WeightSpec, layer_name
+from crosstrain.core.layers import (
+    Block,
+    Dense,
+    DType,
+    Layer,
+    Shape,
+    Weights,
+    WeightSpec,
+    layer_name,
+    split_activation,
+)
 
 #: the node index that stands for the model's input
 MODEL_INPUT = -1
@@ -106,22 +116,27 @@ class _Builder:
     ) -> int:
         """Add the list's nodes; return the node holding the list's output."""
         named: dict[str, int] = {INPUT_NAME: list_input}
+        shifted: dict[str, str] = {}  # default names that count added activations -> field
         previous = list_input
-        for index, layer in enumerate(layers):
-            field = f"{place.field}[{index}]"
-            name = layer_name(layer, index)
+        for position, entry in enumerate(expand_activations(layers, place.field)):
+            field = entry.field
+            name = layer_name(entry.layer, position)
             if name in named:
                 raise self.error(f"the name {name!r} is used twice in this list", f"{field}.name")
-            inputs = self._resolve_inputs(layer, named, previous, field)
-            if isinstance(layer, Block):
-                previous = self._run_block(layer, name, inputs[0], place, index, field, stack)
+            inputs = self._resolve_inputs(entry.layer, named, shifted, previous, field)
+            if isinstance(entry.layer, Block):
+                previous = self._run_block(entry.layer, name, inputs[0], place, position, field, stack)
             else:
-                previous = self._add_node(layer, name, inputs, place, index, field)
+                previous = self._add_node(entry.layer, name, inputs, place, position, field)
             named[name] = previous
+            if entry.layer.name is None and entry.listed_at != position:
+                shifted[name] = field
+            if entry.added:  # Keras's meaning: a layer's output is after its activation
+                named[layer_name(layers[entry.listed_at], position - 1)] = previous
         return previous
 
     def _resolve_inputs(
-        self, layer: Layer, named: dict[str, int], previous: int, field: str
+        self, layer: Layer, named: dict[str, int], shifted: dict[str, str], previous: int, field: str
     ) -> tuple[int, ...]:
         if layer.inputs is None:
             if layer.arity is None:
@@ -135,6 +150,16 @@ class _Builder:
             raise self.error(
                 f"no earlier layer named {unknown[0]!r} in this list (known: {known})", f"{field}.inputs"
             )
+        ambiguous = [name for name in layer.inputs if name in shifted]
+        if ambiguous:
+            # the written list's positions and the default names differ from here on: a
+            # reference by default name could mean either layer, so it means none
+            raise self.error(
+                f"{ambiguous[0]!r} is the default name of {shifted[ambiguous[0]]}, which counts an "
+                "earlier layer's activation as a layer of its own; name the layer you mean "
+                "(name = ...) and use that name",
+                f"{field}.inputs",
+            )
         if layer.arity is not None and len(layer.inputs) != layer.arity:
             raise self.error(
                 f"{layer.type} takes {layer.arity} input, got {len(layer.inputs)}", f"{field}.inputs"
@@ -142,7 +167,7 @@ class _Builder:
         return tuple(named[name] for name in layer.inputs)
 
     def _add_node(
-        self, layer: Layer, name: str, inputs: tuple[int, ...], place: _ListPlace, index: int, field: str
+        self, layer: Layer, name: str, inputs: tuple[int, ...], place: _ListPlace, position: int, field: str
     ) -> int:
         for source in inputs:
             if self.dtypes[source] not in layer.accepts:
@@ -160,7 +185,7 @@ class _Builder:
             input_shapes=input_shapes,
             output_shape=output_shape,
             field=field,
-            seed_path=(*place.seed_path, index),
+            seed_path=(*place.seed_path, position),
         )
         self.nodes.append(node)
         self.shapes[node.index] = output_shape
@@ -173,7 +198,7 @@ class _Builder:
         name: str,
         list_input: int,
         place: _ListPlace,
-        index: int,
+        position: int,
         field: str,
         stack: tuple[str, ...],
     ) -> int:
@@ -187,7 +212,7 @@ class _Builder:
             inner = _ListPlace(
                 field=f"model.blocks.{layer.block}.layers",
                 path=f"{place.path}{name}.{repeat}.",
-                seed_path=(*place.seed_path, index, repeat),
+                seed_path=(*place.seed_path, position, repeat),
             )
             output = self.run_list(self.blocks[layer.block], output, inner, (*stack, layer.block))
         return output
@@ -217,12 +242,46 @@ def build_graph(
     return Graph(tuple(input_shape), input_dtype, tuple(builder.nodes), output)
 
 
+@attrs.frozen
+class ListEntry:
+    """One layer of a list as the graph reads it: a written layer, or the activation layer
+    that a written layer's ``activation`` adds after it."""
+
+    layer: Layer
+    field: str  # the plan field it comes from
+    listed_at: int  # the written layer's position in the list
+    added: bool = False  # the activation of the entry before it
+
+
+def expand_activations(layers: Sequence[Layer], list_field: str) -> Iterator[ListEntry]:
+    """The list with each ``activation = NAME`` written out as the layer it names, right
+    after its layer: ``dense activation=relu`` is ``dense``, ``relu`` to every backend, with
+    the same weights, names, initial values and dropout masks (default names and seeds
+    count list positions, the added activation's too)."""
+    for listed_at, written in enumerate(layers):
+        layer, activation = split_activation(written)
+        field = f"{list_field}[{listed_at}]"
+        yield ListEntry(layer, field, listed_at)
+        if activation is not None:
+            yield ListEntry(activation, f"{field}.activation", listed_at, added=True)
+
+
+def dense_on_image(graph: Graph) -> Node | None:
+    """The first dense node that reads an image ([height, width, channels]): where a flatten
+    was most likely forgotten."""
+    for node in graph.nodes:
+        if isinstance(node.layer, Dense) and len(node.input_shape) == 3:
+            return node
+    return None
+
+
 def iter_layers(
     layers: Sequence[Layer], blocks: Mapping[str, Sequence[Layer]]
 ) -> Iterator[tuple[str, Layer]]:
-    """Every (field, layer) of a model once, blocks included: what a vocabulary check walks."""
-    for index, layer in enumerate(layers):
-        yield f"model.layers[{index}]", layer
-    for block, block_layers in blocks.items():
-        for index, layer in enumerate(block_layers):
-            yield f"model.blocks.{block}.layers[{index}]", layer
+    """Every (field, layer) of a model once, blocks and added activations included: what a
+    vocabulary check walks."""
+    lists = [("model.layers", layers)]
+    lists += [(f"model.blocks.{block}.layers", block_layers) for block, block_layers in blocks.items()]
+    for list_field, list_layers in lists:
+        for entry in expand_activations(list_layers, list_field):
+            yield entry.field, entry.layer

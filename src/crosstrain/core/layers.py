@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Literal
 import attrs
 import numpy as np
 
+from crosstrain.core.errors import closest_name
+
 Shape = tuple[int, ...]
 Weights = dict[str, np.ndarray]
 Pair = tuple[int, int]
@@ -29,6 +31,19 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> 
     values = value if isinstance(value, tuple) else (value,)
     if any(item <= 0 for item in values):
         raise ValueError(f"'{attribute.name}' must be > 0, got {list(values) if len(values) > 1 else value}")
+
+
+def _known_activation(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """``activation`` is a name of :data:`ACTIVATIONS` (defined below, beside the layers it
+    adds); a name Keras knows that would compute something else here says why not."""
+    if value is None or value in ACTIVATIONS:
+        return
+    reason = NOT_ACTIVATIONS.get(value)
+    match = closest_name(value, ACTIVATIONS)
+    tail = f": {reason}" if reason else f"; did you mean {match!r}?" if match else ""
+    raise ValueError(
+        f"'{attribute.name}' must be one of {', '.join(sorted(ACTIVATIONS))}, got {value!r}{tail}"
+    )
 
 
 def as_pair(value: int | Sequence[int]) -> Pair:
@@ -116,6 +131,8 @@ class Dense(Layer):
     type: ClassVar[str] = "dense"
     units: int = attrs.field(validator=_positive)
     use_bias: bool = True
+    #: Keras's ``activation="relu"``: the graph adds that activation layer after this one
+    activation: str | None = attrs.field(default=None, kw_only=True, validator=_known_activation)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if not input_shape:
@@ -152,6 +169,8 @@ class Conv2D(Layer):
         default="valid", validator=attrs.validators.in_(("valid", "same"))
     )
     use_bias: bool = True
+    #: as dense's: the graph adds that activation layer after this one
+    activation: str | None = attrs.field(default=None, kw_only=True, validator=_known_activation)
 
     def __attrs_post_init__(self) -> None:
         # torch has no asymmetric 'same' padding for strides > 1; refusing it keeps parity honest.
@@ -267,6 +286,32 @@ class GELU(Layer):
 @attrs.frozen
 class Tanh(Layer):
     type: ClassVar[str] = "tanh"
+
+
+#: ``activation = NAME`` on a dense or conv2d layer, as Keras writes it: the layer that
+#: :func:`split_activation` puts after it (so every backend builds it with the tables it
+#: has). ``leaky_relu`` is Keras's activation function, whose slope is 0.2 (its LeakyReLU
+#: *layer*'s, and crosstrain's ``leaky_relu`` layer's default, is 0.3); ``linear`` is none.
+ACTIVATIONS: dict[str, Layer | None] = {
+    "relu": ReLU(),
+    "gelu": GELU(),
+    "tanh": Tanh(),
+    "leaky_relu": LeakyReLU(negative_slope=0.2),
+    "linear": None,
+}
+#: activation names Keras knows that are refused with the reason, rather than as unknown
+NOT_ACTIVATIONS = {
+    "softmax": "loss cross_entropy reads logits (Keras's from_logits=True), so the last layer "
+    "has no activation",
+}
+
+
+def split_activation(layer: Layer) -> tuple[Layer, Layer | None]:
+    """A layer with ``activation`` as the layer without it and the activation layer after
+    it; any other layer as itself and None."""
+    if not isinstance(layer, Dense | Conv2D) or layer.activation is None:
+        return layer, None
+    return attrs.evolve(layer, activation=None), ACTIVATIONS[layer.activation]
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -18,7 +19,7 @@ import numpy as np
 import pluggy
 
 from crosstrain.core import resume
-from crosstrain.core.checkpoint import save_checkpoint
+from crosstrain.core.checkpoint import load_checkpoint, save_checkpoint
 from crosstrain.core.context import RunContext
 from crosstrain.core.data import (
     ArrayDataset,
@@ -59,6 +60,15 @@ def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
     if plan.model.native is not None:
         return {}
     return plan.model.graph().init_weights(plan.seed)
+
+
+def starting_weights(job: Job, resumed: bool) -> dict[str, np.ndarray]:
+    """What the model is built with: ``job.init_from``'s weights for a new run started from
+    another run's (names and shapes were checked before launch; the optimizer starts fresh),
+    else the plan's seeded ones (a resumed run then loads its checkpoint over them)."""
+    if job.init_from is not None and not resumed:
+        return load_checkpoint(Path(job.init_from))
+    return initial_weights(job.plan)
 
 
 def fit(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> dict[str, Any]:
@@ -123,7 +133,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     )
     heartbeat = Heartbeat(world.process_index)  # a launcher watching names a rank that stops
     try:
-        state = strategy.build(plan, initial_weights(plan))
+        state = strategy.build(plan, starting_weights(job, resumed=checkpoint is not None))
         if isinstance(strategy, PlacesData):
             strategy.place_data(state, datasets)
         progress = _Progress(start_step=context.start_step)
@@ -131,6 +141,8 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
             resume.restore(strategy, state, checkpoint, progress)
             progress.epochs_run = -(-progress.step // max(sampler.steps_per_epoch, 1))  # begun so far
         hook.crosstrain_train_start(context=context)
+        if job.init_from is not None and checkpoint is None and datasets.eval is not None:
+            _evaluate_start(strategy, state, context, datasets.eval, progress, hook, heartbeat)
         schedule = LearningRateSchedule(plan.optimizer.lr, plan.schedule, context.total_steps)
         _train_epochs(strategy, state, context, datasets, sampler, schedule, progress, hook, heartbeat)
         if progress.stopped is None or progress.stopped["kind"] == "requested":
@@ -144,6 +156,22 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     finally:
         heartbeat.close()
     return summary, state
+
+
+def _evaluate_start(
+    strategy: DistributedStrategy,
+    state: Any,
+    context: RunContext,
+    dataset: ArrayDataset,
+    progress: _Progress,
+    hook: pluggy.HookRelay,
+    heartbeat: Heartbeat,
+) -> None:
+    """A run started from another run's weights evaluates them before its first step (a
+    step-0 eval record): it starts where the source run ended, visibly."""
+    progress.eval_metrics = evaluate(strategy, state, dataset, context.plan, heartbeat)
+    progress.eval_step = 0
+    hook.crosstrain_eval_end(context=context, step=0, epoch=0, metrics=progress.eval_metrics)
 
 
 def _train_epochs(
@@ -174,6 +202,9 @@ def _train_epochs(
         reason = context.stop.reason or "stop requested on another rank"
         progress.stopped = {"kind": "requested", "reason": reason, "step": progress.step}
         if context.stop.restore_best:
+            # the last step's state first, so the run ends on a complete checkpoint to continue
+            if context.plan.output.checkpoint_every_steps and progress.checkpointed_step != progress.step:
+                _save_resumable(strategy, state, context, progress, schedule, hook)
             progress.stopped["restored_step"] = resume.restore_best(strategy, state, context, progress)
 
 
@@ -185,9 +216,11 @@ def _save_final(
     schedule: LearningRateSchedule,
     hook: pluggy.HookRelay,
 ) -> None:
-    """The end-of-run checkpoint (when the plan asks for them) and the final weights."""
+    """The end-of-run checkpoint (when the plan asks for them: the final state is then always
+    a complete checkpoint, which ``--resume`` continues to a new end) and the final weights."""
     plan = context.plan
     # restored best weights beside the last step's optimizer state would not resume exactly
+    # (_train_epochs saved the last step's state before restoring them)
     restored = progress.stopped is not None and "restored_step" in progress.stopped
     if plan.output.checkpoint_every_steps and progress.checkpointed_step != progress.step and not restored:
         _save_resumable(strategy, state, context, progress, schedule, hook)

@@ -104,19 +104,24 @@ class ModelSpec:
 @attrs.frozen
 class DataSpec:
     """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download),
-    "npz" (``path`` with arrays ``x_key``/``y_key``), "npy" (``x_path``/``y_path``, and
-    optionally ``eval_x_path``/``eval_y_path``: arrays memory-mapped and read by row index,
-    never loaded whole), "tokens" (``path``: a 1-D integer .npy,
-    memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
+    "npz" (``path`` with arrays ``x_key``/``y_key``; ``eval_x_key``/``eval_y_key``: the eval
+    set's arrays in the same file, as Keras's mnist.npz holds x_test/y_test), "npy"
+    (``x_path``/``y_path``, and optionally ``eval_x_path``/``eval_y_path``: arrays
+    memory-mapped and read by row index, never loaded whole), "tokens" (``path``: a 1-D
+    integer .npy, memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
     shifted by one) or "python-stdlib" (the bytes of this Python's standard library, as
-    tokens). The eval set is ``eval_path`` if given, else a seeded ``eval_fraction`` of the
-    rows (for tokens: the last windows). ``limit`` keeps the first rows."""
+    tokens). The eval set is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
+    else ``x_key``/``y_key``), else the eval keys' arrays of ``path``, else a seeded
+    ``eval_fraction`` of the rows (for tokens: the last windows). ``limit`` keeps the first
+    rows."""
 
     source: DataSource = "digits"
     path: str | None = None
     sequence_length: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt0))
     x_key: str = "x"
     y_key: str = "y"
+    eval_x_key: str | None = None
+    eval_y_key: str | None = None
     eval_fraction: float = attrs.field(default=0.2, validator=[_ge0, _lt1])
     eval_path: str | None = None
     x_path: str | None = None
@@ -148,6 +153,13 @@ class DataSpec:
             raise ValueError("source 'npy' needs data.x_path and data.y_path")
         if (self.eval_x_path is None) != (self.eval_y_path is None):
             raise ValueError("data.eval_x_path and data.eval_y_path come together")
+        if (self.eval_x_key is None) != (self.eval_y_key is None):
+            raise ValueError("eval_x_key and eval_y_key come together")
+        if self.eval_x_key is not None and self.source != "npz" and self.eval_path is None:
+            raise ValueError(
+                f"eval_x_key and eval_y_key name arrays of an .npz file (source 'npz', or an "
+                f"eval_path), not of source {self.source!r}"
+            )
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ learning rate from the step, so a resumed run takes exactly the uninterrupted ru
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -18,6 +19,7 @@ from crosstrain.core.checkpoint import (
     Checkpoint,
     LoopState,
     best_checkpoint,
+    check_written_by,
     plan_hash,
     prune,
     read_checkpoint,
@@ -73,9 +75,14 @@ def check_backend_supports(
 
 
 def find_resume_point(job: Job) -> Checkpoint | None:
-    """The checkpoint a resuming job continues from (None: start from step 0)."""
-    from pathlib import Path
-
+    """The checkpoint a resuming job continues from (None: start from step 0): the one the
+    admission step chose (``job.resume_from``, so every worker reads the checkpoint that was
+    verified and named before launch), else the run folder's newest intact one (a group
+    restarted after a failure continues from the newest checkpoint it wrote itself)."""
+    if job.resume_from is not None:
+        path = Path(job.resume_from)
+        check_written_by(path, job.plan)
+        return read_checkpoint(path)
     return resume_point(Path(job.out_dir), job.plan) if job.resume else None
 
 

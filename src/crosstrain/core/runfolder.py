@@ -5,6 +5,9 @@ it (``--resume``: it must hold a complete checkpoint) or replaces it (``--overwr
 removes those outputs and nothing else: a plan file kept beside them stays).
 While a run is in progress its launcher holds an exclusive lock on
 ``.crosstrain.lock`` in the folder; a second run into the same folder is refused.
+
+A resumed run continues the plan it was started with: ``plan.json`` (overrides included),
+changed only where :func:`continued_plan` allows (the output section and the run's length).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from crosstrain.core.checkpoint import last_checkpoint
-from crosstrain.core.errors import RunFolderError
+import attrs
+
+from crosstrain.core.checkpoint import MODEL_FILE, last_checkpoint
+from crosstrain.core.errors import InputError, RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
 
 LOCK_FILE = ".crosstrain.lock"
@@ -56,6 +61,11 @@ def check_request(out_dir: Path, resume: bool, overwrite: bool) -> None:
     if resume and not out_dir.is_dir():
         raise RunFolderError(f"--resume: no run folder {out_dir}")
     if resume and last_checkpoint(out_dir) is None:
+        if (out_dir / MODEL_FILE).is_file():  # a finished run that wrote no checkpoints
+            raise RunFolderError(
+                f"--resume: {out_dir} has no checkpoint to continue (its run did not set "
+                f"output.checkpoint_every_steps); --init-from {out_dir} starts a new run from its weights"
+            )
         raise RunFolderError(
             f"--resume: {out_dir} has no complete checkpoint (set output.checkpoint_every_steps); "
             f"--overwrite starts it again"
@@ -100,14 +110,19 @@ def _locked(out_dir: Path) -> Iterator[None]:
         handle.close()
 
 
-def write_run_plan(out_dir: Path, plan: Plan) -> Path:
-    """The plan as run, as JSON, replaced atomically (a resumed run may change its output)."""
+def write_run_plan(out_dir: Path, plan: Plan, init_from: str | None = None) -> Path:
+    """The plan as run, as JSON, replaced atomically (a resumed run may change its output
+    and its length); ``init_from``: the weights a new run started from (``--init-from``)."""
     from crosstrain.core.convert import unstructure_plan
 
     path = Path(out_dir) / PLAN_FILE
     temporary = path.with_name(path.name + ".tmp")
     source = str(Path(plan.source).resolve()) if plan.source else None
-    document = {"source": source, "plan": unstructure_plan(plan)}
+    document: dict[str, Any] = {"source": source, "plan": unstructure_plan(plan)}
+    if init_from is None and path.is_file():  # a resumed run keeps what it started from
+        init_from = _read_document(path).get("init_from")
+    if init_from is not None:
+        document["init_from"] = init_from
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, path)
     return path
@@ -128,10 +143,141 @@ def read_run_plan(run_dir: Path) -> Plan:
     if not path.is_file():
         raise RunFolderError(f"{path}: no such file (a run folder written by crosstrain run holds it)")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-        raw = document["plan"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        raw = _read_document(path)["plan"]
+    except (KeyError, TypeError) as error:
         raise RunFolderError(f"{path}: not a crosstrain plan file ({error})") from None
     plan = structure_plan(raw, source=str(path))
     validate_plan(plan)
     return plan
+
+
+def _read_document(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunFolderError(f"{path}: not a crosstrain plan file ({error})") from None
+    if not isinstance(document, dict):
+        raise RunFolderError(f"{path}: not a crosstrain plan file")
+    return document
+
+
+# --------------------------------------------------------------------------- a continued run
+
+#: the fields of a plan that may change when its run continues (``--resume``): where and how
+#: often it writes, and how long it runs (the run continues to the new end)
+MAY_CHANGE = ("output", "train.epochs", "train.max_steps")
+_ABSENT = object()
+
+
+class _Entries(int):
+    """A list of tables' length, compared as one field of the list."""
+
+    def __str__(self) -> str:
+        return f"{int(self)} entries" if self != 1 else "1 entry"
+
+
+@attrs.frozen
+class PlanChange:
+    """One field that differs between the run's plan and the one asked for now."""
+
+    field: str
+    before: Any
+    after: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: {_shown(self.before)} in the run, {_shown(self.after)} now"
+
+
+def continued_plan(
+    run_dir: Path, requested: Plan, stated: Collection[str] | None
+) -> tuple[Plan, list[PlanChange]]:
+    """The plan a resumed run continues with: the run's own (``plan.json``: its overrides
+    included), with the changes ``requested`` states, and those changes.
+
+    ``stated``: the fields the user gave now (a plan file's keys, ``--set`` fields; a field
+    covers everything under it); None: every field (a Python plan). A field left unstated
+    keeps the run's value, so a run started with ``--set`` overrides continues with them.
+    A stated field that differs from the run and is not in :data:`MAY_CHANGE` is refused,
+    every such field named with both values, before anything starts."""
+    from crosstrain.core.convert import structure_plan, unstructure_plan
+
+    run = read_run_plan(run_dir)
+    before, after = _leaves(unstructure_plan(run)), _leaves(unstructure_plan(requested))
+    fields = [*before, *(field for field in after if field not in before)]
+    changes = [
+        PlanChange(field, before.get(field, _ABSENT), after.get(field, _ABSENT))
+        for field in fields
+        if _is_stated(field, stated) and before.get(field, _ABSENT) != after.get(field, _ABSENT)
+    ]
+    # a list that grew or shrank is one change, not one per entry beyond the shorter one
+    resized = [change.field for change in changes if isinstance(change.before, _Entries)]
+    changes = [change for change in changes if not change.field.startswith(tuple(f"{f}[" for f in resized))]
+    refused = [change for change in changes if not _may_change(change.field)]
+    if refused:
+        raise InputError(
+            f"--resume: {'; '.join(str(change) for change in refused)}; only the output section, "
+            f"train.epochs and train.max_steps may change when a run continues "
+            f"({Path(run_dir) / PLAN_FILE} holds its plan: --resume without a plan file "
+            f"continues it as it was)"
+        )
+    raw = unstructure_plan(run)
+    for change in changes:
+        section, _, key = change.field.partition(".")
+        raw[section][key] = None if change.after is _ABSENT else change.after
+    plan = structure_plan(raw, source=_continued_source(run_dir, requested))
+    validate_plan(plan)
+    return plan, changes
+
+
+def _continued_source(run_dir: Path, requested: Plan) -> str:
+    """The plan file a continued run names (a native model's module sits beside it)."""
+    if requested.source is not None and Path(requested.source).is_file():
+        return requested.source
+    recorded = run_plan_source(run_dir)
+    return str(recorded) if recorded is not None and recorded.is_file() else str(Path(run_dir) / PLAN_FILE)
+
+
+def _may_change(field: str) -> bool:
+    return any(field == allowed or field.startswith(allowed + ".") for allowed in MAY_CHANGE)
+
+
+def _is_stated(field: str, stated: Collection[str] | None) -> bool:
+    if stated is None:
+        return True
+    return any(field == given or field.startswith((given + ".", given + "[")) for given in stated)
+
+
+def _leaves(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every value of an unstructured plan under its field path (``model.layers[0].units``);
+    a list of plain values (a shape) is one value."""
+    found: dict[str, Any] = {}
+    for key, value in raw.items():
+        _add_leaves(found, f"{prefix}{key}", value)
+    return found
+
+
+def _add_leaves(found: dict[str, Any], field: str, value: Any) -> None:
+    if isinstance(value, Mapping):
+        found.update(_leaves(value, field + "."))
+    elif isinstance(value, list | tuple) and any(isinstance(item, Mapping) for item in value):
+        found[field] = _Entries(len(value))
+        for index, item in enumerate(value):
+            _add_leaves(found, f"{field}[{index}]", item)
+    elif isinstance(value, list | tuple):
+        found[field] = [list(item) if isinstance(item, tuple) else item for item in value]
+    else:
+        found[field] = value
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "absent"
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, list):
+        return json.dumps(value)
+    return str(value)

@@ -80,6 +80,15 @@ class Job:
     #: none: a worker group restarted before its first checkpoint). The CLI's ``--resume``
     #: sets it; a launcher that restarts its workers sets it on the restarted ones.
     resume: bool = False
+    #: the checkpoint folder a resumed run continues from, chosen and verified before launch
+    #: (the newest intact one: :func:`crosstrain.core.admission.admit` sets it), so every
+    #: worker reads that one rather than searching again; None: the workers search (a
+    #: restarted group continues from the newest checkpoint it wrote itself)
+    resume_from: str | None = None
+    #: a new run starts from these weights (a safetensors file under neutral names, checked
+    #: against the plan's model before launch: ``--init-from``); the optimizer starts fresh
+    #: at step 0, and the run evaluates the weights before its first step
+    init_from: str | None = None
     #: how many times a launcher that can restart its workers (torch's elastic agent)
     #: restarts the whole group after a failure; each restart resumes
     max_restarts: int = 0
@@ -274,8 +283,10 @@ class Exports(Protocol):
 
     def export(self, state: Any, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
         """Write ``state``'s model in ``format_name`` under ``out`` (a folder) and return the
-        files written. ``sample`` is a few rows of input (scaled as the model sees them):
-        the export checks that what it wrote computes :meth:`Predicts.predict`'s outputs."""
+        files written. What is written takes raw rows, as ``crosstrain predict`` does: it
+        applies the plan's input scaling (``plan.data.scaling``) before the model.
+        ``sample`` is a few such raw rows: the export checks that what it wrote computes
+        :meth:`Predicts.predict`'s outputs on them scaled."""
         ...
 
 

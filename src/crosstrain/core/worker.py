@@ -23,8 +23,10 @@ from crosstrain.core.strategy import DistributedStrategy, Job
 def attempt_job(job: Job, restart_count: int) -> Job:
     """The job a (re)started worker runs: a launcher that restarted its group after a
     failure (``restart_count`` > 0) resumes from the run folder's last checkpoint, or from
-    the start when there is none yet. Launchers call this with their own restart count."""
-    return attrs.evolve(job, resume=True) if restart_count > 0 else job
+    the start when there is none yet. Launchers call this with their own restart count.
+    The checkpoint chosen at launch (``resume_from``) is dropped: the group may have written
+    newer ones since."""
+    return attrs.evolve(job, resume=True, resume_from=None) if restart_count > 0 else job
 
 
 def load_hooks(job: Job) -> pluggy.HookRelay:

@@ -15,8 +15,10 @@ as data gathered on the host, a compiled step and accumulated micro-batches trai
 the plain step, the README's digits example reaches 95 %, the backend agrees step by step
 with the torch reference (when torch is installed), a failing rank ends the run naming it
 (the whole fault matrix: :mod:`crosstrain.testing.fault_matrix`), a run resumed from its
-last checkpoint after a failure (by ``--resume``, or by the launcher under
-``--max-restarts``) takes exactly the uninterrupted run's steps, a non-finite loss stops
+last checkpoint after a failure (by ``--resume`` from the run folder alone, or by the
+launcher under ``--max-restarts``) takes exactly the uninterrupted run's steps and writes
+its checkpoints, a new run from a finished run's weights (``--init-from``, also torch's)
+evaluates them at step 0 as the source run did at its end, a non-finite loss stops
 the run at its step (or is skipped), a plan the backend cannot build is refused before
 launch, and a finished run evaluates and predicts in one process to the metrics training
 measured.
@@ -86,31 +88,38 @@ def fail_then_resume(
     backend: str, plan: Path, out: Path, nproc: int, resume_backend: str | None = None
 ) -> Path:
     """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
-    ``--resume`` (on ``resume_backend``, by default the same) finishes the run."""
-    common = (
-        "--nproc",
-        str(nproc),
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        "--set",
-        f"train.max_steps={STEPS}",
-    )
+    ``--resume`` (on ``resume_backend``, by default the same) finishes the run from the run
+    folder alone: no plan file, none of the run's ``--set`` overrides typed again. Its
+    checkpoints are then those of a run never interrupted."""
+    common = ("--nproc", str(nproc), "--device", "cpu", "--out", str(out))
     failed = run_cli(
         "-p", "no:progress", "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", backend,
-        *common, *RESUME_SETTINGS, env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP)},
+        *common, "--set", f"train.max_steps={STEPS}", *RESUME_SETTINGS,
+        env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP)},
     )  # fmt: skip
     assert_failed_naming_the_rank(failed, f"RuntimeError: injected failure at step {FAIL_STEP}")
     last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     assert complete_checkpoints(out)[-1][0] == last
-    resumed = run_cli(
-        "-p", "no:progress", "run", str(plan), "--backend", resume_backend or backend, *common,
-        *RESUME_SETTINGS, "--resume",
-    )  # fmt: skip
+    resumed = run_cli("-p", "no:progress", "run", "--backend", resume_backend or backend, *common, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(out)["resumed_from_step"] == last
+    every_checkpoint = [*range(CHECKPOINT_EVERY, STEPS, CHECKPOINT_EVERY), STEPS]  # and the end's
+    assert [step for step, _ in complete_checkpoints(out)] == every_checkpoint[-3:]  # keep_checkpoints
     return out
+
+
+def start_from(backend: str, plan: Path, source: Path, out: Path, nproc: int) -> dict[str, float]:
+    """A new one-step run of ``plan`` on ``backend`` with ``--init-from source`` (a finished
+    run's folder); the evaluation of its starting weights, which it records at step 0."""
+    result = run_cli(
+        "-p", "no:progress", "run", str(plan), "--backend", backend, "--nproc", str(nproc), "--device", "cpu",
+        "--out", str(out), "--init-from", str(source), "--set", "train.max_steps=1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and "eval" in records[0], records[:2]
+    assert summary(out)["steps"] == 1 and summary(out)["resumed_from_step"] is None  # a new run
+    return dict(records[0]["eval"])
 
 
 def spoken_plans(backend: str, directory: Path) -> list[str]:
@@ -238,6 +247,16 @@ class BackendConformance(SharesRuns):
         assert np.array_equal(step_losses(resumed), step_losses(uninterrupted))  # each step once
         assert summary(resumed)["eval"] == summary(uninterrupted)["eval"]
         assert summary(resumed)["train"] == summary(uninterrupted)["train"]
+
+    def test_a_new_run_starts_from_a_finished_run_s_weights(
+        self, world_runs: WorldRuns, tmp_path: Path
+    ) -> None:
+        """``--init-from RUN_DIR``: a new run from the run's final weights (optimizer fresh,
+        step 0) evaluates them first: its step-0 evaluation is the source run's final one."""
+        source = world_runs["dropout_mlp"][1]
+        plan = write_plan(tmp_path, "dropout_mlp")
+        started = start_from(self.backend, plan, source, tmp_path / "run", self.nproc)
+        assert started == summary(source)["eval"]  # the same weights, layout and backend: the same bits
 
     def test_a_restarted_group_trains_like_an_uninterrupted_run(
         self, world_runs: dict[str, tuple[Path, Path]], tmp_path: Path
@@ -404,6 +423,14 @@ class AgreesWithTorch(SharesRuns):
         assert_same_eval(
             summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1
         )
+
+    def test_starts_from_the_torch_reference_s_weights(self, runs: RunCache, tmp_path: Path) -> None:
+        """``--init-from`` a finished torch run: this backend's first (step-0) evaluation of
+        the neutral weights is torch's final evaluation, within parity tolerance."""
+        source = runs("torch", "dropout_mlp", self.nproc)
+        plan = write_plan(tmp_path, "dropout_mlp")
+        started = start_from(self.backend, plan, source, tmp_path / "run", self.nproc)
+        assert_same_eval(started, summary(source)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1)
 
     def test_resumes_across_frameworks(self, runs: RunCache, tmp_path: Path) -> None:
         """A checkpoint's neutral weights and optimizer slots continue on the other framework:

@@ -1,6 +1,7 @@
 """One small case per core layer type, and the torch reference's forward and gradients on
 it: every backend's per-op parity test (crosstrain's tf, a third party's) compares against
-the same numbers.
+the same numbers. :data:`PARITY_CASES` is every case: one per layer type (:data:`CASES`),
+and the other ways of writing layers (:data:`FORM_CASES`).
 
 A backend's test builds its model from :func:`case_plan`, loads :func:`case_weights`,
 runs a training forward on ``inputs["x"]`` with the row mask, row positions and
@@ -77,6 +78,19 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     Block: ((5,), (Block(block="twice", repeat=2),)),
 }
 _BLOCKS = {"twice": BlockSpec(layers=(Dense(units=5), Tanh()))}
+#: ways of writing layers beyond one case per type, by name: Keras's ``activation =`` on
+#: dense and conv2d (core writes it out as the activation layer after it)
+FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
+    "dense_activation": ((5, 6), (Dense(units=4, activation="relu"), Dense(units=3, activation="gelu"))),
+    "conv2d_activation": ((7, 6, 3), (Conv2D(filters=4, kernel_size=(3, 2), activation="leaky_relu"),)),
+}
+#: every case a backend's per-op parity test runs: a layer type, or a form's name
+PARITY_CASES: list[type[Layer] | str] = [*CASES, *FORM_CASES]
+
+
+def case_id(kind: type[Layer] | str) -> str:
+    """A case's test id: the layer type's tag, or the form's name."""
+    return kind if isinstance(kind, str) else kind.type
 
 
 def missing_cases() -> list[str]:
@@ -84,8 +98,8 @@ def missing_cases() -> list[str]:
     return sorted(kind.type for kind in set(LAYER_TYPES.values()) - set(CASES))
 
 
-def case_plan(kind: type[Layer]) -> Plan:
-    input_shape, layers = CASES[kind]
+def case_plan(kind: type[Layer] | str) -> Plan:
+    input_shape, layers = FORM_CASES[kind] if isinstance(kind, str) else CASES[kind]
     dtype: DType = "int32" if kind is Embedding else "float32"
     blocks = dict(_BLOCKS) if kind is Block else {}
     return Plan(

@@ -9,6 +9,12 @@ in layers.py), copies the weights, saves it, loads
 it back and checks its outputs against crosstrain's. A layer with no stock equivalent
 (attention, the position table) is refused in one line naming it. A user's native Keras
 model is saved as it is.
+
+Either way the saved model takes the raw rows ``crosstrain predict`` takes: it begins
+with the plan's input scaling as stock layers, ``Rescaling(scale)`` for ``data.scale``
+and ``Normalization(mean, variance = std**2)`` for ``data.mean``/``std``, which compute
+training's float32 operations bit for bit (x * scale, then (x - mean) / sqrt(std**2),
+and in binary floating point sqrt(fl(s * s)) is s).
 """
 
 from __future__ import annotations
@@ -23,17 +29,43 @@ from crosstrain.backends.tf.layers import LAYERS
 from crosstrain.core.errors import InputError
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.plan import Plan
+from crosstrain.core.scaling import InputScaling
 
 MODEL_FILE = "model.keras"
 #: largest difference between the saved model's outputs and crosstrain's
 TOLERANCE = 1e-5
 
 
-def stock_model(plan: Plan, weights: dict[str, np.ndarray]) -> keras.Model:
-    """The plan's graph as a functional model of stock Keras layers, holding ``weights``."""
-    graph = plan.model.graph(plan.source)
+def scaling_layers(scaling: InputScaling, channels: int) -> list[keras.layers.Layer]:
+    """Stock layers that compute ``scaling`` (none for the identity)."""
+    layers: list[keras.layers.Layer] = []
+    if scaling.scale != 1.0:
+        layers.append(keras.layers.Rescaling(scale=scaling.scale, name="scale"))
+    if any(operation != "mul" for operation, _ in scaling.steps()):
+        mean = np.broadcast_to(np.asarray(scaling.mean or (0.0,), np.float32), (channels,))
+        std = np.broadcast_to(np.asarray(scaling.std or (1.0,), np.float32), (channels,))
+        variance = std * std  # rounded to float32: its float32 square root is std again
+        layers.append(
+            keras.layers.Normalization(mean=mean.tolist(), variance=variance.tolist(), name="normalise")
+        )
+    return layers
+
+
+def _scaled_input(plan: Plan) -> tuple[Any, Any]:
+    """The model's raw input and its value after the plan's input scaling."""
     inputs = keras.Input(shape=plan.model.input_shape, dtype=plan.model.input_dtype, name="x")
-    values: dict[int, Any] = {MODEL_INPUT: inputs}
+    value = inputs
+    for layer in scaling_layers(plan.data.scaling, plan.model.input_shape[-1]):
+        value = layer(value)
+    return inputs, value
+
+
+def stock_model(plan: Plan, weights: dict[str, np.ndarray]) -> keras.Model:
+    """The plan's graph as a functional model of stock Keras layers, holding ``weights``,
+    taking raw rows."""
+    graph = plan.model.graph(plan.source)
+    inputs, scaled = _scaled_input(plan)
+    values: dict[int, Any] = {MODEL_INPUT: scaled}
     layers = []
     for node in graph.nodes:
         stock = LAYERS[type(node.layer)].stock()
@@ -54,6 +86,14 @@ def stock_model(plan: Plan, weights: dict[str, np.ndarray]) -> keras.Model:
     return model
 
 
+def native_model(model: keras.Model, plan: Plan) -> keras.Model:
+    """A user's native model, after the input scaling when the plan has one."""
+    if plan.data.scaling.is_identity:
+        return model
+    inputs, scaled = _scaled_input(plan)
+    return keras.Model(inputs, model(scaled), name=plan.name)
+
+
 def export_keras(
     model: keras.Model,
     plan: Plan,
@@ -62,9 +102,10 @@ def export_keras(
     expected: np.ndarray,
     sample: np.ndarray,
 ) -> list[Path]:
-    """Write ``model.keras`` under ``out`` (stock layers, or the native model as it is);
-    check that it loads and gives ``expected`` for ``sample``."""
-    exported = model if plan.model.native is not None else stock_model(plan, weights)
+    """Write ``model.keras`` under ``out`` (stock layers, or the native model as it is,
+    either after the input scaling); check that it loads and gives ``expected`` for
+    ``sample`` (raw rows)."""
+    exported = native_model(model, plan) if plan.model.native is not None else stock_model(plan, weights)
     out.mkdir(parents=True, exist_ok=True)
     path = out / MODEL_FILE
     exported.save(str(path))

@@ -305,7 +305,8 @@ class TfStrategy:
     def export(self, state: TfState, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
         from crosstrain.backends.tf.export import export_keras
 
-        expected = self.predict(state, sample)
+        scaling = state.plan.data.scaling  # the sample is raw rows; token ids are never scaled
+        expected = self.predict(state, sample if scaling.is_identity else scaling.apply(sample))
         weights = self.state_dict(state)
         return export_keras(state.model, state.plan, weights, out, expected, sample)
 

@@ -6,6 +6,10 @@ the graph as ATen operations with the weights inside, so ``torch.export.load`` n
 neither crosstrain nor the module's class (a user's native module included); TorchScript
 would script crosstrain's layer classes, and generated source would be a second copy of
 every layer to keep in step. The batch axis is dynamic: any number of rows.
+
+The program takes the raw rows ``crosstrain predict`` takes: it begins with the plan's
+input scaling (``data.scale``/``mean``/``std``), the same float32 operations training
+applies on the device. ``state_dict.pt`` is the module's weights alone.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from crosstrain.backends.torch.feed import scaler
 from crosstrain.core.errors import InputError
+from crosstrain.core.scaling import InputScaling
 
 PROGRAM_FILE = "model.pt2"
 STATE_DICT_FILE = "state_dict.pt"
@@ -26,21 +32,25 @@ TOLERANCE = 1e-5
 
 
 class _Inference(nn.Module):
-    """The model in inference mode, called with its input alone (a neutral GraphModule's
-    row mask, positions and step are for training only)."""
+    """The model in inference mode, called with its raw input alone: scaled as in training,
+    then the model (a neutral GraphModule's row mask, positions and step are for training
+    only)."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, scaling: InputScaling) -> None:
         super().__init__()
         self.module = module
+        self.scale = None if scaling.is_identity else scaler(scaling, torch.device("cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is not None:
+            x = self.scale(x)
         return self.module(x).float()  # type: ignore[no-any-return]
 
 
-def export_torch(module: nn.Module, out: Path, sample: np.ndarray) -> list[Path]:
+def export_torch(module: nn.Module, scaling: InputScaling, out: Path, sample: np.ndarray) -> list[Path]:
     """Write ``model.pt2`` and ``state_dict.pt`` under ``out``; check the program's outputs
-    on ``sample`` against the module's."""
-    wrapper = _Inference(copy.deepcopy(module).cpu().eval())
+    on ``sample`` (raw rows) against the module's on the scaled rows."""
+    wrapper = _Inference(copy.deepcopy(module).cpu().eval(), scaling)
     example = torch.from_numpy(np.ascontiguousarray(sample))
     rows = torch.export.Dim("rows", min=1)
     try:

@@ -195,7 +195,7 @@ class TorchStrategy:
     def export(self, state: TorchState, format_name: str, out: Path, sample: np.ndarray) -> list[Path]:
         from crosstrain.backends.torch.export import export_torch
 
-        return export_torch(state.module, out, sample)
+        return export_torch(state.module, state.plan.data.scaling, out, sample)
 
     def device_report(self, state: TorchState) -> dict[str, float | None]:
         import torch
