@@ -65,6 +65,8 @@ ROUNDING_BOUNDS: dict[str, float | None] = {"fp64": 1e-10, "fp32": 1e-5, "bf16":
 SEED_CONFIDENCE = 0.99
 #: the final metrics judged against the seed spread, as (label, summary section, key)
 SPREAD_METRICS = (("eval loss", "eval", "loss"), ("eval accuracy", "eval", "accuracy"))
+#: what is judged where a plan has no eval set (``data.eval_fraction = 0``)
+NO_EVAL_SPREAD_METRICS = (("final train loss", "train", "loss"),)
 #: the widest a table may be printed into a pipe or a log, unwrapped
 UNWRAPPED_WIDTH = 400
 #: how many steps after the horizon the table shows the difference at (log-spaced)
@@ -267,13 +269,17 @@ class MetricSpread:
 
 
 def seed_spreads(reference: BackendRun, seed_runs: Sequence[BackendRun]) -> list[MetricSpread]:
-    """The spread of each of :data:`SPREAD_METRICS` the reference reports, over the
-    reference and its seed runs; none without seed runs."""
+    """The spread of each of :data:`SPREAD_METRICS` the reference reports (of
+    :data:`NO_EVAL_SPREAD_METRICS` where it reports none: no eval set), over the reference
+    and its seed runs; none without seed runs."""
     if not seed_runs:
         return []
     runs = [reference, *seed_runs]
+    has_eval = any(
+        metric_value(reference.summary, section, key) is not None for _, section, key in SPREAD_METRICS
+    )
     spreads = []
-    for label, section, key in SPREAD_METRICS:
+    for label, section, key in SPREAD_METRICS if has_eval else NO_EVAL_SPREAD_METRICS:
         values = [metric_value(run.summary, section, key) for run in runs]
         if any(value is None for value in values):
             continue

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -212,6 +213,22 @@ def test_an_accuracy_resolves_one_eval_example_even_where_every_seed_lands_alike
     assert loss_spread.interval() == (0.5, 0.5)
 
 
+def test_without_an_eval_set_the_final_train_loss_is_judged() -> None:
+    def no_eval(run: BackendRun, train_loss: float) -> BackendRun:
+        return attrs.evolve(run, summary={"train": {"loss": train_loss}, "precision": "fp32"})
+
+    reference = no_eval(_run(REFERENCE, backend="torch"), 0.30)
+    seeds = [
+        no_eval(run, loss) for run, loss in zip(_seeds([0.5] * 3, [0.9] * 3), [0.32, 0.27, 0.35], strict=True)
+    ]
+    (spread,) = seed_spreads(reference, seeds)
+    assert (spread.label, spread.values) == ("final train loss", (0.30, 0.32, 0.27, 0.35))
+    comparison = compare_pair(reference, no_eval(_run(_drifting(20)), 0.31), 1e-4)
+    verdict = judge([comparison], [spread], [0, 1, 2, 3], "fp32", 0.01)
+    assert verdict.kind == "EQUIVALENT"
+    assert "tf's final train loss 0.3100 differs from torch's 0.3000 by 0.0100" in verdict.line
+
+
 # --------------------------------------------------------------------------- the files
 
 
@@ -270,9 +287,12 @@ def test_seed_runs_are_listed_with_their_roles_and_judged_again_from_the_folder(
         ("momentum-seed2", "seed", 2),
     ]
     assert json.loads((momentum_compare / "momentum-seed2" / "plan.json").read_text())["plan"]["seed"] == 2
-    again = cli_in_process(*MOMENTUM, "compare", str(momentum_compare))
+    image = momentum_compare.parent / "compare.png"
+    again = cli_in_process(*MOMENTUM, "compare", str(momentum_compare), "--plot", str(image))
     assert again.returncode == 0, again.stderr
-    assert again.stdout.strip().splitlines()[-1] == (momentum_compare / "verdict.txt").read_text()
+    *_, verdict, wrote = again.stdout.strip().splitlines()
+    assert verdict == (momentum_compare / "verdict.txt").read_text()
+    assert wrote == f"wrote {image}" and image.read_bytes()[:4] == b"\x89PNG"
     assert "momentum-0 seeds 0..2" in again.stdout  # the spread column
 
 
