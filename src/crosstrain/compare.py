@@ -56,9 +56,11 @@ Kind = Literal["AGREE", "EQUIVALENT", "DRIFTED", "DIFFERENT"]
 #: step 1's loss is the initial weights' forward, step 2's the first after an update
 EARLY_STEPS = 2
 #: the largest relative step-loss difference rounding makes in those steps, by
-#: ``train.precision``: measured ~1e-7 in fp32 (100x below the bound), where a learning
-#: rate 10 % off shows at ~1e-3. In bf16 and fp16 rounding alone differs by 1e-3 to 1e-2
-#: from the first step, as much as such a bug: no early check (None), the seed spread judges.
+#: ``train.precision``. fp32: measured up to 1.9e-7 (docs/running.md), a learning rate 10 %
+#: off 1.4e-3 to 1.5e-2; the bound sits 50x above the one and 100x below the other. fp64:
+#: not measured; its rounding is 5e8x finer than fp32's, the bound only 1e5x. bf16 (measured
+#: 4e-4 to 7e-4) and fp16 (unit roundoff 5e-4) round as much as such a bug: no early check
+#: (None), the seed spread alone judges.
 ROUNDING_BOUNDS: dict[str, float | None] = {"fp64": 1e-10, "fp32": 1e-5, "bf16": None, "fp16": None}
 #: how sure a DIFFERENT must be: a candidate that drifts as far as another seed would is
 #: called DIFFERENT with at most this probability (for normally spread metrics)
@@ -367,10 +369,18 @@ def judge_candidate(
     if not spreads:
         return "DRIFTED", []
     candidate = comparison.candidate.summary
+    values = [metric_value(candidate, spread.section, spread.key) for spread in spreads]
+    missing = [
+        f"{name} reports no {spread.label}"
+        for spread, value in zip(spreads, values, strict=True)
+        if value is None
+    ]
+    if missing:
+        return "DIFFERENT", missing
     outside = [
         _spread_text(comparison, spread, seeds)
-        for spread in spreads
-        if not spread.holds(cast(float, metric_value(candidate, spread.section, spread.key)))
+        for spread, value in zip(spreads, values, strict=True)
+        if not spread.holds(cast(float, value))
     ]
     if outside:
         return "DIFFERENT", outside
@@ -494,6 +504,7 @@ def run_backends(
             f"{METRICS_PLUGIN!r} plugin writes: drop -p no:{METRICS_PLUGIN}"
         )
     listed = plan_runs(backends, plan.seed, seeds)
+    rounding_bound(plan.train.precision)  # known before anything runs
     cluster = detect_environment()
     jobs = []
     for run in listed:
