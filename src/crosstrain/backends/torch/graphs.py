@@ -93,7 +93,8 @@ class StepGraph:
     def __init__(self, device: torch.device, lr: torch.Tensor) -> None:
         self.device = device
         self.lr = lr  # the optimizer's own: its update reads it from the device
-        self.seed = torch.ones((), dtype=torch.float32, device=device)
+        # the loss's dtype: the weights' (float32; float64 under fp64)
+        self.seed = torch.ones((), dtype=lr.dtype, device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)
         self._values: dict[str, float] = {"lr": float("nan"), "seed": float("nan"), "step": -1.0}
         self.warm_steps = 0
