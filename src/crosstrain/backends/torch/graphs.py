@@ -59,6 +59,9 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
         (train.compile, "train.compile replays its own graphs"),
         (processes > 1, "several processes (DDP)"),
         (train.precision == "fp16", "fp16's loss scaler reads the device"),
+        # a captured Adam is fused and reads its learning rate as a float32 tensor: under
+        # fp64 that rounds every update's step size (and fp64 GPU steps are slow anyway)
+        (train.precision == "fp64", "fp64: a captured update reads its learning rate in float32"),
         (train.on_nonfinite == "skip", 'on_nonfinite = "skip" reads the device'),
         (plan.model.native is not None, "a native model"),
     )
@@ -93,8 +96,7 @@ class StepGraph:
     def __init__(self, device: torch.device, lr: torch.Tensor) -> None:
         self.device = device
         self.lr = lr  # the optimizer's own: its update reads it from the device
-        # the loss's dtype: the weights' (float32; float64 under fp64)
-        self.seed = torch.ones((), dtype=lr.dtype, device=device)
+        self.seed = torch.ones((), dtype=torch.float32, device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)
         self._values: dict[str, float] = {"lr": float("nan"), "seed": float("nan"), "step": -1.0}
         self.warm_steps = 0

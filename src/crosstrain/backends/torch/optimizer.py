@@ -62,7 +62,7 @@ def _learning_rate(params: Params, spec: OptimizerSpec, capturable: bool) -> flo
     CUDA graph (the replays read it there, and the host writes it as the schedule moves)."""
     if not capturable:
         return spec.lr
-    return torch.tensor(spec.lr, dtype=params[0].dtype, device=params[0].device)
+    return torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device)
 
 
 _ADAM_SLOTS = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
