@@ -9,7 +9,7 @@ import pytest
 
 from crosstrain.core.errors import PlanError
 from crosstrain.core.layers import Conv2D, Dense
-from crosstrain.core.plan import Plan, check_world_fits
+from crosstrain.core.plan import PRECISIONS, WEIGHT_DTYPES, Plan, check_world_fits
 from crosstrain.core.planfile import load_plan
 from tests.conftest import EXAMPLES, MLP_PLAN, run_cli
 
@@ -28,6 +28,15 @@ def test_overrides_change_any_field(write_plan: Callable[..., Path]) -> None:
     assert plan.optimizer.lr == 0.01
     assert plan.train.precision == "bf16"
     assert plan.name == "renamed"
+
+
+def test_every_precision_names_the_dtype_of_its_weights(write_plan: Callable[..., Path]) -> None:
+    """The one table every backend saves and loads weights by: float32 masters under the
+    mixed precisions, float64 only where the whole step is float64."""
+    assert tuple(WEIGHT_DTYPES) == PRECISIONS
+    assert [name for name, dtype in WEIGHT_DTYPES.items() if dtype == "float64"] == ["fp64"]
+    assert load_plan(write_plan(), ["train.precision='fp64'"]).train.weight_dtype == "float64"
+    assert load_plan(write_plan(), ["train.precision='bf16'"]).train.weight_dtype == "float32"
 
 
 def test_python_plan_loads(tmp_path: Path) -> None:

@@ -66,20 +66,35 @@ LayerT = TypeVar("LayerT", bound=Layer)
 
 @attrs.frozen
 class Compute:
-    """How the forward pass computes: the activations' dtype and the matmul precision.
-    Weights are float32 masters either way, cast where they are used."""
+    """How the forward pass computes: the activations' dtype and the matmul precision; and
+    ``full``, the weights' dtype (crosstrain's ``WEIGHT_DTYPES``), in which the outputs, the
+    loss, the normalisations and attention's softmax are computed whatever the precision.
+    Weights are masters in ``full``, cast where they are used."""
 
     dtype: np.dtype[Any]
     matmul: lax.Precision
+    full: np.dtype[Any]
 
 
 #: the precisions this backend speaks. fp16 is absent on purpose: it needs a loss scaler,
 #: which this example leaves out, and its absence from the vocabulary refuses it before launch.
+#: fp64 needs jax's 64-bit mode, which building an fp64 plan switches on (:func:`use_x64`).
 PRECISIONS: dict[str, Compute] = {
     # HIGHEST: GPUs would otherwise run fp32 matmuls in TF32 and lose parity
-    "fp32": Compute(np.dtype(np.float32), lax.Precision.HIGHEST),
-    "bf16": Compute(np.dtype(jnp.bfloat16), lax.Precision.DEFAULT),
+    "fp32": Compute(np.dtype(np.float32), lax.Precision.HIGHEST, np.dtype(np.float32)),
+    "bf16": Compute(np.dtype(jnp.bfloat16), lax.Precision.DEFAULT, np.dtype(np.float32)),
+    "fp64": Compute(np.dtype(np.float64), lax.Precision.HIGHEST, np.dtype(np.float64)),
 }
+
+
+def use_x64(plan: Plan) -> None:
+    """Switch on jax's 64-bit mode for this process when ``plan`` trains in float64 (jax
+    otherwise makes every float64 array float32). The mode is process-wide: the worker is a
+    process of its own, and code written for 32 bits here names its dtypes, so a float32
+    plan built later in the same process still computes in float32."""
+    wide = PRECISIONS[plan.train.precision].full.itemsize == 8
+    if wide and not jax.config.read("jax_enable_x64"):  # type: ignore[no-untyped-call]
+        jax.config.update("jax_enable_x64", True)  # type: ignore[no-untyped-call]
 
 
 # --------------------------------------------------------------------------- the forward pass
@@ -123,7 +138,7 @@ class Env:
 Apply = Callable[[Env, Sequence[jax.Array]], jax.Array]
 #: a table entry: the node (layer, shapes, weight prefix) -> its Apply
 Builder = Callable[[Node], Apply]
-#: forward(weights, x, train) -> (float32 outputs, updated non-trainable weights)
+#: forward(weights, x, train) -> (outputs in the weights' dtype, updated non-trainable weights)
 Forward = Callable[[Params, jax.Array, TrainInputs | None], tuple[jax.Array, dict[str, jax.Array]]]
 
 
@@ -141,7 +156,7 @@ def build_forward(plan: Plan) -> Forward:
         values = {MODEL_INPUT: x.astype(compute.dtype) if float_input else x}
         for node, apply in steps:
             values[node.index] = apply(env, [values[source] for source in node.inputs])
-        return values[graph.output].astype(jnp.float32), env.updates
+        return values[graph.output].astype(compute.full), env.updates
 
     return forward
 
@@ -316,7 +331,7 @@ def _layernorm(node: Node) -> Apply:
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         """Over the last axis, in float32 even in bf16 runs (as torch's autocast does)."""
         x = _single(inputs)
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(env.compute.full)
         mean = x32.mean(axis=-1, keepdims=True)
         variance = jnp.square(x32 - mean).mean(axis=-1, keepdims=True)
         normed = (x32 - mean) * lax.rsqrt(variance + eps)
@@ -354,7 +369,7 @@ def _batchnorm(node: Node) -> Apply:
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
-        x32 = x.astype(jnp.float32)  # computed in fp32 whatever the precision
+        x32 = x.astype(env.compute.full)  # computed in fp32 whatever the precision (fp64: float64)
         if env.train is None:
             mean = env.weights[names["moving_mean"]]
             variance = env.weights[names["moving_variance"]]
@@ -410,7 +425,7 @@ def _attention(node: Node) -> Apply:
 
         query, key, value = (split(project(name, x)) for name in ("query", "key", "value"))
         scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=env.compute.matmul,
-                            preferred_element_type=jnp.float32) / math.sqrt(head_units)
+                            preferred_element_type=env.compute.full) / math.sqrt(head_units)
         if visible is not None:
             scores = jnp.where(visible, scores, -jnp.inf)
         probabilities = jax.nn.softmax(scores, axis=-1).astype(x.dtype)  # softmax in fp32
@@ -467,8 +482,9 @@ LAYERS: dict[type[Layer], Builder] = {
 
 @attrs.frozen
 class Loss:
-    """One loss: each row's loss and (for classification) each row's correct positions,
-    in float32, and how many target positions a row's targets hold."""
+    """One loss: each row's loss (in the outputs' dtype: the weights') and (for
+    classification) each row's correct positions, and how many target positions a row's
+    targets hold."""
 
     row_loss: Callable[[jax.Array, jax.Array], jax.Array]
     row_hits: Callable[[jax.Array, jax.Array], jax.Array] | None

@@ -84,7 +84,7 @@ def sum_across_replicas(tensor: Any) -> Any:
 
 
 class NeutralBatchNorm(ContextLayer):
-    """docs/layers.md's batch norm, in fp32 (built with the float32 policy).
+    """docs/layers.md's batch norm, in fp32 (built with the float32 policy; float64 under fp64).
 
     The moving statistics are non-trainable variables updated in the forward pass. Every
     replica computes the same global statistics; ``ONLY_FIRST_REPLICA`` makes each update
@@ -114,7 +114,7 @@ class NeutralBatchNorm(ContextLayer):
     def call(
         self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
     ) -> Any:
-        x = tf.cast(inputs, tf.float32)
+        x = tf.cast(inputs, self.variable_dtype)
         if training:
             mean, variance = self._batch_statistics(x, weight)
         else:
@@ -125,7 +125,7 @@ class NeutralBatchNorm(ContextLayer):
         """Two all-reduced passes over the real rows: the mean, then the biased variance."""
         rank = len(x.shape)
         axes = list(range(rank - 1))
-        row_weight = tf.ones(tf.shape(x)[:1]) if weight is None else tf.cast(weight, tf.float32)
+        row_weight = tf.ones(tf.shape(x)[:1], x.dtype) if weight is None else tf.cast(weight, x.dtype)
         broadcast = tf.reshape(row_weight, [-1] + [1] * (rank - 1))
         positions = math.prod(x.shape[1:-1])
         count = tf.reduce_sum(row_weight) * positions
@@ -226,8 +226,8 @@ class PositionTable(keras.layers.Layer):  # type: ignore[misc]
 
 class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
     """Multi-head self-attention as docs/layers.md writes it: projections in the compute
-    dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32, later positions
-    masked when causal."""
+    dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32 (the variables' dtype:
+    float64 under fp64), later positions masked when causal."""
 
     def __init__(self, heads: int, causal: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -255,10 +255,11 @@ class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
             return tf.transpose(heads, [0, 2, 1, 3])
 
         query, key, value = split("query"), split("key"), split("value")
-        scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32) / math.sqrt(depth)
+        full = self.variable_dtype
+        scores = tf.cast(tf.matmul(query, key, transpose_b=True), full) / math.sqrt(depth)
         if self.causal:
             allowed = tf.linalg.band_part(tf.ones((length, length), tf.bool), -1, 0)
-            scores = tf.where(allowed, scores, tf.constant(-math.inf, tf.float32))
+            scores = tf.where(allowed, scores, tf.constant(-math.inf, full))
         weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
         attended = tf.transpose(tf.matmul(weights, value), [0, 2, 1, 3])
         return self._project(tf.reshape(attended, [-1, length, units]), "output")
@@ -344,8 +345,9 @@ def _avg_pool(layer: AvgPool2D, node: Node, options: NodeOptions) -> keras.layer
 
 
 def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.layers.Layer:
-    # the spec computes batch norm in fp32 whatever the precision
-    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype="float32")
+    # the spec computes batch norm in fp32 whatever the precision (fp64: in float64)
+    full = keras.DTypePolicy(options.policy).variable_dtype
+    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype=full)
 
 
 def _stock_batch_norm(layer: BatchNorm, node: Node) -> keras.layers.Layer:

@@ -23,8 +23,14 @@ from crosstrain.backends.tf.layers import LAYERS, ContextLayer, NodeOptions
 from crosstrain.core.graph import MODEL_INPUT, Graph
 from crosstrain.core.plan import Plan
 
-#: core precision -> Keras dtype policy: float32 variables, low-precision compute
-DTYPE_POLICIES: dict[str, str] = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+#: core precision -> Keras dtype policy: float32 variables, low-precision compute; fp64:
+#: float64 variables and compute (core's ``WEIGHT_DTYPES``)
+DTYPE_POLICIES: dict[str, str] = {
+    "fp32": "float32",
+    "bf16": "mixed_bfloat16",
+    "fp16": "mixed_float16",
+    "fp64": "float64",
+}
 
 
 class GraphModel(keras.Model):  # type: ignore[misc]
@@ -102,7 +108,11 @@ def build_model(plan: Plan) -> keras.Model:
 def forward(
     model: keras.Model, x: Any, *, training: bool, weight: Any = None, rows: Any = None, step: Any = None
 ) -> Any:
-    """The model's outputs; a native model gets its input alone, as it always has."""
+    """The model's outputs; a native model gets its input alone, as it always has. Float
+    rows reach the model in its variables' dtype: fp64 widens the float32 rows the feed
+    gives (exactly) to float64 here, once."""
+    if x.dtype.is_floating and x.dtype != model.variable_dtype:
+        x = tf.cast(x, model.variable_dtype)
     if isinstance(model, GraphModel):
         return model(x, training=training, weight=weight, rows=rows, step=step)
     return model(x, training=training)
@@ -133,16 +143,18 @@ def load_neutral(model: keras.Model, plan: Plan, weights: Mapping[str, np.ndarra
         raise KeyError(f"no variable for weights {unknown} in the tf model")
     for name, value in weights.items():
         variable = variables[name]
-        array = np.asarray(value, dtype=np.float32)
+        # in the variable's dtype: float32 and float64 weights load into either
+        array = np.asarray(value, dtype=variable.dtype)
         if tuple(variable.shape) != array.shape:
             raise ValueError(f"{name}: shape {list(array.shape)} does not fit {list(variable.shape)}")
         variable.assign(array)
 
 
 def neutral_state(model: keras.Model, plan: Plan) -> dict[str, np.ndarray]:
-    """The model's weights under neutral names and channels-last layouts, as float32 numpy."""
+    """The model's weights under neutral names and channels-last layouts, as numpy in the
+    plan's weight dtype (float32; float64 under fp64)."""
     return {
-        name: np.asarray(variable.numpy(), dtype=np.float32)
+        name: np.asarray(variable.numpy(), dtype=plan.train.weight_dtype)
         for name, variable in _neutral_variables(model).items()
     }
 
@@ -166,15 +178,24 @@ def _mse_rows(outputs: Any, targets: Any) -> Any:
     return tf.reduce_mean(_rows_of(tf.square(outputs - tf.reshape(targets, tf.shape(outputs)))), axis=1)
 
 
-#: core loss name -> loss of each row, in float32
+#: core loss name -> loss of each row, in the weights' dtype (float32; float64 under fp64)
 LOSSES: dict[str, Callable[[Any, Any], Any]] = {
     "cross_entropy": _cross_entropy_rows,
     "mse": _mse_rows,
 }
 
 
+def full_precision(tensor: Any) -> Any:
+    """The tensor in at least float32: bf16 and fp16 widened, float32 and float64 (fp64's)
+    as they are. The loss is computed there whatever the precision."""
+    return tensor if tensor.dtype == tf.float64 else tf.cast(tensor, tf.float32)
+
+
 def per_row_loss(name: str, outputs: Any, targets: Any) -> Any:
-    return LOSSES[name](tf.cast(outputs, tf.float32), targets)
+    outputs = full_precision(outputs)
+    if targets.dtype.is_floating:  # regression targets, read as float32: in the loss's dtype
+        targets = tf.cast(targets, outputs.dtype)
+    return LOSSES[name](outputs, targets)
 
 
 def correct_per_row(outputs: Any, targets: Any) -> Any:

@@ -187,7 +187,7 @@ class BatchNormNode(NodeModule):
         self.register_buffer("moving_variance", torch.ones(features))
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        x = inputs[0].float()
+        x = inputs[0].to(self.scale.dtype)  # the weights' dtype: float32 under autocast, or float64
         if not self.training:
             mean, variance = self.moving_mean, self.moving_variance
         else:
@@ -200,8 +200,8 @@ class BatchNormNode(NodeModule):
         self, x: torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert context.weight is not None, "batch norm trains on a row mask"
-        weight = context.weight.float().reshape(-1, *([1] * (x.dim() - 1)))
-        count = (context.weight.float().sum() * self.positions).reshape(1)
+        weight = context.weight.to(x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
+        count = (context.weight.to(x.dtype).sum() * self.positions).reshape(1)
         first = _sum_across(torch.cat([(x * weight).sum(self.axes), count]), context)
         count = first[-1].detach()
         # a micro-batch of padding only (the end of an epoch under accumulation): divide by

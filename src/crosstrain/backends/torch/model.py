@@ -163,7 +163,8 @@ def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray]) -> None:
-    """Copy neutral weights into the module (native models take native names as they are)."""
+    """Copy neutral weights into the module (native models take native names as they are),
+    cast to its dtype: float32 and float64 weights load into either."""
     if plan.model.native is not None:
         module.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
         return
@@ -180,9 +181,11 @@ def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray
 
 
 def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
-    """The module's weights (running statistics included) under neutral names and layouts."""
+    """The module's weights (running statistics included) under neutral names and layouts,
+    in the plan's weight dtype (float32; float64 under fp64)."""
+    dtype = getattr(torch, plan.train.weight_dtype)
     # copies: numpy views of live CPU parameters would change under later optimizer steps
-    params = {k: v.detach().float().cpu().numpy().copy() for k, v in module.state_dict().items()}
+    params = {k: _host_copy(v, dtype) for k, v in module.state_dict().items()}
     if plan.model.native is not None:
         return params
     state: dict[str, np.ndarray] = {}
@@ -209,15 +212,21 @@ def _mse_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return ((outputs - targets.reshape(outputs.shape)) ** 2).reshape(outputs.shape[0], -1).mean(dim=1)
 
 
-#: core loss name -> loss of each row, in float32
+#: core loss name -> loss of each row, in the weights' dtype (float32; float64 under fp64)
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "cross_entropy": _cross_entropy_rows,
     "mse": _mse_rows,
 }
 
 
+def full_precision(outputs: torch.Tensor) -> torch.Tensor:
+    """The outputs in at least float32: bf16 and fp16 autocast's widened, float32 and
+    float64 (fp64's) as they are. The loss is computed there whatever the precision."""
+    return outputs.to(torch.promote_types(outputs.dtype, torch.float32))
+
+
 def per_row_loss(name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return LOSSES[name](outputs.float(), targets)
+    return LOSSES[name](full_precision(outputs), targets)
 
 
 def summed_loss(
@@ -228,7 +237,7 @@ def summed_loss(
     of a small model is bound by the host, and this is one launch and a few calls fewer."""
     if weight is None and name == "cross_entropy":
         classes = outputs.shape[-1]
-        flat = outputs.float().reshape(-1, classes)
+        flat = full_precision(outputs).reshape(-1, classes)
         return F.cross_entropy(flat, targets.reshape(-1), reduction="sum")
     per_row = per_row_loss(name, outputs, targets)
     return (per_row if weight is None else per_row * weight).sum()
@@ -255,9 +264,15 @@ def neutral_parameters(
     }
 
 
+def _host_copy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """A numpy copy of a weight or a slot, in ``dtype``."""
+    return tensor.detach().to(dtype).cpu().numpy().copy()
+
+
 def to_neutral(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray:
-    """A tensor shaped like a parameter, as a float32 numpy copy in the neutral layout."""
-    array = tensor.detach().float().cpu().numpy().copy()
+    """A tensor shaped like a parameter (an optimizer slot), as a numpy copy in the neutral
+    layout: float32, or float64 for a float64 one (fp64's)."""
+    array = _host_copy(tensor, torch.promote_types(tensor.dtype, torch.float32))
     return np.ascontiguousarray(np.transpose(array, _inverse(axes)) if axes else array)
 
 
