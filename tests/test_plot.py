@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from crosstrain import CrosstrainError
-from crosstrain.compare import plan_runs, write_compare_file
+from crosstrain.compare.folders import write_compare_file
+from crosstrain.compare.launch import plan_runs
 from crosstrain.core.errors import RunDirError
 from crosstrain.core.planfile import load_plan
 from crosstrain.plot import (

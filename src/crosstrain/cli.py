@@ -260,14 +260,9 @@ _PLAN_ONLY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
 
 
 def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
-    from crosstrain.compare import (
-        CompareLaunch,
-        compare_plan,
-        is_run_or_compare_folder,
-        load_run_folders,
-        not_a_run_folder,
-        print_comparison,
-    )
+    from crosstrain.compare.folders import is_run_or_compare_folder, load_run_folders, not_a_run_folder
+    from crosstrain.compare.launch import CompareLaunch, compare_plan
+    from crosstrain.compare.report import print_comparison
     from crosstrain.plot import check_matplotlib, plot_runs
 
     first = Path(args.plan)

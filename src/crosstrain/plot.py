@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from crosstrain.compare import Role, compare_file_tolerance, compare_roles
+from crosstrain.compare.folders import Role, compare_file_tolerance, compare_roles
 from crosstrain.core.errors import CrosstrainError, RunDirError
 from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 

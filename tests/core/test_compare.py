@@ -12,17 +12,10 @@ import attrs
 import numpy as np
 import pytest
 
-from crosstrain.compare import (
-    BackendRun,
-    MetricSpread,
-    Verdict,
-    compare_pair,
-    judge,
-    plan_difference,
-    read_compare_file,
-    read_step_losses,
-    seed_spreads,
-)
+from crosstrain.compare.difference import BackendRun, compare_pair
+from crosstrain.compare.folders import plan_difference, read_compare_file, read_step_losses
+from crosstrain.compare.spread import MetricSpread, seed_spreads
+from crosstrain.compare.verdict import Verdict, judge
 from tests.conftest import EXAMPLES, InProcessCli, run_cli
 
 REFERENCE = 2.3 * np.exp(-np.arange(100) / 40)  # a falling loss curve of 100 steps
