@@ -190,12 +190,19 @@ def test_the_verdict_is_the_worst_candidates_and_the_horizon_the_earliest() -> N
 
 
 def test_the_spread_is_a_99_percent_prediction_interval_of_one_more_seed() -> None:
-    spread = MetricSpread("eval loss", "eval", "loss", (1.0, 2.0, 3.0, 4.0))
+    spread = MetricSpread("eval score", "eval", "score", (1.0, 2.0, 3.0, 4.0))
     t_3_995 = 5.840909  # Student's t, 3 degrees of freedom, 0.995 quantile (a printed table's)
     half = t_3_995 * np.std([1, 2, 3, 4], ddof=1) * np.sqrt(1 + 1 / 4)
     assert spread.interval() == pytest.approx((2.5 - half, 2.5 + half), rel=1e-6)
     assert (spread.low, spread.high, spread.spread) == (1.0, 4.0, 3.0)
     assert spread.holds(2.5 + half * 0.99) and not spread.holds(2.5 + half * 1.01)
+
+
+def test_the_interval_is_cut_to_the_values_a_metric_can_take() -> None:
+    loss = MetricSpread("eval loss", "eval", "loss", (0.1, 0.2, 0.3, 0.4))
+    accuracy = MetricSpread("eval accuracy", "eval", "accuracy", (0.6, 0.7, 0.8, 0.9))
+    assert loss.interval()[0] == 0.0 and loss.interval()[1] > 0.4
+    assert accuracy.interval()[1] == 1.0 and accuracy.interval()[0] < 0.6
 
 
 def test_an_accuracy_resolves_one_eval_example_even_where_every_seed_lands_alike() -> None:

@@ -18,6 +18,9 @@ SEED_CONFIDENCE = 0.99
 SPREAD_METRICS = (("eval loss", "eval", "loss"), ("eval accuracy", "eval", "accuracy"))
 #: what is judged where a plan has no eval set (``data.eval_fraction = 0``)
 NO_EVAL_SPREAD_METRICS = (("final train loss", "train", "loss"),)
+#: the values a metric can take: the interval is cut to them (a loss is never negative, an
+#: accuracy never above 1)
+METRIC_RANGES: dict[str, tuple[float, float]] = {"loss": (0.0, float("inf")), "accuracy": (0.0, 1.0)}
 
 
 def metric_value(summary: Mapping[str, Any], section: str, key: str) -> float | None:
@@ -52,14 +55,15 @@ class MetricSpread:
     def interval(self, confidence: float = SEED_CONFIDENCE) -> tuple[float, float]:
         """The prediction interval of one more seed: mean +- t * s * sqrt(1 + 1/n), with
         Student's t at n - 1 degrees of freedom (n runs, sample deviation s), widened to
-        the metric's resolution."""
+        the metric's resolution and cut to the values it can take."""
         from scipy import stats  # here: only a seed spread needs it, and it is slow to import
 
         values = np.array(self.values)
         quantile = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1))
         half = quantile * float(values.std(ddof=1)) * float(np.sqrt(1 + 1 / len(values)))
         half = max(half, self.resolution)
-        return float(values.mean()) - half, float(values.mean()) + half
+        lowest, highest = METRIC_RANGES.get(self.key, (-float("inf"), float("inf")))
+        return max(float(values.mean()) - half, lowest), min(float(values.mean()) + half, highest)
 
     def holds(self, value: float) -> bool:
         low, high = self.interval()
