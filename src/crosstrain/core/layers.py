@@ -466,14 +466,19 @@ def as_padding2d(value: int | Sequence[int] | Sequence[Sequence[int]]) -> tuple[
     left and right w) or [[top, bottom], [left, right]]."""
     if isinstance(value, int):
         return ((value, value), (value, value))
-    items = list(value)
-    if len(items) == 2 and all(isinstance(item, int) for item in items):
-        height, width = (int(item) for item in items)  # type: ignore[arg-type]
-        return ((height, height), (width, width))
-    if len(items) == 2 and not any(isinstance(item, int) for item in items):
-        rows, columns = (as_pair(item) for item in items)  # type: ignore[arg-type]
-        return (rows, columns)
+    items: list[int | Sequence[int]] = list(value)
+    if len(items) == 2:
+        height, width = items
+        if isinstance(height, int) and isinstance(width, int):
+            return ((height, height), (width, width))
+        if not isinstance(height, int) and not isinstance(width, int):
+            return (as_pair(height), as_pair(width))
     raise ValueError(f"expected an int, [h, w] or [[top, bottom], [left, right]], got {items}")
+
+
+def as_sizes(value: Sequence[int]) -> tuple[int, ...]:
+    """A list of ints (axes, sizes) as a tuple."""
+    return tuple(value)
 
 
 def _not_negative_padding(
@@ -569,7 +574,7 @@ class Reshape(Layer):
     the row's channels-last (row-major) order of values."""
 
     type: ClassVar[str] = "reshape"
-    target_shape: tuple[int, ...] = attrs.field(converter=tuple, validator=_target_shape)
+    target_shape: tuple[int, ...] = attrs.field(converter=as_sizes, validator=_target_shape)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         values = math.prod(input_shape)
@@ -589,7 +594,7 @@ class Transpose(Layer):
     not counted: ``perm = [1, 0]`` swaps a sequence's length and features)."""
 
     type: ClassVar[str] = "transpose"
-    perm: tuple[int, ...] = attrs.field(converter=tuple)
+    perm: tuple[int, ...] = attrs.field(converter=as_sizes)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if sorted(self.perm) != list(range(len(input_shape))):
@@ -606,7 +611,7 @@ class Mean(Layer):
     the [1, 1, channels] mean of a squeeze-and-excite gate."""
 
     type: ClassVar[str] = "mean"
-    axes: tuple[int, ...] = attrs.field(converter=tuple)
+    axes: tuple[int, ...] = attrs.field(converter=as_sizes)
     keepdims: bool = False
 
     @axes.validator

@@ -99,7 +99,7 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     ),
     Reshape: ((3, 4, 2), (Conv2D(filters=2, kernel_size=1), Reshape(target_shape=(-1, 4)))),
     Transpose: ((5, 6), (Transpose(perm=(1, 0)), Dense(units=3))),
-    Mean: ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # an NCHW image to [width]
+    Mean: ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, 1)))),  # of an NCHW image
     Rescale: ((10,), (Rescale(scale=0.5, offset=-1.0),)),
     ReLU: ((10,), (ReLU(),)),
     LeakyReLU: ((10,), (LeakyReLU(negative_slope=0.2),)),
@@ -153,6 +153,7 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
             Dense(units=4, activation="sigmoid"),
         ),
     ),
+    "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
     "conv1d_dilated_activation": (
         (10, 3),
         (Conv1D(filters=4, kernel_size=3, dilation=2, activation="swish"),),

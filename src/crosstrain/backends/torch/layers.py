@@ -144,12 +144,13 @@ class ConvNode(NodeModule):
     def __init__(self, layer: Conv2D, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.pads = _padding_arguments(layer.paddings(node.input_shape))
+        height, width = self.pads.symmetric
         self.conv = nn.Conv2d(
             node.input_shape[-1],
             layer.filters,
             layer.kernel_size,
             stride=layer.strides,
-            padding=self.pads.symmetric,
+            padding=(height, width),
             dilation=layer.dilation,
             groups=layer.groups,
             bias=layer.use_bias,
@@ -179,12 +180,13 @@ class Conv1DNode(NodeModule):
     def __init__(self, layer: Conv1D, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.pads = _padding_arguments((layer.paddings(node.input_shape),))
+        (length,) = self.pads.symmetric
         self.conv = nn.Conv1d(
             node.input_shape[-1],
             layer.filters,
             layer.kernel_size,
             stride=layer.strides,
-            padding=self.pads.symmetric,
+            padding=length,
             dilation=layer.dilation,
             groups=layer.groups,
             bias=layer.use_bias,
