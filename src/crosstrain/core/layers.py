@@ -442,6 +442,23 @@ class Conv2DTranspose(Layer):
         return height * width * self.kernel_size[0] * self.kernel_size[1] * channels * self.filters
 
 
+#: Keras's other UpSampling2D interpolations, refused with the reason (no backend could
+#: match torch's numbers to the parity tolerance)
+NOT_INTERPOLATIONS = {
+    "bicubic": "torch's bicubic kernel (a = -0.75) is not tf.image.resize's (Keys, a = -0.5)",
+    "lanczos3": "torch has no Lanczos resampling",
+    "lanczos5": "torch has no Lanczos resampling",
+}
+
+
+def _known_interpolation(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value in ("nearest", "bilinear"):
+        return
+    reason = NOT_INTERPOLATIONS.get(value)
+    tail = f": {reason}" if reason else ""
+    raise ValueError(f"'{attribute.name}' must be one of 'nearest', 'bilinear', got {value!r}{tail}")
+
+
 @attrs.frozen
 class UpSample2D(Layer):
     """Keras's UpSampling2D on NHWC input: each axis ``size`` times longer. ``nearest``
@@ -451,9 +468,7 @@ class UpSample2D(Layer):
 
     type: ClassVar[str] = "upsample2d"
     size: Pair = attrs.field(default=(2, 2), converter=as_pair, validator=_positive)
-    interpolation: Literal["nearest", "bilinear"] = attrs.field(
-        default="nearest", validator=attrs.validators.in_(("nearest", "bilinear"))
-    )
+    interpolation: str = attrs.field(default="nearest", validator=_known_interpolation)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         _expect_image(self, input_shape)

@@ -225,17 +225,23 @@ class ConvTransposeNode(NodeModule):
 
 class UpSampleNode(NodeModule):
     """Reads and writes NCHW (``Order.CHANNELS_FIRST``). Bilinear is torch's
-    ``align_corners=False``: half-pixel centres, as tf.image.resize."""
+    ``align_corners=False``: half-pixel centres, as tf.image.resize. Nearest repeats each
+    row and column, as Keras does (F.interpolate's nearest computes floor(o * in / out) in
+    float32, which a scale rounded down could put one row early)."""
 
     def __init__(self, layer: UpSample2D, node: Node, channels_first: bool) -> None:
         super().__init__()
-        self.size = node.output_shape[:2]
+        self.size, self.factors = node.output_shape[:2], layer.size
         self.bilinear = layer.interpolation == "bilinear"
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
         if self.bilinear:
-            return F.interpolate(inputs[0], size=self.size, mode="bilinear", align_corners=False)
-        return F.interpolate(inputs[0], size=self.size, mode="nearest")  # repeats: floor(o / size)
+            return F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
+        batch, channels, height, width = x.shape
+        rows, columns = self.factors
+        repeated = x[:, :, :, None, :, None].expand(batch, channels, height, rows, width, columns)
+        return repeated.reshape(batch, channels, height * rows, width * columns)
 
 
 def _zero_pad(layer: ZeroPad2D, node: Node, channels_first: bool) -> NodeModule:
