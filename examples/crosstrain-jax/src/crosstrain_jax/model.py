@@ -308,8 +308,10 @@ def _upsample_axis(x: jax.Array, axis: int, size: int, bilinear: bool) -> jax.Ar
     high = np.minimum(low + 1, length - 1)
     shape = [1] * x.ndim
     shape[axis] = length * size
-    far = (source - low).astype(np.float32).reshape(shape)
-    near = (1.0 - far).astype(np.float32)
+    # the weights in float32 at least (as torch's kernels), in the input's dtype if wider
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    far = jnp.asarray((source - low).reshape(shape), dtype)
+    near = jnp.asarray((1.0 - (source - low)).reshape(shape), dtype)
     return near * jnp.take(x, low, axis=axis) + far * jnp.take(x, high, axis=axis)
 
 
