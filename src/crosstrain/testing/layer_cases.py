@@ -144,7 +144,7 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     # a kernel narrower than the stride: zero columns after the transposed convolution's end
     "conv2d_transpose_valid": ((3, 4, 3), (Conv2DTranspose(filters=2, kernel_size=(3, 1), strides=2),)),
     "upsample2d_nearest": ((3, 4, 2), (Conv2D(filters=2, kernel_size=1), UpSample2D(size=(3, 2)))),
-    "new_activations": (
+    "keras_activations": (
         (5,),
         (
             Dense(units=6, activation="silu"),
