@@ -80,8 +80,8 @@ def test_each_bad_field_is_named_with_its_file(
 
 
 def test_unknown_layer_type_lists_the_known_ones(write_plan: Callable[..., Path]) -> None:
-    path = write_plan(MLP_PLAN.replace('type = "relu"', 'type = "sigmoid"'))
-    with pytest.raises(PlanError, match=r"model\.layers\[1\].*unknown layer type 'sigmoid'.*dense"):
+    path = write_plan(MLP_PLAN.replace('type = "relu"', 'type = "capsule"'))
+    with pytest.raises(PlanError, match=r"model\.layers\[1\].*unknown layer type 'capsule'.*dense"):
         load_plan(path)
 
 
@@ -143,12 +143,14 @@ DID_YOU_MEAN = [
     ),
     (
         "model.layers=[{type='dense', units=10, activation='rellu'}]",
-        "model.layers[0].activation: must be one of gelu, leaky_relu, linear, relu, tanh, got 'rellu'; "
+        "model.layers[0].activation: must be one of gelu, hard_silu, hard_swish, leaky_relu, linear, relu, "
+        "relu6, sigmoid, silu, swish, tanh, got 'rellu'; "
         "did you mean 'relu'?",
     ),
     (
         "model.layers=[{type='dense', units=10, activation='softmax'}]",
-        "model.layers[0].activation: must be one of gelu, leaky_relu, linear, relu, tanh, got 'softmax': "
+        "model.layers[0].activation: must be one of gelu, hard_silu, hard_swish, leaky_relu, linear, relu, "
+        "relu6, sigmoid, silu, swish, tanh, got 'softmax': "
         "loss cross_entropy reads logits (Keras's from_logits=True), so the last layer has no activation",
     ),
     ("train.zzz=1", "train.zzz: unknown key (known: clip_grad_norm, compile, cuda_graph, epochs, "),

@@ -18,6 +18,7 @@ from crosstrain.testing.plans import (
     GPT_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
+    VISION_PLAN,
     write_images,
     write_tokens,
 )
@@ -25,6 +26,7 @@ from crosstrain.testing.plans import (
 PLANS = {
     "dropout_mlp": DROPOUT_MLP_PLAN,
     "resnet": RESNET_PLAN,
+    "vision": VISION_PLAN,  # a ResNet's downsampling block and a MobileNetV2's inverted residual
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
 }

@@ -2,7 +2,8 @@
 
 Each is a TOML text (the plan format of docs/plans.md) small enough to train a few steps in
 seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
-batch norm, and a GPT-style decoder with dropout on token data.
+batch norm, the blocks of a ResNet and a MobileNetV2, and a GPT-style decoder with dropout on
+token data.
 """
 
 DROPOUT_MLP_PLAN = """
@@ -94,6 +95,52 @@ layers = [
   { type = "batchnorm", name = "branch" },
   { type = "add", inputs = ["input", "branch"] },
   { type = "relu" },
+]
+[data]
+source = "digits"
+[optimizer]
+name = "sgd"
+lr = 0.01  # gentle: batch norm over 32 rows amplifies rounding at larger steps
+momentum = 0.9
+[train]
+global_batch_size = 32
+epochs = 1
+"""
+
+#: what every Keras ResNet and MobileNetV2 writes: a stem, a downsampling residual block
+#: (``same`` at stride 2, whose extra padding row TensorFlow puts at the bottom, beside a
+#: 1x1 stride-2 projection) and an inverted residual (1x1 expand, depthwise 3x3 ``same``
+#: at stride 2 with groups = channels, relu6, 1x1 linear projection). Batch norm's epsilon is
+#: Keras's 1e-3: at 1e-5 a depthwise channel nearly constant over the digits' blank borders
+#: amplifies rounding (tf's two-replica sums) to a 3e-3 step-loss difference by step 12
+VISION_PLAN = """
+name = "tiny_vision"
+seed = 5
+[model]
+input_shape = [8, 8, 1]
+layers = [
+  { type = "conv2d", filters = 8, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu", name = "stem" },
+  { type = "conv2d", filters = 16, kernel_size = 3, strides = 2, padding = "same", use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu" },
+  { type = "conv2d", filters = 16, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm", epsilon = 0.001, name = "branch" },
+  { type = "conv2d", filters = 16, kernel_size = 1, strides = 2, use_bias = false, inputs = ["stem"] },
+  { type = "batchnorm", epsilon = 0.001, name = "shortcut" },
+  { type = "add", inputs = ["branch", "shortcut"] },
+  { type = "relu" },
+  { type = "conv2d", filters = 32, kernel_size = 1, use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu6" },
+  { type = "conv2d", filters = 32, kernel_size = 3, strides = 2, padding = "same", groups = 32 },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu6" },
+  { type = "conv2d", filters = 16, kernel_size = 1, use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "global_avg_pool2d" },
+  { type = "dense", units = 10 },
 ]
 [data]
 source = "digits"

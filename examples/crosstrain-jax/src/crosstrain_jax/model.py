@@ -34,21 +34,35 @@ from crosstrain import (
     AvgPool2D,
     BatchNorm,
     Concat,
+    Conv1D,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     Embedding,
     Flatten,
     GlobalAvgPool2D,
+    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    Mean,
+    Multiply,
     Node,
     Plan,
     PositionEmbedding,
     ReLU,
+    ReLU6,
+    Rescale,
+    Reshape,
+    Sigmoid,
+    SiLU,
+    Softmax,
     Tanh,
+    Transpose,
+    UpSample2D,
+    ZeroPad2D,
     dropout,
 )
 from jax import lax
@@ -190,12 +204,14 @@ def _dense(node: Node) -> Apply:
 
 def _conv2d(node: Node) -> Apply:
     layer = _layer(node, Conv2D)
+    padding = layer.paddings(node.input_shape)  # TensorFlow's 'same' (XLA's SAME is the same)
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         y = lax.conv_general_dilated(
             _single(inputs), env.param(f"{node.path}.kernel"),
-            window_strides=layer.strides, padding=layer.padding.upper(),
-            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=env.compute.matmul,
+            window_strides=layer.strides, padding=padding, rhs_dilation=layer.dilation,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=layer.groups,
+            precision=env.compute.matmul,
         )
         return y + env.param(f"{node.path}.bias") if layer.use_bias else y
 
@@ -249,6 +265,135 @@ def _flatten(node: Node) -> Apply:
         return x.reshape(x.shape[0], -1)  # already channels-last: the neutral order
 
     return apply
+
+
+# --------------------------------------------------------------------------- vision and shapes
+
+
+def _conv1d(node: Node) -> Apply:
+    layer = _layer(node, Conv1D)
+    padding = (layer.paddings(node.input_shape),)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        y = lax.conv_general_dilated(
+            _single(inputs), env.param(f"{node.path}.kernel"),
+            window_strides=(layer.strides,), padding=padding, rhs_dilation=(layer.dilation,),
+            dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=layer.groups,
+            precision=env.compute.matmul,
+        )
+        return y + env.param(f"{node.path}.bias") if layer.use_bias else y
+
+    return apply
+
+
+def _conv2d_transpose(node: Node) -> Apply:
+    """The whole transposed convolution (a convolution of the input dilated by the strides,
+    padded kernel - 1 each side, with the kernel flipped: ``transpose_kernel``), then the
+    layer's part of it (``crops``) and its zeros after the end, as padding of that convolution."""
+    layer = _layer(node, Conv2DTranspose)
+    # the whole is kernel - 1 padding each side of the dilated input; start later, end where
+    # the output does (zeros past the whole's end come from padding too)
+    padding = [
+        (window - 1 - start, output - 1 - (size - 1) * stride + start)
+        for (start, _), window, stride, size, output in zip(
+            layer.crops(node.input_shape), layer.kernel_size, layer.strides, node.input_shape,
+            node.output_shape, strict=False)
+    ]
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        # the neutral [kh, kw, out, in] is lax's HWIO of the convolution this transposes
+        y = lax.conv_transpose(
+            _single(inputs), env.param(f"{node.path}.kernel"), layer.strides, padding,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), transpose_kernel=True,
+            precision=env.compute.matmul,
+        )
+        return y + env.param(f"{node.path}.bias") if layer.use_bias else y
+
+    return apply
+
+
+def _upsample_axis(x: jax.Array, axis: int, size: int, bilinear: bool) -> jax.Array:
+    """One axis ``size`` times longer: repeated, or read at half-pixel centres (position o
+    at (o + 0.5) / size - 0.5, clamped at 0) between its two neighbours."""
+    length = x.shape[axis]
+    if not bilinear:
+        return jnp.repeat(x, size, axis=axis)
+    source = np.maximum((np.arange(length * size) + 0.5) / size - 0.5, 0.0)
+    low = np.floor(source).astype(np.int32)
+    high = np.minimum(low + 1, length - 1)
+    shape = [1] * x.ndim
+    shape[axis] = length * size
+    # the weights in float32 at least (as torch's kernels), in the input's dtype if wider
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    far = jnp.asarray((source - low).reshape(shape), dtype)
+    near = jnp.asarray((1.0 - (source - low)).reshape(shape), dtype)
+    return near * jnp.take(x, low, axis=axis) + far * jnp.take(x, high, axis=axis)
+
+
+def _upsample2d(node: Node) -> Apply:
+    layer = _layer(node, UpSample2D)
+    bilinear = layer.interpolation == "bilinear"
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _upsample_axis(_single(inputs), 1, layer.size[0], bilinear)
+        return _upsample_axis(x, 2, layer.size[1], bilinear).astype(inputs[0].dtype)
+
+    return apply
+
+
+def _zero_pad2d(node: Node) -> Apply:
+    rows, columns = _layer(node, ZeroPad2D).padding
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return jnp.pad(_single(inputs), ((0, 0), rows, columns, (0, 0)))
+
+    return apply
+
+
+def _relu6(x: jax.Array) -> jax.Array:
+    # gradient 0 at 0 and at 6, as torch's and tf's (jnp.clip would split it at the ties)
+    return jnp.where(x <= 0, 0, jnp.where(x >= 6, 6, x)).astype(x.dtype)
+
+
+def _hard_swish(x: jax.Array) -> jax.Array:
+    return x * (_relu6(x + 3) / 6)  # Keras's hard_silu, differentiated as written
+
+
+def _softmax(x: jax.Array) -> jax.Array:
+    return jax.nn.softmax(x, axis=-1)
+
+
+def _multiply(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return functools.reduce(jnp.multiply, inputs)  # left to right, broadcasting sizes of 1
+
+    return apply
+
+
+def _reshape(node: Node) -> Apply:
+    shape = node.output_shape
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        return x.reshape(x.shape[0], *shape)
+
+    return apply
+
+
+def _transpose(node: Node) -> Apply:
+    order = (0, *(axis + 1 for axis in _layer(node, Transpose).perm))
+    return _elementwise(lambda x: jnp.transpose(x, order))(node)
+
+
+def _mean(node: Node) -> Apply:
+    layer = _layer(node, Mean)
+    axes = tuple(axis + 1 for axis in layer.resolved_axes(len(node.input_shape)))
+    return _elementwise(lambda x: x.mean(axis=axes, keepdims=layer.keepdims))(node)
+
+
+def _rescale(node: Node) -> Apply:
+    layer = _layer(node, Rescale)
+    return _elementwise(lambda x: x * layer.scale + layer.offset)(node)
 
 
 # --------------------------------------------------------------------------- activations
@@ -462,6 +607,20 @@ LAYERS: dict[type[Layer], Builder] = {
     AvgPool2D: _avgpool2d,
     GlobalAvgPool2D: _global_avg_pool2d,
     Flatten: _flatten,
+    Conv1D: _conv1d,
+    Conv2DTranspose: _conv2d_transpose,
+    UpSample2D: _upsample2d,
+    ZeroPad2D: _zero_pad2d,
+    Sigmoid: _elementwise(jax.nn.sigmoid),
+    SiLU: _elementwise(jax.nn.silu),
+    Softmax: _elementwise(_softmax),
+    ReLU6: _elementwise(_relu6),
+    HardSwish: _elementwise(_hard_swish),
+    Multiply: _multiply,
+    Reshape: _reshape,
+    Transpose: _transpose,
+    Mean: _mean,
+    Rescale: _rescale,
     ReLU: _elementwise(_relu),
     LeakyReLU: _leaky_relu,
     GELU: _elementwise(_gelu),

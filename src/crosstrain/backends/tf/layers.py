@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from crosstrain.core import dropout as neutral_dropout
+from crosstrain.core.errors import InputError
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
     ATTENTION_PROJECTIONS,
@@ -31,19 +32,33 @@ from crosstrain.core.layers import (
     AvgPool2D,
     BatchNorm,
     Concat,
+    Conv1D,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     Embedding,
     Flatten,
     GlobalAvgPool2D,
+    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    Mean,
+    Multiply,
     PositionEmbedding,
     ReLU,
+    ReLU6,
+    Rescale,
+    Reshape,
+    Sigmoid,
+    SiLU,
+    Softmax,
     Tanh,
+    Transpose,
+    UpSample2D,
+    ZeroPad2D,
 )
 
 
@@ -322,11 +337,15 @@ def _dense(layer: Dense, node: Node, options: NodeOptions) -> keras.layers.Layer
 
 
 def _conv2d(layer: Conv2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    # Keras pads 'same' as the spec (TensorFlow's rule), and its grouped kernel is the
+    # neutral [kh, kw, in / groups, out]
     return keras.layers.Conv2D(
         layer.filters,
         layer.kernel_size,
         strides=layer.strides,
         padding=layer.padding,
+        dilation_rate=layer.dilation,
+        groups=layer.groups,
         use_bias=layer.use_bias,
         **_named(node, options),
     )
@@ -342,6 +361,66 @@ def _avg_pool(layer: AvgPool2D, node: Node, options: NodeOptions) -> keras.layer
     return keras.layers.AveragePooling2D(
         layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
     )
+
+
+def _conv1d(layer: Conv1D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return keras.layers.Conv1D(
+        layer.filters,
+        layer.kernel_size,
+        strides=layer.strides,
+        padding=layer.padding,
+        dilation_rate=layer.dilation,
+        groups=layer.groups,
+        use_bias=layer.use_bias,
+        **_named(node, options),
+    )
+
+
+def _conv2d_transpose(layer: Conv2DTranspose, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    # Keras's kernel is [kh, kw, out, in], the neutral layout, and its sizes are the spec's
+    return keras.layers.Conv2DTranspose(
+        layer.filters,
+        layer.kernel_size,
+        strides=layer.strides,
+        padding=layer.padding,
+        use_bias=layer.use_bias,
+        **_named(node, options),
+    )
+
+
+class AxisMean(keras.layers.Layer):  # type: ignore[misc]
+    """The mean over some of a row's axes (Keras has a layer for the spatial axes only)."""
+
+    def __init__(self, axes: tuple[int, ...], keepdims: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.axes, self.keepdims = [axis + 1 for axis in axes], keepdims
+
+    def call(self, inputs: Any) -> Any:
+        return tf.reduce_mean(inputs, axis=self.axes, keepdims=self.keepdims)
+
+
+def _mean(layer: Mean, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return AxisMean(layer.resolved_axes(len(node.input_shape)), layer.keepdims, **_named(node, options))
+
+
+#: a mean's axes (for a row's rank) that a stock global pooling layer averages
+_POOLED_AXES: Final = {
+    (3, (0, 1)): keras.layers.GlobalAveragePooling2D,
+    (2, (0,)): keras.layers.GlobalAveragePooling1D,
+}
+
+
+def _stock_mean(layer: Mean, node: Node) -> keras.layers.Layer:
+    """A mean over an image's height and width, or a sequence's length, is Keras's global
+    average pooling; no stock layer averages other axes."""
+    rank = len(node.input_shape)
+    pooling = _POOLED_AXES.get((rank, layer.resolved_axes(rank)))
+    if pooling is None:
+        raise InputError(
+            f"--format keras: {node.field} (mean over axes {list(layer.axes)} of {list(node.input_shape)}) "
+            "has no stock Keras layer; --format torch exports every layer"
+        )
+    return pooling(keepdims=layer.keepdims, **_named(node, EXPORTED))
 
 
 def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.layers.Layer:
@@ -395,6 +474,41 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     GlobalAvgPool2D: NodeSpec(_keras(keras.layers.GlobalAveragePooling2D), AS_BUILT),
     # channels_last: NHWC order, as the neutral Flatten
     Flatten: NodeSpec(_keras(keras.layers.Flatten), AS_BUILT),
+    Conv1D: NodeSpec(_conv1d, AS_BUILT, _KERNEL),
+    Conv2DTranspose: NodeSpec(_conv2d_transpose, AS_BUILT, _KERNEL),
+    UpSample2D: NodeSpec(  # bilinear: tf.image.resize's half-pixel centres
+        lambda layer, node, options: keras.layers.UpSampling2D(
+            layer.size, interpolation=layer.interpolation, **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
+    ZeroPad2D: NodeSpec(
+        lambda layer, node, options: keras.layers.ZeroPadding2D(layer.padding, **_named(node, options)),
+        AS_BUILT,
+    ),
+    Sigmoid: NodeSpec(_keras(keras.layers.Activation, "sigmoid"), AS_BUILT),
+    SiLU: NodeSpec(_keras(keras.layers.Activation, "silu"), AS_BUILT),
+    Softmax: NodeSpec(_keras(keras.layers.Softmax, axis=-1), AS_BUILT),
+    ReLU6: NodeSpec(_keras(keras.layers.Activation, "relu6"), AS_BUILT),  # gradient 0 at 0 and 6
+    HardSwish: NodeSpec(_keras(keras.layers.Activation, "hard_silu"), AS_BUILT),  # x * (relu6(x + 3) / 6)
+    Multiply: NodeSpec(_keras(keras.layers.Multiply), AS_BUILT),  # left to right, broadcasting sizes of 1
+    Reshape: NodeSpec(
+        lambda layer, node, options: keras.layers.Reshape(node.output_shape, **_named(node, options)),
+        AS_BUILT,
+    ),
+    Transpose: NodeSpec(  # Keras counts the batch axis as 0
+        lambda layer, node, options: keras.layers.Permute(
+            [axis + 1 for axis in layer.perm], **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
+    Mean: NodeSpec(_mean, Stock(_stock_mean)),
+    Rescale: NodeSpec(  # x * scale + offset, as Keras's Rescaling rounds it
+        lambda layer, node, options: keras.layers.Rescaling(
+            layer.scale, offset=layer.offset, **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
     ReLU: NodeSpec(_keras(keras.layers.ReLU), AS_BUILT),  # gradient 0 at 0, as torch's
     LeakyReLU: NodeSpec(  # gradient negative_slope at 0, as torch's
         lambda layer, node, options: keras.layers.LeakyReLU(
