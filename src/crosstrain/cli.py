@@ -291,7 +291,7 @@ def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console
         drawn = [out_root]
     verdict = print_comparison(console, runs, args.tolerance, args.accuracy_tolerance)
     if args.plot:
-        console.print(f"wrote {plot_runs(drawn, args.plot)}", markup=False)
+        console.print(f"wrote {plot_runs(drawn, args.plot)}", markup=False, soft_wrap=True)
     return verdict.exit_code
 
 

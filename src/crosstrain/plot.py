@@ -239,7 +239,7 @@ def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
 
 def _plot_command(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     path = plot_runs(args.runs, args.output)
-    console.print(f"wrote {path}", markup=False)
+    console.print(f"wrote {path}", markup=False, soft_wrap=True)
     return 0
 
 
