@@ -15,10 +15,18 @@ from pathlib import Path
 import pytest
 
 from crosstrain import CrosstrainError
-from crosstrain.compare import write_compare_file
+from crosstrain.compare.folders import write_compare_file
+from crosstrain.compare.launch import plan_runs
 from crosstrain.core.errors import RunDirError
 from crosstrain.core.planfile import load_plan
-from crosstrain.plot import FIGURE_DPI, FIGURE_INCHES, build_figure, plot_runs
+from crosstrain.plot import (
+    DIFFERENCE_FLOOR,
+    DIFFERENCE_PANEL,
+    FIGURE_DPI,
+    FIGURE_INCHES,
+    build_figure,
+    plot_runs,
+)
 from tests.conftest import EXAMPLES, InProcessCli
 
 pytest.importorskip("matplotlib", reason="crosstrain plot needs matplotlib (the plot extra)")
@@ -73,12 +81,14 @@ def test_each_panel_has_one_labelled_line_per_run(two_runs: list[Path]) -> None:
     figure = build_figure(two_runs)
     assert figure.get_suptitle() == "learning curves: digits_mlp"
     assert [(axes.get_title(), axes.get_xlabel(), axes.get_ylabel()) for axes in figure.axes] == [
-        (title, "step", y_label) for title, y_label in PANELS
+        *((title, "step", y_label) for title, y_label in PANELS),
+        (DIFFERENCE_PANEL[0], "step", "from x1"),
     ]
-    for axes in figure.axes:
+    for axes in figure.axes[:3]:
         assert [line.get_label() for line in axes.get_lines()] == ["x1", "x2"]
         assert [text.get_text() for text in axes.get_legend().get_texts()] == ["x1", "x2"]
-    train_loss, eval_loss, eval_accuracy = figure.axes
+    assert [line.get_label() for line in figure.axes[3].get_lines()] == ["x2"]  # against x1
+    train_loss, eval_loss, eval_accuracy, _ = figure.axes
     records = [json.loads(line) for line in (two_runs[0] / "metrics.jsonl").read_text().splitlines()]
     line = train_loss.get_lines()[0]
     assert list(line.get_xdata()) == list(range(1, 47))
@@ -129,12 +139,43 @@ def test_each_run_is_labelled_by_its_folder(tmp_path: Path) -> None:
 
 def test_a_compare_folder_stands_for_its_runs_the_reference_first(tmp_path: Path) -> None:
     compare = tmp_path / "cmp"
-    write_compare_file(compare, load_plan(DIGITS), ["torch", "tf", "torch"], ["torch-0", "tf", "torch-2"])
+    listed = plan_runs(["torch", "tf", "torch"], seed=0, seeds=0)
+    write_compare_file(compare, load_plan(DIGITS).name, listed, tolerance=1e-4)
     for folder, backend in (("torch-0", "torch"), ("tf", "tf"), ("torch-2", "torch")):
         write_run(compare / folder, [1.0, 0.5], backend=backend)
     assert labels_of(compare) == ["cmp/torch-0", "cmp/tf", "cmp/torch-2"]
     alone = write_run(tmp_path / "alone", [2.0, 1.0])
     assert labels_of(alone, compare) == ["alone", "cmp/torch-0", "cmp/tf", "cmp/torch-2"]
+
+
+def test_the_difference_panel_draws_each_candidate_against_the_reference_on_a_log_scale(
+    tmp_path: Path,
+) -> None:
+    """Seed runs are drawn in the other panels but not differenced: they differ by design.
+    A bit-equal step sits on the floor of the log scale; the tolerance is a dashed line."""
+    compare = tmp_path / "cmp"
+    write_compare_file(compare, "toy", plan_runs(["torch", "tf"], seed=0, seeds=1), tolerance=1e-4)
+    write_run(compare / "torch", [2.0, 1.0, 0.5, 0.25])
+    write_run(compare / "tf", [2.0, 1.0 + 1e-7, 0.5 * (1 + 1e-3), 0.25 * (1 - 1e-2)], backend="tf")
+    write_run(compare / "torch-seed1", [2.5, 1.5, 0.8, 0.4])
+    figure = build_figure([compare])
+    assert [axes.get_title() for axes in figure.axes] == [
+        *(title for title, _ in PANELS),
+        DIFFERENCE_PANEL[0],
+    ]
+    train_loss, difference = figure.axes[0], figure.axes[3]
+    assert len(train_loss.get_lines()) == 3  # the seed run is drawn with the others
+    assert difference.get_ylabel() == "from cmp/torch" and difference.get_yscale() == "log"
+    tf, tolerance = difference.get_lines()
+    assert (tf.get_label(), tolerance.get_label()) == ("cmp/tf", "tolerance 0.0001")
+    assert list(tf.get_xdata()) == [1, 2, 3, 4]
+    assert list(tf.get_ydata()) == pytest.approx([DIFFERENCE_FLOOR, 1e-7, 1e-3, 1e-2], rel=1e-6)
+    assert list(tolerance.get_ydata()) == [1e-4, 1e-4]
+
+
+def test_one_run_has_no_difference_panel(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [1.0, 0.5])
+    assert [axes.get_title() for axes in build_figure([run]).axes] == [title for title, _ in PANELS]
 
 
 def test_plot_works_without_the_metrics_plugin_loaded(tmp_path: Path, cli_in_process: InProcessCli) -> None:

@@ -15,7 +15,6 @@ from rich.text import Text
 
 from crosstrain.api import (
     LaunchOptions,
-    default_out_dir,
     make_job,
     plan_to_resume,
     prepare_plan,
@@ -158,9 +157,28 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     _add_node_arguments(run)
     manager.hook.crosstrain_addoption(parser=run)
     run.set_defaults(handler=_run)
-    compare = commands.add_parser("compare", help="run a plan on several backends and compare")
+    compare = commands.add_parser(
+        "compare",
+        help="run a plan on several backends and compare, or compare finished runs",
+        description="crosstrain compare PLAN --backends torch,tf [--seeds K]: run the plan on each "
+        "backend (and K more seeds of the first) and judge; crosstrain compare RUN_DIR RUN_DIR ...: "
+        "judge finished runs (a compare folder stands for its runs), the first the reference.",
+    )
     _add_run_arguments(compare, with_backend=False)
-    compare.add_argument("--backends", default="torch,tf", help="comma-separated, the first is the reference")
+    compare.add_argument(
+        "runs", nargs="*", metavar="RUN_DIR", help="with run folders instead of a plan: more runs to compare"
+    )
+    compare.add_argument(
+        "--backends", default=None, help="comma-separated, the first is the reference (default: torch,tf)"
+    )
+    compare.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also run the reference backend with seeds seed+1..seed+K: the seed spread tells a drift "
+        "(EQUIVALENT) from a bug (DIFFERENT); default 0 (off)",
+    )
     compare.add_argument(
         "--tolerance",
         type=float,
@@ -172,6 +190,9 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
         type=float,
         default=0.01,
         help="largest absolute eval-accuracy difference that agrees",
+    )
+    compare.add_argument(
+        "--plot", default=None, metavar="IMAGE", help="also draw the runs' curves and differences into IMAGE"
     )
     compare.set_defaults(handler=_compare)
     describe = commands.add_parser("describe", help="the model as a table: layers, shapes, parameters, FLOPs")
@@ -224,26 +245,54 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
     return 0
 
 
-def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
-    from crosstrain.compare import compare_pair, print_comparison, run_backends
+#: compare's options that say how to run a plan: refused with run folders (trained already),
+#: as (dest, flag, default)
+_PLAN_ONLY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
+    ("backends", "--backends", None),
+    ("seeds", "--seeds", 0),
+    ("overrides", "--set", []),
+    ("out", "--out", None),
+    ("nproc", "--nproc", None),
+    ("workers", "--workers", None),
+    ("device", "--device", "auto"),
+    ("timeout", "--timeout", 300.0),
+)
 
-    plan = prepare_plan(args.plan, args.overrides)
-    out_root = Path(args.out) if args.out else default_out_dir(plan, "compare", args.nproc or 1)
-    backends = [name.strip() for name in args.backends.split(",") if name.strip()]
-    runs = run_backends(
-        plan,
-        backends,
-        manager,
-        out_root,
-        args.nproc,
-        args.workers,
-        args.device,
-        selection_from_args(args.plugins),
-        args.timeout,
-    )
-    comparisons = [compare_pair(runs[0], run) for run in runs[1:]]
-    agree = print_comparison(console, runs, comparisons, args.tolerance, args.accuracy_tolerance)
-    return 0 if agree else 1
+
+def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.compare.folders import is_run_or_compare_folder, load_run_folders, not_a_run_folder
+    from crosstrain.compare.launch import CompareLaunch, compare_plan
+    from crosstrain.compare.report import print_comparison
+    from crosstrain.plot import check_matplotlib, plot_runs
+
+    first = Path(args.plan)
+    if args.plot:
+        check_matplotlib()  # before any run starts
+    if is_run_or_compare_folder(first):
+        given = [flag for dest, flag, default in _PLAN_ONLY_OPTIONS if getattr(args, dest) != default]
+        if given:
+            raise InputError(f"{given[0]}: says how to run a plan; {first} holds runs trained already")
+        drawn = [first, *map(Path, args.runs)]
+        runs = load_run_folders(drawn)
+    else:
+        if first.is_dir():
+            raise not_a_run_folder(first)
+        if args.runs:
+            raise InputError(
+                f"{args.runs[0]}: compare takes one plan file, or run folders ({first} is a file)"
+            )
+        launch = CompareLaunch(
+            args.nproc, args.workers, args.device, selection_from_args(args.plugins), args.timeout
+        )
+        plan = prepare_plan(args.plan, args.overrides)
+        runs, out_root = compare_plan(
+            plan, args.backends or "torch,tf", args.out, manager, launch, args.seeds, args.tolerance
+        )
+        drawn = [out_root]
+    verdict = print_comparison(console, runs, args.tolerance, args.accuracy_tolerance)
+    if args.plot:
+        console.print(f"wrote {plot_runs(drawn, args.plot)}", markup=False, soft_wrap=True)
+    return verdict.exit_code
 
 
 def _describe(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:

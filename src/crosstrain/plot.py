@@ -1,10 +1,13 @@
 """``crosstrain plot RUN_DIR [RUN_DIR ...] -o curves.png``: learning curves of finished runs.
 
 Reads what the ``metrics`` plugin wrote (metrics.jsonl, summary.json) and draws, one
-line per run, the train loss per step and the eval loss and accuracy per step. A
-``crosstrain compare`` folder stands for its runs. Each line is labelled by its run's
-folder. Needs matplotlib (``pip install 'crosstrain[plot]'``), imported only when a plot
-is drawn.
+line per run, the train loss per step and the eval loss and accuracy per step; with two
+runs or more, a fourth panel draws each run's |relative train-loss difference| from the
+first run (the reference) per step on a log scale: where they agree to rounding, where
+they leave the tolerance, how fast the difference grows. A ``crosstrain compare`` folder
+stands for its runs (its seed runs are drawn but not differenced: they differ from the
+first step by design). Each line is labelled by its run's folder. Needs matplotlib
+(``pip install 'crosstrain[plot]'``), imported only when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from crosstrain.compare import compare_run_folders
+from crosstrain.compare.folders import Role, compare_file_tolerance, compare_roles
 from crosstrain.core.errors import CrosstrainError, RunDirError
 from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
@@ -39,6 +42,11 @@ PANELS = (
     ("eval loss", "loss", "o"),
     ("eval accuracy", "accuracy", "o"),
 )
+#: the difference panel's title and y label, drawn with two runs or more (``{reference}``:
+#: the first run's label)
+DIFFERENCE_PANEL = ("|relative train-loss difference|", "from {reference}")
+#: bit-equal steps (a difference of 0) are drawn on this floor of the log scale
+DIFFERENCE_FLOOR = 1e-9
 
 
 @attrs.frozen
@@ -103,11 +111,30 @@ def read_run(folder: str | Path) -> RunCurves:
 
 def expand_runs(folders: Sequence[str | Path]) -> list[Path]:
     """The run folders to draw: a compare folder stands for its runs, the reference first."""
-    runs: list[Path] = []
+    return [run for run, _ in run_roles(folders)]
+
+
+def run_roles(folders: Sequence[str | Path]) -> list[tuple[Path, Role]]:
+    """The run folders to draw with their roles: a compare folder's as its compare.json
+    says; a plain run folder is the reference when it comes first, else a candidate."""
+    runs: list[tuple[Path, Role]] = []
     for folder in map(Path, folders):
-        members = None if (folder / METRICS_FILE).is_file() else compare_run_folders(folder)
-        runs.extend(members if members is not None else [folder])
+        members = None if (folder / METRICS_FILE).is_file() else compare_roles(folder)
+        runs.extend(members if members is not None else [(folder, "candidate")])
+    if runs:
+        runs[0] = (runs[0][0], "reference")
     return runs
+
+
+def relative_difference(reference: Curve, other: Curve) -> Curve:
+    """|other - reference| / |reference| at the steps both have, floored at DIFFERENCE_FLOOR."""
+    losses = dict(zip(reference.steps, reference.values, strict=True))
+    points = [
+        (step, max(abs(value - losses[step]) / max(abs(losses[step]), 1e-12), DIFFERENCE_FLOOR))
+        for step, value in zip(other.steps, other.values, strict=True)
+        if step in losses
+    ]
+    return Curve(tuple(step for step, _ in points), tuple(value for _, value in points))
 
 
 def run_labels(folders: Sequence[str | Path], runs: Sequence[Path]) -> list[str]:
@@ -138,18 +165,40 @@ def _draw(axes: Axes, title: str, y_label: str, curves: list[tuple[str, Curve]],
         axes.legend()
 
 
-def build_figure(run_dirs: Sequence[str | Path]) -> Figure:
-    """The figure ``plot_runs`` saves, for inspection: one subplot per entry of PANELS."""
+def _draw_differences(
+    axes: Axes, reference: str, curves: list[tuple[str, Curve]], tolerance: float | None
+) -> None:
+    title, y_label = DIFFERENCE_PANEL
+    _draw(axes, title, y_label.format(reference=reference), curves, "")
+    axes.set_yscale("log")
+    axes.set_ylim(bottom=DIFFERENCE_FLOOR)
+    if tolerance is not None:
+        axes.axhline(tolerance, color="grey", linestyle="--", linewidth=1.0, label=f"tolerance {tolerance:g}")
+        axes.legend()
+
+
+def check_matplotlib() -> None:
+    """matplotlib is importable, else the error names the extra that brings it."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib.backends.backend_agg
+        import matplotlib.figure  # noqa: F401 (imported to see that it can be)
     except ImportError as error:
         raise CrosstrainError(
             f"crosstrain plot needs matplotlib ({error}); pip install 'crosstrain[plot]'"
         ) from None
+
+
+def build_figure(run_dirs: Sequence[str | Path]) -> Figure:
+    """The figure ``plot_runs`` saves, for inspection: one subplot per entry of PANELS,
+    and the difference panel when there are two runs or more."""
+    check_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     if not run_dirs:
         raise RunDirError("crosstrain plot needs at least one run folder")
-    folders = expand_runs(run_dirs)
+    roles = run_roles(run_dirs)
+    folders = [folder for folder, _ in roles]
     runs = [read_run(folder) for folder in folders]
     labels = run_labels(run_dirs, folders)
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI, layout="constrained")
@@ -161,10 +210,17 @@ def build_figure(run_dirs: Sequence[str | Path]) -> Figure:
         [run.eval_loss for run in runs],
         [run.eval_accuracy for run in runs],
     )
-    for axes, (title, y_label, marker), curves in zip(
-        figure.subplots(1, len(PANELS)), PANELS, curves_by_panel, strict=True
-    ):
+    panels = figure.subplots(1, len(PANELS) + (len(runs) > 1))
+    for axes, (title, y_label, marker), curves in zip(panels, PANELS, curves_by_panel, strict=False):
         _draw(axes, title, y_label, list(zip(labels, curves, strict=True)), marker)
+    if len(runs) > 1:
+        differences = [
+            (label, relative_difference(runs[0].train_loss, run.train_loss))
+            for label, run, (_, role) in zip(labels[1:], runs[1:], roles[1:], strict=True)
+            if role != "seed"
+        ]
+        tolerances = [compare_file_tolerance(Path(folder)) for folder in run_dirs]
+        _draw_differences(panels[-1], labels[0], differences, next((t for t in tolerances if t), None))
     return figure
 
 
@@ -183,7 +239,7 @@ def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
 
 def _plot_command(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     path = plot_runs(args.runs, args.output)
-    console.print(f"wrote {path}", markup=False)
+    console.print(f"wrote {path}", markup=False, soft_wrap=True)
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pytest
 
 import crosstrain
 from crosstrain.core import layers
@@ -45,9 +44,10 @@ def test_same_padding_keeps_size() -> None:
     assert infer_shapes((7, 7, 3), [Conv2D(filters=2, kernel_size=3, padding="same")]) == [(7, 7, 2)]
 
 
-def test_same_padding_with_stride_is_refused() -> None:
-    with pytest.raises(ValueError, match="strides = 1"):
-        Conv2D(filters=2, kernel_size=3, strides=2, padding="same")
+def test_same_padding_at_stride_2_halves_the_size_rounding_up() -> None:
+    assert infer_shapes((7, 8, 3), [Conv2D(filters=2, kernel_size=3, strides=2, padding="same")]) == [
+        (4, 4, 2)
+    ]
 
 
 def test_kernel_size_and_strides_take_an_int_or_a_pair() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from crosstrain.core.errors import PlanError
 from crosstrain.core.layers import Conv2D, Dense
-from crosstrain.core.plan import Plan, check_world_fits
+from crosstrain.core.plan import PRECISIONS, WEIGHT_DTYPES, Plan, check_world_fits
 from crosstrain.core.planfile import load_plan
 from tests.conftest import EXAMPLES, MLP_PLAN, run_cli
 
@@ -28,6 +28,15 @@ def test_overrides_change_any_field(write_plan: Callable[..., Path]) -> None:
     assert plan.optimizer.lr == 0.01
     assert plan.train.precision == "bf16"
     assert plan.name == "renamed"
+
+
+def test_every_precision_names_the_dtype_of_its_weights(write_plan: Callable[..., Path]) -> None:
+    """The one table every backend saves and loads weights by: float32 masters under the
+    mixed precisions, float64 only where the whole step is float64."""
+    assert tuple(WEIGHT_DTYPES) == PRECISIONS
+    assert [name for name, dtype in WEIGHT_DTYPES.items() if dtype == "float64"] == ["fp64"]
+    assert load_plan(write_plan(), ["train.precision='fp64'"]).train.weight_dtype == "float64"
+    assert load_plan(write_plan(), ["train.precision='bf16'"]).train.weight_dtype == "float32"
 
 
 def test_python_plan_loads(tmp_path: Path) -> None:
@@ -71,8 +80,8 @@ def test_each_bad_field_is_named_with_its_file(
 
 
 def test_unknown_layer_type_lists_the_known_ones(write_plan: Callable[..., Path]) -> None:
-    path = write_plan(MLP_PLAN.replace('type = "relu"', 'type = "sigmoid"'))
-    with pytest.raises(PlanError, match=r"model\.layers\[1\].*unknown layer type 'sigmoid'.*dense"):
+    path = write_plan(MLP_PLAN.replace('type = "relu"', 'type = "capsule"'))
+    with pytest.raises(PlanError, match=r"model\.layers\[1\].*unknown layer type 'capsule'.*dense"):
         load_plan(path)
 
 
@@ -134,12 +143,14 @@ DID_YOU_MEAN = [
     ),
     (
         "model.layers=[{type='dense', units=10, activation='rellu'}]",
-        "model.layers[0].activation: must be one of gelu, leaky_relu, linear, relu, tanh, got 'rellu'; "
+        "model.layers[0].activation: must be one of gelu, hard_silu, hard_swish, leaky_relu, linear, relu, "
+        "relu6, sigmoid, silu, swish, tanh, got 'rellu'; "
         "did you mean 'relu'?",
     ),
     (
         "model.layers=[{type='dense', units=10, activation='softmax'}]",
-        "model.layers[0].activation: must be one of gelu, leaky_relu, linear, relu, tanh, got 'softmax': "
+        "model.layers[0].activation: must be one of gelu, hard_silu, hard_swish, leaky_relu, linear, relu, "
+        "relu6, sigmoid, silu, swish, tanh, got 'softmax': "
         "loss cross_entropy reads logits (Keras's from_logits=True), so the last layer has no activation",
     ),
     ("train.zzz=1", "train.zzz: unknown key (known: clip_grad_norm, compile, cuda_graph, epochs, "),

@@ -48,7 +48,7 @@ def test_missing_names_lists_what_a_backend_lacks() -> None:
     assert missing_names(WITHOUT_ATTENTION) == {
         "layers": ["attention"],
         "optimizers": ["adamw"],
-        "precisions": ["bf16", "fp16"],
+        "precisions": ["bf16", "fp16", "fp64"],
         "metrics": ["top_k_accuracy"],  # a backend that names no metrics counts accuracy alone
         "decay": ["kernels"],
     }

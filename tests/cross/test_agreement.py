@@ -1,6 +1,7 @@
 """tf against the torch reference on the conformance plans (dropout MLP, residual CNN with
-batch norm, GPT with dropout), and on the shipped examples (the Keras MNIST-style MLP with
-Dropout(0.5), the residual network, the decoder) through `crosstrain compare`."""
+batch norm, GPT with dropout), in fp64 far tighter than in fp32, and on the shipped examples
+(the Keras MNIST-style MLP with Dropout(0.5), the residual network, the decoder) through
+`crosstrain compare`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from crosstrain.plot import build_figure  # matplotlib: the plot extra, in the test extra
 from crosstrain.testing.conformance import AgreesWithTorch
+from crosstrain.testing.launches import RunCache
+from crosstrain.testing.runs import max_relative_difference, step_losses
 from tests.conftest import EXAMPLES, run_cli
 
 pytest.importorskip("torch")
@@ -21,6 +24,24 @@ pytestmark = pytest.mark.cross
 
 class TestTfAgreesWithTorch(AgreesWithTorch):
     backend = "tf"
+
+
+#: fp64's step losses of tf and torch, relative: fp32's rounding (~1e-7) is 2**29 times fp64's
+FP64_TOLERANCE = 1e-10
+
+
+def test_in_fp64_the_frameworks_agree_far_longer_than_in_fp32(runs: RunCache) -> None:
+    """``train.precision = "fp64"`` on the residual network (batch norm, ReLU: rounding
+    differences grow there first): every step's loss of tf within 1e-10 of torch's, where
+    fp32's differ by more (the fp32 runs are the parity check's own)."""
+    fp64 = "train.precision='fp64'"
+    wide = max_relative_difference(
+        step_losses(runs("tf", "resnet", 2, fp64)), step_losses(runs("torch", "resnet", 2, fp64))
+    )
+    narrow = max_relative_difference(
+        step_losses(runs("tf", "resnet", 2)), step_losses(runs("torch", "resnet", 2))
+    )
+    assert wide <= FP64_TOLERANCE < narrow, (wide, narrow)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +66,9 @@ def test_the_examples_agree_for_30_steps_at_two_replicas(
     assert result.returncode == 0, result.stdout + result.stderr
     assert "verdict: AGREE" in result.stdout and "max rel. step-loss" in result.stdout
     listed = json.loads((tmp_path / "compare.json").read_text())["runs"]
-    assert listed == [{"backend": "torch", "folder": "torch"}, {"backend": "tf", "folder": "tf"}]
+    assert listed == [
+        {"backend": "torch", "folder": "torch", "role": "reference", "seed": 0},
+        {"backend": "tf", "folder": "tf", "role": "candidate", "seed": 0},
+    ]
     labels = [line.get_label() for line in build_figure([tmp_path]).axes[0].get_lines()]
     assert labels == [f"{tmp_path.name}/torch", f"{tmp_path.name}/tf"]

@@ -36,9 +36,9 @@ layers = [
   { type = "dropout", rate = 0.3 },
   { type = "flatten" },
   { type = "dense", units = 16 },
-  { type = "tanh", name = "t" },
-  { type = "relu", inputs = ["t"] },
-  { type = "add", inputs = ["t", "relu_7"] },
+  { type = "tanh", name = "x" },
+  { type = "relu", inputs = ["x"] },
+  { type = "add", inputs = ["x", "relu_7"] },
   { type = "dense", units = 5 },
 ]
 [data]
@@ -57,9 +57,14 @@ def _weights(plan_path: Path) -> dict[str, np.ndarray]:
     return weights
 
 
-#: the resnet reading raw pixels (0..16), scaled as a plan asks: the export applies it too
+#: the resnet reading raw pixels (0..16), scaled as a plan asks: the export applies it too.
+#: Its layers take the names the export's own input and scaling layers would (a Keras
+#: model's names are unique), as STOCK_PLAN's tanh takes "x"
 SCALED_RESNET_PLAN = RESNET_PLAN.replace(
     'source = "digits"', 'source = "digits"\nscale = 0.0625\nmean = [0.25]\nstd = 0.5'
+).replace(
+    '{ type = "global_avg_pool2d" },\n  { type = "dense", units = 10 },',
+    '{ type = "global_avg_pool2d", name = "normalise" },\n  { type = "dense", units = 10, name = "scale" },',
 )
 
 

@@ -45,6 +45,7 @@ def test_one_gpu_process_is_captured_with_every_optimizer(tmp_path: Path) -> Non
         (("train.cuda_graph=false",), "train.cuda_graph is false"),
         (("train.compile=true",), "train.compile replays its own graphs"),
         (("train.precision='fp16'",), "fp16's loss scaler reads the device"),
+        (("train.precision='fp64'",), "fp64: a captured update reads its learning rate in float32"),
         (("train.on_nonfinite='skip'",), 'on_nonfinite = "skip" reads the device'),
     ],
 )

@@ -34,7 +34,7 @@ from crosstrain_jax.optimizer import (
     OptimizerState,
     Tree,
     apply_update,
-    as_float32,
+    as_dtype,
     clip_by_global_norm,
     host_scalars,
     init_state,
@@ -192,7 +192,7 @@ def test_optimizers_follow_torch_formulas(key: str) -> None:
             group["lr"] = lr
         torch.nn.utils.clip_grad_norm_(torch_params, max_norm)
         optimizer.step()
-        scalars = as_float32(host_scalars(spec, lr, step))
+        scalars = as_dtype(host_scalars(spec, lr, step), "float32")
         jax_params, state = jitted(jax_params, grads, state, scalars)
     for name, parameter in zip(shapes, torch_params, strict=True):
         np.testing.assert_allclose(np.asarray(jax_params[name]), parameter.detach().numpy(),

@@ -11,6 +11,7 @@ from pathlib import Path
 import crosstrain
 import pytest
 from crosstrain import DECAY_MODES, Attention, PlanError, Vocabulary
+from crosstrain.core.plan import WEIGHT_DTYPES
 from crosstrain.core.vocabulary import missing_names  # the check's own helper, tested here
 
 from crosstrain_jax import JaxStrategy, model
@@ -28,6 +29,9 @@ def test_the_vocabulary_is_what_the_tables_hold() -> None:
     # optimizer, counted metric and decay mode; fp16 would need a loss scaler, which this
     # example leaves out
     assert missing_names(vocabulary) == {"precisions": ["fp16"]}
+    # the weights' dtype of each precision is crosstrain's, so checkpoints move between backends
+    assert {name: str(compute.full) for name, compute in PRECISIONS.items()} == {
+        name: WEIGHT_DTYPES[name] for name in PRECISIONS}
 
 
 def test_asking_for_the_vocabulary_starts_no_jax_backend() -> None:

@@ -15,7 +15,7 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
 from crosstrain.core.errors import PlanError, did_you_mean
-from crosstrain.core.layers import LAYER_TYPES, Attention, Dense, Layer
+from crosstrain.core.layers import LAYER_TYPES, Layer, as_padding2d
 from crosstrain.core.plan import DataSpec, LossSpec, NativeModel, OptimizerSpec, Plan
 
 
@@ -53,6 +53,18 @@ def _int_or_pair(value: Any, _: type) -> tuple[int, int]:
     return (size, size)
 
 
+def _padding_2d(value: Any, _: type) -> tuple[tuple[int, int], tuple[int, int]]:
+    """zero_pad2d's padding: an int, [h, w] or [[top, bottom], [left, right]]."""
+    if isinstance(value, list | tuple):
+        value = [
+            _int_or_pair(item, int) if isinstance(item, list | tuple) else _strict_int(item, int)
+            for item in value
+        ]
+    else:
+        value = _strict_int(value, int)
+    return as_padding2d(value)
+
+
 def _float_or_floats(value: Any, _: type) -> tuple[float, ...]:
     """data.mean/std: one number, or one per channel."""
     if isinstance(value, list | tuple):
@@ -68,6 +80,9 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook_func(lambda cls: cls == tuple[int, int], _int_or_pair)
     converter.register_structure_hook_func(lambda cls: cls == tuple[float, ...], _float_or_floats)
+    converter.register_structure_hook_func(
+        lambda cls: cls == tuple[tuple[int, int], tuple[int, int]], _padding_2d
+    )
     # Predicates, not singledispatch: the hook must catch the base Layer only, or it
     # would also catch (and recurse into) each concrete layer class it structures.
     converter.register_structure_hook_func(lambda cls: cls is Layer, _structure_layer)
@@ -94,21 +109,15 @@ def _unstructure_layer(layer: Layer) -> dict[str, Any]:
     for optional in ("name", "inputs", "activation"):
         if fields.get(optional) is None:
             fields.pop(optional, None)
-    for newer in _NEWER_LAYER_FIELDS.get(type(layer), ()):
-        if fields[newer] == _default(type(layer), newer):
-            del fields[newer]
+    defaults = attrs.fields_dict(type(layer))
+    for later in layer.later_fields:
+        if getattr(layer, later) == defaults[later].default:
+            fields.pop(later)
     return fields
 
 
 def _default(cls: type, name: str) -> Any:
     return attrs.fields_dict(cls)[name].default
-
-
-#: layer fields newer than the layer: left out of plan.json at their default, likewise
-_NEWER_LAYER_FIELDS: dict[type[Layer], tuple[str, ...]] = {
-    Dense: ("tie",),
-    Attention: ("kv_heads", "rotary", "rotary_base", "use_bias"),
-}
 
 
 def _structure_native(value: Any, _: type) -> NativeModel:

@@ -100,6 +100,9 @@ class Layer:
     optional_inputs: ClassVar[tuple[str, ...]] = ()
     #: which input dtypes it accepts; only an embedding reads integer token ids
     accepts: ClassVar[tuple[DType, ...]] = ("float32",)
+    #: fields added after plans of this type were first written: left out of plan.json at
+    #: their default, so an older run's plan hashes as before and still resumes
+    later_fields: ClassVar[tuple[str, ...]] = ()
     name: str | None = attrs.field(default=None, kw_only=True)
     inputs: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
 
@@ -135,6 +138,7 @@ class Dense(Layer):
     """Fully connected on the last axis, as in Keras: kernel [in, out], bias [out]."""
 
     type: ClassVar[str] = "dense"
+    later_fields: ClassVar[tuple[str, ...]] = ("tie",)
     units: int = attrs.field(validator=_positive)
     use_bias: bool = True
     #: Keras's ``activation="relu"``: the graph adds that activation layer after this one
@@ -168,12 +172,53 @@ def _window_output(size: int, window: int, stride: int, padding: str) -> int:
     return (size - window) // stride + 1
 
 
+def dilated(window: int, dilation: int) -> int:
+    """The extent of a window of ``window`` taps ``dilation`` apart."""
+    return (window - 1) * dilation + 1
+
+
+def same_padding(size: int, window: int, stride: int) -> Pair:
+    """TensorFlow's ``'same'`` padding of one axis, (before, after): the output has
+    ceil(size / stride) positions, and an odd total puts its extra row or column after (at
+    the bottom or right), where torch's symmetric padding cannot put it."""
+    total = max((math.ceil(size / stride) - 1) * stride + window - size, 0)
+    return (total // 2, total - total // 2)
+
+
+def _conv_output(input_shape: Shape, kernel: Shape, windows: Shape, strides: Shape, padding: str) -> Shape:
+    """The spatial output sizes of a convolution on a channels-last input; ``windows`` are
+    the kernel's dilated extents."""
+    sizes = input_shape[:-1]
+    outputs = tuple(_window_output(*axis, padding) for axis in zip(sizes, windows, strides, strict=True))
+    if any(size <= 0 for size in outputs):
+        spread = f" (dilated to {_show(windows)})" if windows != kernel else ""
+        raise ValueError(f"kernel {_show(kernel)}{spread} does not fit input shape {list(input_shape)}")
+    return outputs
+
+
+def _check_groups(channels: int, groups: int) -> None:
+    if channels % groups:
+        raise ValueError(f"groups = {groups} does not divide the {channels} input channels")
+
+
+def _check_filters(filters: int, groups: int, strides: Shape, dilation: Shape) -> None:
+    if filters % groups:
+        raise ValueError(f"groups = {groups} does not divide filters = {filters}")
+    # Keras's Conv layers refuse the pair too (TensorFlow's kernels have no such mode)
+    if max(strides) > 1 and max(dilation) > 1:
+        raise ValueError(f"strides {list(strides)} > 1 with dilation {list(dilation)} > 1 is not supported")
+
+
 @attrs.frozen
 class Conv2D(Layer):
-    """2-D convolution on NHWC input: kernel [kh, kw, in, out], bias [out].
-    ``kernel_size`` and ``strides`` are an int or [h, w]."""
+    """2-D convolution on NHWC input: kernel [kh, kw, in / groups, out], bias [out].
+    ``kernel_size``, ``strides`` and ``dilation`` are an int or [h, w]; ``padding = "same"``
+    pads as TensorFlow does (:func:`same_padding`) at any stride; ``groups`` splits the
+    input and output channels into that many convolutions side by side (depthwise when
+    groups = the input channels)."""
 
     type: ClassVar[str] = "conv2d"
+    later_fields: ClassVar[tuple[str, ...]] = ("dilation", "groups")
     filters: int = attrs.field(validator=_positive)
     kernel_size: Pair = attrs.field(converter=as_pair, validator=_positive)
     strides: Pair = attrs.field(default=(1, 1), converter=as_pair, validator=_positive)
@@ -181,39 +226,58 @@ class Conv2D(Layer):
         default="valid", validator=attrs.validators.in_(("valid", "same"))
     )
     use_bias: bool = True
+    dilation: Pair = attrs.field(default=(1, 1), converter=as_pair, validator=_positive)
+    groups: int = attrs.field(default=1, validator=_positive)
     #: as dense's: the graph adds that activation layer after this one
     activation: str | None = attrs.field(default=None, kw_only=True, validator=_known_activation)
 
     def __attrs_post_init__(self) -> None:
-        # torch has no asymmetric 'same' padding for strides > 1; refusing it keeps parity honest.
-        if self.padding == "same" and self.strides != (1, 1):
-            raise ValueError("padding 'same' needs strides = 1")
+        _check_filters(self.filters, self.groups, self.strides, self.dilation)
+
+    @property
+    def windows(self) -> Pair:
+        """The kernel's extent on the image, dilation included."""
+        return (
+            dilated(self.kernel_size[0], self.dilation[0]),
+            dilated(self.kernel_size[1], self.dilation[1]),
+        )
 
     def output_shape(self, input_shape: Shape) -> Shape:
         _expect_image(self, input_shape)
-        height, width, _ = input_shape
-        out_h = _window_output(height, self.kernel_size[0], self.strides[0], self.padding)
-        out_w = _window_output(width, self.kernel_size[1], self.strides[1], self.padding)
-        if out_h <= 0 or out_w <= 0:
-            raise ValueError(f"kernel {_show(self.kernel_size)} does not fit input shape {list(input_shape)}")
+        _check_groups(input_shape[-1], self.groups)
+        out_h, out_w = _conv_output(input_shape, self.kernel_size, self.windows, self.strides, self.padding)
         return (out_h, out_w, self.filters)
 
+    def paddings(self, input_shape: Shape) -> tuple[Pair, Pair]:
+        """((top, bottom), (left, right)): the zeros around the image that the convolution
+        reads (none for ``valid``)."""
+        if self.padding == "valid":
+            return ((0, 0), (0, 0))
+        height, width, _ = input_shape
+        return (
+            same_padding(height, self.windows[0], self.strides[0]),
+            same_padding(width, self.windows[1], self.strides[1]),
+        )
+
     def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
-        channels = input_shape[-1]
+        per_group = input_shape[-1] // self.groups
         receptive = self.kernel_size[0] * self.kernel_size[1]
-        shape = (*self.kernel_size, channels, self.filters)
-        specs = {"kernel": _glorot(shape, receptive * channels, receptive * self.filters)}
+        shape = (*self.kernel_size, per_group, self.filters)
+        # fans from the kernel's shape, as Keras computes them for a grouped kernel
+        specs = {"kernel": _glorot(shape, receptive * per_group, receptive * self.filters)}
         if self.use_bias:
             specs["bias"] = WeightSpec((self.filters,), "zeros")
         return specs
 
     def multiply_adds(self, input_shape: Shape) -> int:
         out_h, out_w, _ = self.output_shape(input_shape)
-        return out_h * out_w * self.kernel_size[0] * self.kernel_size[1] * input_shape[-1] * self.filters
+        receptive = self.kernel_size[0] * self.kernel_size[1]
+        return out_h * out_w * receptive * (input_shape[-1] // self.groups) * self.filters
 
 
-def _show(pair: Pair) -> str:
-    return str(pair[0]) if pair[0] == pair[1] else str(list(pair))
+def _show(sizes: Shape) -> str:
+    """A kernel's sizes as a plan writes them: one number when they are all equal."""
+    return str(sizes[0]) if len(set(sizes)) == 1 else str(list(sizes))
 
 
 # --------------------------------------------------------------------------- pooling and reshaping
@@ -271,6 +335,345 @@ class Flatten(Layer):
         return (math.prod(input_shape),)
 
 
+# --------------------------------------------------------------------------- vision and shapes
+
+
+@attrs.frozen
+class Conv1D(Layer):
+    """1-D convolution on [length, channels]: kernel [k, in / groups, out], bias [out].
+    Fields as conv2d's, each one int; ``padding = "same"`` pads as TensorFlow does."""
+
+    type: ClassVar[str] = "conv1d"
+    filters: int = attrs.field(validator=_positive)
+    kernel_size: int = attrs.field(validator=_positive)
+    strides: int = attrs.field(default=1, validator=_positive)
+    padding: Literal["valid", "same"] = attrs.field(
+        default="valid", validator=attrs.validators.in_(("valid", "same"))
+    )
+    use_bias: bool = True
+    dilation: int = attrs.field(default=1, validator=_positive)
+    groups: int = attrs.field(default=1, validator=_positive)
+    #: as dense's: the graph adds that activation layer after this one
+    activation: str | None = attrs.field(default=None, kw_only=True, validator=_known_activation)
+
+    def __attrs_post_init__(self) -> None:
+        _check_filters(self.filters, self.groups, (self.strides,), (self.dilation,))
+
+    @property
+    def window(self) -> int:
+        """The kernel's extent on the sequence, dilation included."""
+        return dilated(self.kernel_size, self.dilation)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_rank(self, input_shape, 2, "a sequence [length, channels]")
+        _check_groups(input_shape[-1], self.groups)
+        (length,) = _conv_output(
+            input_shape, (self.kernel_size,), (self.window,), (self.strides,), self.padding
+        )
+        return (length, self.filters)
+
+    def paddings(self, input_shape: Shape) -> Pair:
+        """(before, after): the zeros around the sequence that the convolution reads."""
+        if self.padding == "valid":
+            return (0, 0)
+        return same_padding(input_shape[0], self.window, self.strides)
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        per_group = input_shape[-1] // self.groups
+        shape = (self.kernel_size, per_group, self.filters)
+        specs = {"kernel": _glorot(shape, self.kernel_size * per_group, self.kernel_size * self.filters)}
+        if self.use_bias:
+            specs["bias"] = WeightSpec((self.filters,), "zeros")
+        return specs
+
+    def multiply_adds(self, input_shape: Shape) -> int:
+        length, _ = self.output_shape(input_shape)
+        return length * self.kernel_size * (input_shape[-1] // self.groups) * self.filters
+
+
+def transposed_size(size: int, window: int, stride: int, padding: str) -> int:
+    """Keras's output size of a transposed convolution (no output_padding): ``size *
+    stride`` for ``same``, ``(size - 1) * stride + max(window, stride)`` for ``valid``."""
+    if padding == "same":
+        return size * stride
+    return (size - 1) * stride + max(window, stride)
+
+
+@attrs.frozen
+class Conv2DTranspose(Layer):
+    """The transpose of a conv2d (its gradient with respect to its input) on NHWC input:
+    kernel [kh, kw, out, in] (Keras's layout: a conv2d kernel [kh, kw, in, out] read the
+    other way), bias [out]. Each input position adds kernel x value into a window of the
+    full output, (in - 1) * strides + kernel_size long per axis; the output is the part of
+    it from :meth:`crops`, Keras's sizes (:func:`transposed_size`)."""
+
+    type: ClassVar[str] = "conv2d_transpose"
+    filters: int = attrs.field(validator=_positive)
+    kernel_size: Pair = attrs.field(converter=as_pair, validator=_positive)
+    strides: Pair = attrs.field(default=(1, 1), converter=as_pair, validator=_positive)
+    padding: Literal["valid", "same"] = attrs.field(
+        default="valid", validator=attrs.validators.in_(("valid", "same"))
+    )
+    use_bias: bool = True
+    #: as dense's: the graph adds that activation layer after this one
+    activation: str | None = attrs.field(default=None, kw_only=True, validator=_known_activation)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_image(self, input_shape)
+        height, width, _ = input_shape
+        return (
+            transposed_size(height, self.kernel_size[0], self.strides[0], self.padding),
+            transposed_size(width, self.kernel_size[1], self.strides[1], self.padding),
+            self.filters,
+        )
+
+    def crops(self, input_shape: Shape) -> tuple[Pair, Pair]:
+        """Per axis (height, width): (first position of the full output kept, zeros added
+        after its end). ``same`` keeps what a ``same`` conv2d of the output reads: it starts
+        at that conv's padding before; a window shorter than the stride leaves zeros after
+        the full output's end."""
+        output = self.output_shape(input_shape)
+        axes = []
+        for axis in (0, 1):
+            window, stride = self.kernel_size[axis], self.strides[axis]
+            start = same_padding(output[axis], window, stride)[0] if self.padding == "same" else 0
+            full = (input_shape[axis] - 1) * stride + window
+            axes.append((start, max(start + output[axis] - full, 0)))
+        return (axes[0], axes[1])
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        channels = input_shape[-1]
+        receptive = self.kernel_size[0] * self.kernel_size[1]
+        shape = (*self.kernel_size, self.filters, channels)
+        specs = {"kernel": _glorot(shape, receptive * self.filters, receptive * channels)}
+        if self.use_bias:
+            specs["bias"] = WeightSpec((self.filters,), "zeros")
+        return specs
+
+    def multiply_adds(self, input_shape: Shape) -> int:
+        height, width, channels = input_shape
+        return height * width * self.kernel_size[0] * self.kernel_size[1] * channels * self.filters
+
+
+#: Keras's other UpSampling2D interpolations, refused with the reason (no backend could
+#: match torch's numbers to the parity tolerance)
+NOT_INTERPOLATIONS = {
+    "bicubic": "torch's bicubic kernel (a = -0.75) is not tf.image.resize's (Keys, a = -0.5)",
+    "lanczos3": "torch has no Lanczos resampling",
+    "lanczos5": "torch has no Lanczos resampling",
+}
+
+
+def _known_interpolation(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value in ("nearest", "bilinear"):
+        return
+    reason = NOT_INTERPOLATIONS.get(value)
+    tail = f": {reason}" if reason else ""
+    raise ValueError(f"'{attribute.name}' must be one of 'nearest', 'bilinear', got {value!r}{tail}")
+
+
+@attrs.frozen
+class UpSample2D(Layer):
+    """Keras's UpSampling2D on NHWC input: each axis ``size`` times longer. ``nearest``
+    repeats each row and column; ``bilinear`` samples at half-pixel centres (output
+    position o reads input position (o + 0.5) / size - 0.5, clamped at 0), as
+    tf.image.resize and torch's ``align_corners=False``."""
+
+    type: ClassVar[str] = "upsample2d"
+    size: Pair = attrs.field(default=(2, 2), converter=as_pair, validator=_positive)
+    interpolation: str = attrs.field(default="nearest", validator=_known_interpolation)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_image(self, input_shape)
+        height, width, channels = input_shape
+        return (height * self.size[0], width * self.size[1], channels)
+
+
+def as_padding2d(value: int | Sequence[int] | Sequence[Sequence[int]]) -> tuple[Pair, Pair]:
+    """Keras's ZeroPadding2D ``padding``: an int (every side), [h, w] (top and bottom h,
+    left and right w) or [[top, bottom], [left, right]]."""
+    if isinstance(value, int):
+        return ((value, value), (value, value))
+    items: list[int | Sequence[int]] = list(value)
+    if len(items) == 2:
+        height, width = items
+        if isinstance(height, int) and isinstance(width, int):
+            return ((height, height), (width, width))
+        if not isinstance(height, int) and not isinstance(width, int):
+            return (as_pair(height), as_pair(width))
+    raise ValueError(f"expected an int, [h, w] or [[top, bottom], [left, right]], got {items}")
+
+
+def as_sizes(value: Sequence[int]) -> tuple[int, ...]:
+    """A list of ints (axes, sizes) as a tuple."""
+    return tuple(value)
+
+
+def _not_negative_padding(
+    instance: object, attribute: attrs.Attribute[Any], value: tuple[Pair, Pair]
+) -> None:
+    if any(side < 0 for pair in value for side in pair):
+        raise ValueError(f"'{attribute.name}' must be >= 0, got {[list(pair) for pair in value]}")
+
+
+@attrs.frozen
+class ZeroPad2D(Layer):
+    """Keras's ZeroPadding2D: zero rows above and below, zero columns left and right of an
+    NHWC image; ``padding`` is an int, [h, w] or [[top, bottom], [left, right]]."""
+
+    type: ClassVar[str] = "zero_pad2d"
+    padding: tuple[Pair, Pair] = attrs.field(
+        default=((1, 1), (1, 1)), converter=as_padding2d, validator=_not_negative_padding
+    )
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        _expect_image(self, input_shape)
+        height, width, channels = input_shape
+        (top, bottom), (left, right) = self.padding
+        return (height + top + bottom, width + left + right, channels)
+
+
+@attrs.frozen
+class Sigmoid(Layer):
+    type: ClassVar[str] = "sigmoid"
+
+
+@attrs.frozen
+class SiLU(Layer):
+    """``x * sigmoid(x)`` (Keras's silu and swish)."""
+
+    type: ClassVar[str] = "silu"
+
+
+@attrs.frozen
+class Softmax(Layer):
+    """Softmax over the last axis (the channels of an image)."""
+
+    type: ClassVar[str] = "softmax"
+
+
+@attrs.frozen
+class ReLU6(Layer):
+    """``min(max(x, 0), 6)``; its gradient is 0 at 0 and at 6."""
+
+    type: ClassVar[str] = "relu6"
+
+
+@attrs.frozen
+class HardSwish(Layer):
+    """Keras's hard_silu (hard_swish): ``x * (relu6(x + 3) / 6)``, differentiated as that
+    expression (relu6's gradient 0 at 0 and 6), so at x = -3 and 3 as Keras, not torch's
+    F.hardswish."""
+
+    type: ClassVar[str] = "hard_swish"
+
+
+@attrs.frozen
+class Multiply(Layer):
+    """The element-wise product of two or more inputs, left to right: a gate (squeeze and
+    excite, SwiGLU). Inputs have one rank; on each axis their sizes agree or are 1, which
+    broadcasts (a [1, 1, channels] gate over an image)."""
+
+    type: ClassVar[str] = "multiply"
+    arity: ClassVar[int | None] = None
+
+    def merged_shape(self, input_shapes: Sequence[Shape]) -> Shape:
+        _expect_inputs(self, input_shapes)
+        shapes = [list(shape) for shape in input_shapes]
+        if len({len(shape) for shape in input_shapes}) != 1:
+            raise ValueError(f"multiply needs inputs of one rank, got {shapes}")
+        merged = []
+        for sizes in zip(*input_shapes, strict=True):
+            wide = {size for size in sizes if size != 1}
+            if len(wide) > 1:
+                raise ValueError(f"multiply needs sizes that agree or are 1 on each axis, got {shapes}")
+            merged.append(wide.pop() if wide else 1)
+        return tuple(merged)
+
+
+def _target_shape(instance: object, attribute: attrs.Attribute[Any], value: Shape) -> None:
+    if not value or any(size <= 0 and size != -1 for size in value) or value.count(-1) > 1:
+        raise ValueError(f"'{attribute.name}' must be sizes > 0 and at most one -1, got {list(value)}")
+
+
+@attrs.frozen
+class Reshape(Layer):
+    """Each row to ``target_shape`` (one size may be -1: what the row's values leave), in
+    the row's channels-last (row-major) order of values."""
+
+    type: ClassVar[str] = "reshape"
+    target_shape: tuple[int, ...] = attrs.field(converter=as_sizes, validator=_target_shape)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        values = math.prod(input_shape)
+        known = math.prod(size for size in self.target_shape if size != -1)
+        inferred = values // known if -1 in self.target_shape else values
+        shape = tuple(inferred if size == -1 else size for size in self.target_shape)
+        if math.prod(shape) != values:
+            raise ValueError(
+                f"reshape cannot make {list(self.target_shape)} of input shape {list(input_shape)}"
+            )
+        return shape
+
+
+@attrs.frozen
+class Transpose(Layer):
+    """Reorders a row's axes: output axis i is input axis ``perm[i]`` (the batch axis is
+    not counted: ``perm = [1, 0]`` swaps a sequence's length and features)."""
+
+    type: ClassVar[str] = "transpose"
+    perm: tuple[int, ...] = attrs.field(converter=as_sizes)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if sorted(self.perm) != list(range(len(input_shape))):
+            raise ValueError(
+                f"perm {list(self.perm)} is not an order of the axes of input shape {list(input_shape)}"
+            )
+        return tuple(input_shape[axis] for axis in self.perm)
+
+
+@attrs.frozen
+class Mean(Layer):
+    """The mean over a row's ``axes`` (0 is the first axis after the batch; -1 the last),
+    which ``keepdims`` keeps as size 1: ``axes = [0, 1], keepdims = true`` on an image is
+    the [1, 1, channels] mean of a squeeze-and-excite gate."""
+
+    type: ClassVar[str] = "mean"
+    axes: tuple[int, ...] = attrs.field(converter=as_sizes)
+    keepdims: bool = False
+
+    @axes.validator
+    def _check_axes(self, attribute: attrs.Attribute[Shape], value: Shape) -> None:
+        if not value:
+            raise ValueError("'axes' must name at least one axis")
+
+    def resolved_axes(self, rank: int) -> Shape:
+        """The axes counted from 0, in increasing order."""
+        return tuple(sorted(axis % rank for axis in self.axes))
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        rank = len(input_shape)
+        if any(not -rank <= axis < rank for axis in self.axes) or len(set(self.resolved_axes(rank))) != len(
+            self.axes
+        ):
+            raise ValueError(
+                f"axes {list(self.axes)} are not distinct axes of input shape {list(input_shape)}"
+            )
+        axes = self.resolved_axes(rank)
+        if self.keepdims:
+            return tuple(1 if axis in axes else size for axis, size in enumerate(input_shape))
+        return tuple(size for axis, size in enumerate(input_shape) if axis not in axes)
+
+
+@attrs.frozen
+class Rescale(Layer):
+    """Keras's Rescaling: ``x * scale + offset``, the product rounded first."""
+
+    type: ClassVar[str] = "rescale"
+    scale: float
+    offset: float = 0.0
+
+
 # --------------------------------------------------------------------------- activations
 
 
@@ -309,6 +712,12 @@ ACTIVATIONS: dict[str, Layer | None] = {
     "gelu": GELU(),
     "tanh": Tanh(),
     "leaky_relu": LeakyReLU(negative_slope=0.2),
+    "sigmoid": Sigmoid(),
+    "silu": SiLU(),
+    "swish": SiLU(),  # Keras's other name for silu
+    "relu6": ReLU6(),
+    "hard_swish": HardSwish(),
+    "hard_silu": HardSwish(),  # Keras's other name for hard_swish
     "linear": None,
 }
 #: activation names Keras knows that are refused with the reason, rather than as unknown
@@ -321,7 +730,7 @@ NOT_ACTIVATIONS = {
 def split_activation(layer: Layer) -> tuple[Layer, Layer | None]:
     """A layer with ``activation`` as the layer without it and the activation layer after
     it; any other layer as itself and None."""
-    if not isinstance(layer, Dense | Conv2D) or layer.activation is None:
+    if not isinstance(layer, Dense | Conv2D | Conv1D | Conv2DTranspose) or layer.activation is None:
         return layer, None
     return attrs.evolve(layer, activation=None), ACTIVATIONS[layer.activation]
 
@@ -429,6 +838,7 @@ class Attention(Layer):
     ``padding_mask`` makes), keeps every query from attending to padded keys."""
 
     type: ClassVar[str] = "attention"
+    later_fields: ClassVar[tuple[str, ...]] = ("kv_heads", "rotary", "rotary_base", "use_bias")
     optional_inputs: ClassVar[tuple[str, ...]] = ("a padding mask [length]",)
     heads: int = attrs.field(validator=_positive)
     causal: bool = False
@@ -598,6 +1008,20 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         AvgPool2D,
         GlobalAvgPool2D,
         Flatten,
+        Conv1D,
+        Conv2DTranspose,
+        UpSample2D,
+        ZeroPad2D,
+        Sigmoid,
+        SiLU,
+        Softmax,
+        ReLU6,
+        HardSwish,
+        Multiply,
+        Reshape,
+        Transpose,
+        Mean,
+        Rescale,
         ReLU,
         LeakyReLU,
         GELU,
@@ -627,21 +1051,35 @@ __all__ = [
     "Block",
     "ClassToken",
     "Concat",
+    "Conv1D",
     "Conv2D",
+    "Conv2DTranspose",
     "Dense",
     "Dropout",
     "Embedding",
     "Flatten",
     "GlobalAvgPool2D",
+    "HardSwish",
     "Layer",
     "LayerNorm",
     "LeakyReLU",
     "MaxPool2D",
+    "Mean",
+    "Multiply",
     "PaddingMask",
     "PositionEmbedding",
     "RMSNorm",
     "ReLU",
+    "ReLU6",
+    "Rescale",
+    "Reshape",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
     "Tanh",
+    "Transpose",
+    "UpSample2D",
+    "ZeroPad2D",
 ]
 
 

@@ -21,7 +21,7 @@ from crosstrain.core.optimizers import DecayName, OptimizerName
 from crosstrain.core.scaling import InputScaling
 
 # The closed sets a plan names; every backend maps each name to its own builder (its tables).
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "fp64"]
 LossName = Literal["cross_entropy", "mse", "binary_cross_entropy"]
 #: what an evaluation reports: ``loss`` always; ``accuracy`` and ``top_k_accuracy`` (the
 #: target among the ``top_k`` largest logits) count hits in each backend's eval step;
@@ -41,6 +41,17 @@ METRICS: tuple[str, ...] = typing.get_args(MetricName)
 COUNTED_METRICS: tuple[str, ...] = ("accuracy", "top_k_accuracy")
 #: the losses whose targets are class ids (integers), one per position of the logits
 CLASS_LOSSES: tuple[str, ...] = ("cross_entropy",)
+#: precision -> the dtype of the weights, the optimizer slots, the checkpoints and what the
+#: spec computes at full precision whatever the precision (batch norm, softmax, the loss):
+#: float32 masters under fp32, bf16 and fp16; float64 under fp64, where every value of the
+#: step is float64. Every backend reads this one table, so a checkpoint's dtype is the same
+#: whichever backend wrote it.
+WEIGHT_DTYPES: dict[str, Literal["float32", "float64"]] = {
+    "fp32": "float32",
+    "bf16": "float32",
+    "fp16": "float32",
+    "fp64": "float64",
+}
 
 
 def _ge0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -243,6 +254,11 @@ class TrainSpec:
     #: a step whose global loss is not finite: "stop" ends the run there (exit non-zero,
     #: the last good checkpoint kept); "skip" leaves the weights and optimizer untouched
     on_nonfinite: OnNonFinite = "stop"
+
+    @property
+    def weight_dtype(self) -> Literal["float32", "float64"]:
+        """The dtype of the weights, slots and checkpoints (:data:`WEIGHT_DTYPES`)."""
+        return WEIGHT_DTYPES[self.precision]
 
 
 @attrs.frozen

@@ -12,8 +12,9 @@ Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of e
 (:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
 per-token loss), eval counts every row once, data placed on the device trains bit for bit
 as data gathered on the host, a compiled step and accumulated micro-batches train like
-the plain step, the README's digits example reaches 95 %, the backend agrees step by step
-with the torch reference (when torch is installed), a failing rank ends the run naming it
+the plain step, fp64 trains like fp32 in float64, the README's digits example reaches
+95 %, the backend agrees step by step with the torch reference (when torch is
+installed), a failing rank ends the run naming it
 (the whole fault matrix: :mod:`crosstrain.testing.fault_matrix`), a run resumed from its
 last checkpoint after a failure (by ``--resume`` from the run folder alone, or by the
 launcher under ``--max-restarts``) takes exactly the uninterrupted run's steps and writes
@@ -41,7 +42,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from crosstrain.core.checkpoint import complete_checkpoints
+from crosstrain.core.checkpoint import complete_checkpoints, load_checkpoint
 from crosstrain.core.data import GlobalSampler, load_datasets
 from crosstrain.core.errors import PlanError
 from crosstrain.core.planfile import load_plan
@@ -214,14 +215,29 @@ class BackendConformance(SharesRuns):
         micro-batches, one update: the per-step losses of one big batch, within rounding."""
         self._trains_like_the_plain_step(world_runs, "train.grad_accum_steps=2")
 
-    def _trains_like_the_plain_step(self, world_runs: WorldRuns, setting: str) -> None:
-        """The dropout MLP at world N with ``setting``: the plain run's steps and eval."""
+    def test_fp64_trains_like_fp32_in_float64(self, world_runs: WorldRuns, tmp_path: Path) -> None:
+        """``train.precision = "fp64"``: every value of the step in float64, from the same
+        initial weights: fp32's losses within fp32's rounding, and the weights saved as
+        float64 (core's ``WEIGHT_DTYPES``). A backend without fp64 refuses it before launch."""
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        if isinstance(strategy, SpeaksVocabulary) and "fp64" not in strategy.vocabulary().precisions:
+            plan = write_plan(tmp_path, "dropout_mlp")
+            refused = train_refused(self.backend, plan, tmp_path / "refused", "train.precision='fp64'")
+            assert "train.precision: the" in refused
+            pytest.skip(f"the {self.backend} backend has no fp64")
+        wide = self._trains_like_the_plain_step(world_runs, "train.precision='fp64'")
+        weights = load_checkpoint(wide / "model.safetensors")
+        assert {str(array.dtype) for array in weights.values()} == {"float64"}
+
+    def _trains_like_the_plain_step(self, world_runs: WorldRuns, setting: str) -> Path:
+        """The dropout MLP at world N with ``setting``: the plain run's steps and eval; that run."""
         if "dropout_mlp" not in world_runs:
             pytest.skip(f"the {self.backend} backend does not speak the dropout MLP")
         plain = world_runs["dropout_mlp"][1]
         varied = world_runs.runs(self.backend, "dropout_mlp", self.nproc, setting)
         assert max_relative_difference(step_losses(varied), step_losses(plain)) <= WORLD_TOLERANCE
         assert_same_eval(summary(varied)["eval"], summary(plain)["eval"], loss_tolerance=WORLD_TOLERANCE)
+        return varied
 
     def test_the_digits_example_reaches_95_percent(self, tmp_path: Path) -> None:
         """The README's example, whole (20 epochs), at world N: real accuracy, a summary that

@@ -21,6 +21,7 @@ from crosstrain.testing.plans import (
     MULTILABEL_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
+    VISION_PLAN,
     write_images,
     write_multilabel_data,
     write_tokens,
@@ -29,6 +30,7 @@ from crosstrain.testing.plans import (
 PLANS = {
     "dropout_mlp": DROPOUT_MLP_PLAN,
     "resnet": RESNET_PLAN,
+    "vision": VISION_PLAN,  # a ResNet's downsampling block and a MobileNetV2's inverted residual
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
     "llama": LLAMA_PLAN,  # rotary grouped-query attention, tied output, decay on kernels only

@@ -27,22 +27,36 @@ from crosstrain.core.layers import (
     Block,
     ClassToken,
     Concat,
+    Conv1D,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     DType,
     Embedding,
     Flatten,
     GlobalAvgPool2D,
+    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    Mean,
+    Multiply,
     PaddingMask,
     PositionEmbedding,
     ReLU,
+    ReLU6,
+    Rescale,
+    Reshape,
     RMSNorm,
+    Sigmoid,
+    SiLU,
+    Softmax,
     Tanh,
+    Transpose,
+    UpSample2D,
+    ZeroPad2D,
 )
 from crosstrain.core.plan import BlockSpec, ModelSpec, Plan
 
@@ -60,6 +74,36 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     AvgPool2D: ((6, 5, 3), (AvgPool2D(pool_size=2),)),
     GlobalAvgPool2D: ((4, 3, 5), (GlobalAvgPool2D(),)),
     Flatten: ((3, 4, 2), (Flatten(), Dense(units=3))),
+    Conv1D: (
+        (10, 4),
+        (Conv1D(filters=6, kernel_size=3, strides=2, padding="same", groups=2),),
+    ),  # pads (0, 1)
+    Conv2DTranspose: (
+        (3, 4, 3),
+        (Conv2DTranspose(filters=2, kernel_size=(3, 4), strides=2, padding="same"),),
+    ),
+    UpSample2D: ((3, 4, 2), (UpSample2D(size=(2, 3), interpolation="bilinear"),)),
+    ZeroPad2D: ((3, 4, 2), (ZeroPad2D(padding=((1, 0), (2, 1))),)),
+    Sigmoid: ((10,), (Sigmoid(),)),
+    SiLU: ((10,), (SiLU(),)),
+    # on the channels of an image that torch holds NCHW (after a convolution)
+    Softmax: ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Softmax())),
+    ReLU6: ((10,), (Rescale(scale=4.0), ReLU6())),  # inputs past 6 too
+    HardSwish: ((10,), (Rescale(scale=3.0), HardSwish())),  # past -3 and 3 too
+    # a squeeze-and-excite gate: [1, 1, channels] broadcast over an NCHW image
+    Multiply: (
+        (4, 4, 3),
+        (
+            Conv2D(filters=3, kernel_size=1, name="x"),
+            Mean(axes=(0, 1), keepdims=True),
+            Sigmoid(name="gate"),
+            Multiply(inputs=("x", "gate")),
+        ),
+    ),
+    Reshape: ((3, 4, 2), (Conv2D(filters=2, kernel_size=1), Reshape(target_shape=(-1, 4)))),
+    Transpose: ((5, 6), (Transpose(perm=(1, 0)), Dense(units=3))),
+    Mean: ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, 1)))),  # of an NCHW image
+    Rescale: ((10,), (Rescale(scale=0.5, offset=-1.0),)),
     ReLU: ((10,), (ReLU(),)),
     LeakyReLU: ((10,), (LeakyReLU(negative_slope=0.2),)),
     GELU: ((10,), (GELU(),)),
@@ -116,6 +160,37 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
         (Embedding(vocab_size=11, units=4, name="tokens"), LayerNorm(), Dense(units=11, tie="tokens")),
     ),
     "conv2d_activation": ((7, 6, 3), (Conv2D(filters=4, kernel_size=(3, 2), activation="leaky_relu"),)),
+    # TensorFlow's 'same': the extra row or column at the bottom or right (8 at stride 2, an
+    # even kernel), symmetric where the total is even (7 at stride 2)
+    "conv2d_same_strided": (
+        (8, 7, 3),
+        (
+            Conv2D(filters=4, kernel_size=3, strides=2, padding="same"),
+            Conv2D(filters=3, kernel_size=(4, 3), padding="same", activation="relu6"),
+        ),
+    ),
+    "conv2d_depthwise": ((8, 8, 4), (Conv2D(filters=8, kernel_size=3, strides=2, padding="same", groups=4),)),
+    "conv2d_grouped_dilated": (
+        (9, 8, 4),
+        (Conv2D(filters=6, kernel_size=3, padding="same", dilation=2, groups=2),),
+    ),
+    # a kernel narrower than the stride: zero columns after the transposed convolution's end
+    "conv2d_transpose_valid": ((3, 4, 3), (Conv2DTranspose(filters=2, kernel_size=(3, 1), strides=2),)),
+    "upsample2d_nearest": ((3, 4, 2), (Conv2D(filters=2, kernel_size=1), UpSample2D(size=(3, 2)))),
+    "keras_activations": (
+        (5,),
+        (
+            Dense(units=6, activation="silu"),
+            Dense(units=6, activation="hard_swish"),
+            Dense(units=6, activation="relu6"),
+            Dense(units=4, activation="sigmoid"),
+        ),
+    ),
+    "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
+    "conv1d_dilated_activation": (
+        (10, 3),
+        (Conv1D(filters=4, kernel_size=3, dilation=2, activation="swish"),),
+    ),
 }
 #: every case a backend's per-op parity test runs: a layer type, or a form's name
 PARITY_CASES: list[type[Layer] | str] = [*CASES, *FORM_CASES]

@@ -2,8 +2,9 @@
 
 Each is a TOML text (the plan format of docs/plans.md) small enough to train a few steps in
 seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
-batch norm, a GPT-style decoder with dropout on token data, a Llama-style and a GPT-2-style
-decoder on the built-in ``python-stdlib`` text, and a multi-label MLP.
+batch norm, the blocks of a ResNet and a MobileNetV2, a GPT-style decoder with dropout on
+token data, a Llama-style and a GPT-2-style decoder on the built-in ``python-stdlib`` text,
+and a multi-label MLP.
 """
 
 DROPOUT_MLP_PLAN = """
@@ -107,6 +108,52 @@ global_batch_size = 32
 epochs = 1
 """
 
+#: what every Keras ResNet and MobileNetV2 writes: a stem, a downsampling residual block
+#: (``same`` at stride 2, whose extra padding row TensorFlow puts at the bottom, beside a
+#: 1x1 stride-2 projection) and an inverted residual (1x1 expand, depthwise 3x3 ``same``
+#: at stride 2 with groups = channels, relu6, 1x1 linear projection). Batch norm's epsilon is
+#: Keras's 1e-3: at 1e-5 a depthwise channel nearly constant over the digits' blank borders
+#: amplifies rounding (tf's two-replica sums) to a 3e-3 step-loss difference by step 12
+VISION_PLAN = """
+name = "tiny_vision"
+seed = 5
+[model]
+input_shape = [8, 8, 1]
+layers = [
+  { type = "conv2d", filters = 8, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu", name = "stem" },
+  { type = "conv2d", filters = 16, kernel_size = 3, strides = 2, padding = "same", use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu" },
+  { type = "conv2d", filters = 16, kernel_size = 3, padding = "same", use_bias = false },
+  { type = "batchnorm", epsilon = 0.001, name = "branch" },
+  { type = "conv2d", filters = 16, kernel_size = 1, strides = 2, use_bias = false, inputs = ["stem"] },
+  { type = "batchnorm", epsilon = 0.001, name = "shortcut" },
+  { type = "add", inputs = ["branch", "shortcut"] },
+  { type = "relu" },
+  { type = "conv2d", filters = 32, kernel_size = 1, use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu6" },
+  { type = "conv2d", filters = 32, kernel_size = 3, strides = 2, padding = "same", groups = 32 },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "relu6" },
+  { type = "conv2d", filters = 16, kernel_size = 1, use_bias = false },
+  { type = "batchnorm", epsilon = 0.001 },
+  { type = "global_avg_pool2d" },
+  { type = "dense", units = 10 },
+]
+[data]
+source = "digits"
+[optimizer]
+name = "sgd"
+lr = 0.01  # gentle: batch norm over 32 rows amplifies rounding at larger steps
+momentum = 0.9
+[train]
+global_batch_size = 32
+epochs = 1
+"""
+
 GPT_PLAN = """
 name = "tiny_gpt"
 seed = 2
@@ -149,8 +196,8 @@ clip_grad_norm = 1.0
 
 
 #: a Llama-style decoder: RMS norms, rotary grouped-query attention without biases, the
-#: output tied to the token embedding, no decay on norms and embeddings; label smoothing and
-#: the top-5 accuracy. Its MLP is dense + GELU (SwiGLU needs multiply and silu).
+#: SwiGLU MLP (silu(x W1) * (x W3), then W2), the output tied to the token embedding, no decay
+#: on norms and embeddings; label smoothing and the top-5 accuracy.
 LLAMA_PLAN = """
 name = "tiny_llama"
 seed = 5
@@ -170,9 +217,10 @@ layers = [
   { type = "rmsnorm" },
   { type = "attention", heads = 4, kv_heads = 2, causal = true, rotary = true, use_bias = false },
   { type = "add", inputs = ["input", "attention_1"], name = "mid" },
-  { type = "rmsnorm" },
-  { type = "dense", units = 64, use_bias = false },
-  { type = "gelu" },
+  { type = "rmsnorm", name = "normed" },
+  { type = "dense", units = 64, use_bias = false, activation = "silu", name = "gate" },
+  { type = "dense", units = 64, use_bias = false, inputs = ["normed"], name = "up" },
+  { type = "multiply", inputs = ["gate", "up"] },
   { type = "dense", units = 32, use_bias = false, name = "mlp" },
   { type = "add", inputs = ["mid", "mlp"] },
 ]

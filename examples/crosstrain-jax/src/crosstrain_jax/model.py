@@ -35,23 +35,37 @@ from crosstrain import (
     BatchNorm,
     ClassToken,
     Concat,
+    Conv1D,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     Embedding,
     Flatten,
     GlobalAvgPool2D,
+    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    Mean,
+    Multiply,
     Node,
     PaddingMask,
     Plan,
     PositionEmbedding,
     ReLU,
+    ReLU6,
+    Rescale,
+    Reshape,
     RMSNorm,
+    Sigmoid,
+    SiLU,
+    Softmax,
     Tanh,
+    Transpose,
+    UpSample2D,
+    ZeroPad2D,
     decayed_weights,
     dropout,
     rotary_tables,
@@ -71,20 +85,35 @@ LayerT = TypeVar("LayerT", bound=Layer)
 
 @attrs.frozen
 class Compute:
-    """How the forward pass computes: the activations' dtype and the matmul precision.
-    Weights are float32 masters either way, cast where they are used."""
+    """How the forward pass computes: the activations' dtype and the matmul precision; and
+    ``full``, the weights' dtype (crosstrain's ``WEIGHT_DTYPES``), in which the outputs, the
+    loss, the normalisations and attention's softmax are computed whatever the precision.
+    Weights are masters in ``full``, cast where they are used."""
 
     dtype: np.dtype[Any]
     matmul: lax.Precision
+    full: np.dtype[Any]
 
 
 #: the precisions this backend speaks. fp16 is absent on purpose: it needs a loss scaler,
 #: which this example leaves out, and its absence from the vocabulary refuses it before launch.
+#: fp64 needs jax's 64-bit mode, which building an fp64 plan switches on (:func:`use_x64`).
 PRECISIONS: dict[str, Compute] = {
     # HIGHEST: GPUs would otherwise run fp32 matmuls in TF32 and lose parity
-    "fp32": Compute(np.dtype(np.float32), lax.Precision.HIGHEST),
-    "bf16": Compute(np.dtype(jnp.bfloat16), lax.Precision.DEFAULT),
+    "fp32": Compute(np.dtype(np.float32), lax.Precision.HIGHEST, np.dtype(np.float32)),
+    "bf16": Compute(np.dtype(jnp.bfloat16), lax.Precision.DEFAULT, np.dtype(np.float32)),
+    "fp64": Compute(np.dtype(np.float64), lax.Precision.HIGHEST, np.dtype(np.float64)),
 }
+
+
+def use_x64(plan: Plan) -> None:
+    """Switch on jax's 64-bit mode for this process when ``plan`` trains in float64 (jax
+    otherwise makes every float64 array float32). The mode is process-wide: the worker is a
+    process of its own, and code written for 32 bits here names its dtypes, so a float32
+    plan built later in the same process still computes in float32."""
+    wide = PRECISIONS[plan.train.precision].full.itemsize == 8
+    if wide and not jax.config.read("jax_enable_x64"):  # type: ignore[no-untyped-call]
+        jax.config.update("jax_enable_x64", True)  # type: ignore[no-untyped-call]
 
 
 # --------------------------------------------------------------------------- the forward pass
@@ -131,7 +160,7 @@ Apply = Callable[[Env, Sequence[jax.Array]], jax.Array]
 #: a table entry: the node (layer, shapes, weight prefix, the embedding a dense is tied
 #: to) -> its Apply
 Builder = Callable[[Node], Apply]
-#: forward(weights, x, train) -> (float32 outputs, updated non-trainable weights)
+#: forward(weights, x, train) -> (outputs in the weights' dtype, updated non-trainable weights)
 Forward = Callable[[Params, jax.Array, TrainInputs | None], tuple[jax.Array, dict[str, jax.Array]]]
 
 
@@ -151,7 +180,7 @@ def build_forward(plan: Plan) -> Forward:
         values = {MODEL_INPUT: x.astype(compute.dtype) if float_input else x}
         for node, apply in steps:
             values[node.index] = apply(env, [values[source] for source in node.inputs])
-        return values[graph.output].astype(jnp.float32), env.updates
+        return values[graph.output].astype(compute.full), env.updates
 
     return forward
 
@@ -190,12 +219,14 @@ def _dense(node: Node) -> Apply:
 
 def _conv2d(node: Node) -> Apply:
     layer = _layer(node, Conv2D)
+    padding = layer.paddings(node.input_shape)  # TensorFlow's 'same' (XLA's SAME is the same)
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         y = lax.conv_general_dilated(
             _single(inputs), env.param(f"{node.path}.kernel"),
-            window_strides=layer.strides, padding=layer.padding.upper(),
-            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=env.compute.matmul,
+            window_strides=layer.strides, padding=padding, rhs_dilation=layer.dilation,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=layer.groups,
+            precision=env.compute.matmul,
         )
         return y + env.param(f"{node.path}.bias") if layer.use_bias else y
 
@@ -249,6 +280,135 @@ def _flatten(node: Node) -> Apply:
         return x.reshape(x.shape[0], -1)  # already channels-last: the neutral order
 
     return apply
+
+
+# --------------------------------------------------------------------------- vision and shapes
+
+
+def _conv1d(node: Node) -> Apply:
+    layer = _layer(node, Conv1D)
+    padding = (layer.paddings(node.input_shape),)
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        y = lax.conv_general_dilated(
+            _single(inputs), env.param(f"{node.path}.kernel"),
+            window_strides=(layer.strides,), padding=padding, rhs_dilation=(layer.dilation,),
+            dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=layer.groups,
+            precision=env.compute.matmul,
+        )
+        return y + env.param(f"{node.path}.bias") if layer.use_bias else y
+
+    return apply
+
+
+def _conv2d_transpose(node: Node) -> Apply:
+    """The whole transposed convolution (a convolution of the input dilated by the strides,
+    padded kernel - 1 each side, with the kernel flipped: ``transpose_kernel``), then the
+    layer's part of it (``crops``) and its zeros after the end, as padding of that convolution."""
+    layer = _layer(node, Conv2DTranspose)
+    # the whole is kernel - 1 padding each side of the dilated input; start later, end where
+    # the output does (zeros past the whole's end come from padding too)
+    padding = [
+        (window - 1 - start, output - 1 - (size - 1) * stride + start)
+        for (start, _), window, stride, size, output in zip(
+            layer.crops(node.input_shape), layer.kernel_size, layer.strides, node.input_shape,
+            node.output_shape, strict=False)
+    ]
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        # the neutral [kh, kw, out, in] is lax's HWIO of the convolution this transposes
+        y = lax.conv_transpose(
+            _single(inputs), env.param(f"{node.path}.kernel"), layer.strides, padding,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), transpose_kernel=True,
+            precision=env.compute.matmul,
+        )
+        return y + env.param(f"{node.path}.bias") if layer.use_bias else y
+
+    return apply
+
+
+def _upsample_axis(x: jax.Array, axis: int, size: int, bilinear: bool) -> jax.Array:
+    """One axis ``size`` times longer: repeated, or read at half-pixel centres (position o
+    at (o + 0.5) / size - 0.5, clamped at 0) between its two neighbours."""
+    length = x.shape[axis]
+    if not bilinear:
+        return jnp.repeat(x, size, axis=axis)
+    source = np.maximum((np.arange(length * size) + 0.5) / size - 0.5, 0.0)
+    low = np.floor(source).astype(np.int32)
+    high = np.minimum(low + 1, length - 1)
+    shape = [1] * x.ndim
+    shape[axis] = length * size
+    # the weights in float32 at least (as torch's kernels), in the input's dtype if wider
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    far = jnp.asarray((source - low).reshape(shape), dtype)
+    near = jnp.asarray((1.0 - (source - low)).reshape(shape), dtype)
+    return near * jnp.take(x, low, axis=axis) + far * jnp.take(x, high, axis=axis)
+
+
+def _upsample2d(node: Node) -> Apply:
+    layer = _layer(node, UpSample2D)
+    bilinear = layer.interpolation == "bilinear"
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _upsample_axis(_single(inputs), 1, layer.size[0], bilinear)
+        return _upsample_axis(x, 2, layer.size[1], bilinear).astype(inputs[0].dtype)
+
+    return apply
+
+
+def _zero_pad2d(node: Node) -> Apply:
+    rows, columns = _layer(node, ZeroPad2D).padding
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return jnp.pad(_single(inputs), ((0, 0), rows, columns, (0, 0)))
+
+    return apply
+
+
+def _relu6(x: jax.Array) -> jax.Array:
+    # gradient 0 at 0 and at 6, as torch's and tf's (jnp.clip would split it at the ties)
+    return jnp.where(x <= 0, 0, jnp.where(x >= 6, 6, x)).astype(x.dtype)
+
+
+def _hard_swish(x: jax.Array) -> jax.Array:
+    return x * (_relu6(x + 3) / 6)  # Keras's hard_silu, differentiated as written
+
+
+def _softmax(x: jax.Array) -> jax.Array:
+    return jax.nn.softmax(x, axis=-1)
+
+
+def _multiply(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return functools.reduce(jnp.multiply, inputs)  # left to right, broadcasting sizes of 1
+
+    return apply
+
+
+def _reshape(node: Node) -> Apply:
+    shape = node.output_shape
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        return x.reshape(x.shape[0], *shape)
+
+    return apply
+
+
+def _transpose(node: Node) -> Apply:
+    order = (0, *(axis + 1 for axis in _layer(node, Transpose).perm))
+    return _elementwise(lambda x: jnp.transpose(x, order))(node)
+
+
+def _mean(node: Node) -> Apply:
+    layer = _layer(node, Mean)
+    axes = tuple(axis + 1 for axis in layer.resolved_axes(len(node.input_shape)))
+    return _elementwise(lambda x: x.mean(axis=axes, keepdims=layer.keepdims))(node)
+
+
+def _rescale(node: Node) -> Apply:
+    layer = _layer(node, Rescale)
+    return _elementwise(lambda x: x * layer.scale + layer.offset)(node)
 
 
 # --------------------------------------------------------------------------- activations
@@ -331,7 +491,7 @@ def _layernorm(node: Node) -> Apply:
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         """Over the last axis, in float32 even in bf16 runs (as torch's autocast does)."""
         x = _single(inputs)
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(env.compute.full)
         mean = x32.mean(axis=-1, keepdims=True)
         variance = jnp.square(x32 - mean).mean(axis=-1, keepdims=True)
         normed = (x32 - mean) * lax.rsqrt(variance + eps)
@@ -369,7 +529,7 @@ def _batchnorm(node: Node) -> Apply:
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
-        x32 = x.astype(jnp.float32)  # computed in fp32 whatever the precision
+        x32 = x.astype(env.compute.full)  # computed in fp32 whatever the precision (fp64: float64)
         if env.train is None:
             mean = env.weights[names["moving_mean"]]
             variance = env.weights[names["moving_variance"]]
@@ -438,9 +598,9 @@ def _attention(node: Node) -> Apply:
         if groups > 1:  # key/value head j serves query heads j*groups .. j*groups+groups-1
             key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
         scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=env.compute.matmul,
-                            preferred_element_type=jnp.float32) / math.sqrt(head_units)
+                            preferred_element_type=env.compute.full) / math.sqrt(head_units)
         if len(inputs) > 1:  # the padding mask: -1e9 on a padded key's scores
-            scores = scores + ((inputs[1].astype(jnp.float32) - 1) * 1e9)[:, None, None, :]
+            scores = scores + ((inputs[1].astype(env.compute.full) - 1) * 1e9)[:, None, None, :]
         if visible is not None:
             scores = jnp.where(visible, scores, -jnp.inf)
         probabilities = jax.nn.softmax(scores, axis=-1).astype(x.dtype)  # softmax in fp32
@@ -457,7 +617,7 @@ def _rmsnorm(node: Node) -> Apply:
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         """Over the last axis, in float32 even in bf16 runs (as layer norm)."""
         x = _single(inputs)
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(env.compute.full)
         normed = x32 * lax.rsqrt(jnp.square(x32).mean(axis=-1, keepdims=True) + epsilon)
         return (normed * env.weights[f"{node.path}.scale"]).astype(x.dtype)
 
@@ -477,7 +637,7 @@ def _padding_mask(node: Node) -> Apply:
     pad_id = _layer(node, PaddingMask).pad_id
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
-        return (_single(inputs) != pad_id).astype(jnp.float32)
+        return (_single(inputs) != pad_id).astype(env.compute.dtype)
 
     return apply
 
@@ -508,6 +668,20 @@ LAYERS: dict[type[Layer], Builder] = {
     AvgPool2D: _avgpool2d,
     GlobalAvgPool2D: _global_avg_pool2d,
     Flatten: _flatten,
+    Conv1D: _conv1d,
+    Conv2DTranspose: _conv2d_transpose,
+    UpSample2D: _upsample2d,
+    ZeroPad2D: _zero_pad2d,
+    Sigmoid: _elementwise(jax.nn.sigmoid),
+    SiLU: _elementwise(jax.nn.silu),
+    Softmax: _elementwise(_softmax),
+    ReLU6: _elementwise(_relu6),
+    HardSwish: _elementwise(_hard_swish),
+    Multiply: _multiply,
+    Reshape: _reshape,
+    Transpose: _transpose,
+    Mean: _mean,
+    Rescale: _rescale,
     ReLU: _elementwise(_relu),
     LeakyReLU: _leaky_relu,
     GELU: _elementwise(_gelu),
@@ -531,8 +705,9 @@ LAYERS: dict[type[Layer], Builder] = {
 
 @attrs.frozen
 class Loss:
-    """One loss: each row's loss in float32 (``row_loss(outputs, targets, label_smoothing)``),
-    its targets' dtype, and how many target positions a row's targets hold."""
+    """One loss: each row's loss (in the outputs' dtype: the weights';
+    ``row_loss(outputs, targets, label_smoothing)``), its targets' dtype, and how many target
+    positions a row's targets hold."""
 
     row_loss: Callable[[jax.Array, jax.Array, float], jax.Array]
     target_dtype: np.dtype[Any]
@@ -590,7 +765,7 @@ def _correct(logits: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
 def _top_k_correct(logits: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
     """How many of a row's positions have fewer than ``top_k`` logits above the target's
     (a tie counts for the target)."""
-    logits = logits.astype(jnp.float32)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     target = jnp.take_along_axis(logits, targets[..., None], axis=-1)
     return _rows(((logits > target).sum(axis=-1) < plan.top_k).astype(jnp.float32))
 

@@ -3,7 +3,8 @@
 Matching torch operation for operation is what makes per-step losses agree to float
 rounding. Scalars that torch computes in Python (double precision) - bias corrections,
 step sizes, AdamW's decay factor - are computed on the host here too and passed into
-the compiled step as float32 arguments, exactly where torch casts them; so the
+the compiled step as arguments in the weights' dtype (float32; float64 under fp64), exactly
+where torch casts them; so the
 learning rate changes every step without recompiling.
 
 :data:`OPTIMIZERS` maps each optimizer name this backend speaks to its rule; its keys
@@ -15,6 +16,7 @@ for the plan's ``optimizer.decay``, so every mode of crosstrain's ``DECAY_MODES`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import jax
@@ -72,9 +74,10 @@ def clip_by_global_norm(grads: Tree, names: Sequence[str], max_norm: float) -> T
     return {name: grad * coefficient for name, grad in grads.items()}
 
 
-def as_float32(scalars: Scalars) -> dict[str, np.float32]:
-    """Host doubles -> float32 arguments (torch casts a Python scalar to the tensor's dtype)."""
-    return {name: np.float32(value) for name, value in scalars.items()}
+def as_dtype(scalars: Scalars, dtype: str) -> dict[str, np.floating[Any]]:
+    """Host doubles -> arguments in the weights' ``dtype`` (torch casts a Python scalar to
+    the tensor's dtype)."""
+    return {name: np.dtype(dtype).type(value) for name, value in scalars.items()}
 
 
 def _zeros(params: Mapping[str, jax.Array]) -> Tree:

@@ -118,11 +118,13 @@ class JaxStrategy:
         import jax
         from jax.sharding import Mesh
 
-        from crosstrain_jax.model import build_forward, make_eval_step, make_train_step
+        from crosstrain_jax.model import build_forward, make_eval_step, make_train_step, use_x64
         from crosstrain_jax.optimizer import init_state
 
         # crosstrain checked this before launch; checked again for code that builds directly
         check_plan_vocabulary(plan, self.vocabulary(), self.name)
+        use_x64(plan)  # before any array is made: fp64's weights stay float64
+        dtype = plan.train.weight_dtype
         forward = build_forward(plan)
         devices = self.devices or jax.local_devices()[: self.world.local_replicas]
         mesh = Mesh(np.asarray(devices), ("data",))
@@ -131,7 +133,7 @@ class JaxStrategy:
         trainable = _trainable_names(plan, names)
 
         def place(subset: Sequence[str]) -> dict[str, jax.Array]:
-            return {name: jax.device_put(np.asarray(weights[name], np.float32), replicated)
+            return {name: jax.device_put(np.asarray(weights[name], dtype), replicated)
                     for name in subset}
 
         params = place(trainable)
@@ -152,7 +154,7 @@ class JaxStrategy:
     def train_step(self, state: JaxState, step: StepBatch, lr: float) -> dict[str, float]:
         import jax
 
-        from crosstrain_jax.optimizer import as_float32, host_scalars
+        from crosstrain_jax.optimizer import as_dtype, host_scalars
 
         micro = step.micro_batches
         xs, ys, ws, rows = (
@@ -163,10 +165,11 @@ class JaxStrategy:
                            [_uint32(batch.rows) for batch in micro])
         )
         state.optimizer_steps += 1
-        scalars = as_float32(host_scalars(state.plan.optimizer, lr, state.optimizer_steps))
+        dtype = state.plan.train.weight_dtype
+        scalars = as_dtype(host_scalars(state.plan.optimizer, lr, state.optimizer_steps), dtype)
         # one global computation over the whole batch, normalised once, by
         # the real target positions (rows for a label or a regression, rows x length for tokens)
-        scale = np.float32(1.0 / step.global_real_targets)
+        scale = np.dtype(dtype).type(1.0 / step.global_real_targets)
         state.params, state.buffers, state.optimizer_state, micro_sums = state.train_fn(
             state.params, state.buffers, state.optimizer_state, xs, ys, ws, rows, scale, scalars,
             _uint32(step.step),
@@ -223,7 +226,8 @@ class JaxStrategy:
         import jax
 
         host = jax.device_get({**state.params, **state.buffers})
-        return {name: np.array(host[name], dtype=np.float32) for name in state.names}
+        dtype = state.plan.train.weight_dtype
+        return {name: np.array(host[name], dtype=dtype) for name in state.names}
 
     def load_state_dict(self, state: JaxState, tensors: Mapping[str, np.ndarray]) -> None:
         import jax
@@ -240,7 +244,8 @@ class JaxStrategy:
                                 f"the model expects {list(expected)}")
 
         def place(subset: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-            return {name: jax.device_put(np.asarray(tensors[name], np.float32), state.replicated)
+            dtype = state.plan.train.weight_dtype  # float32 and float64 weights load into either
+            return {name: jax.device_put(np.asarray(tensors[name], dtype), state.replicated)
                     for name in subset}
 
         state.params, state.buffers = place(state.params), place(state.buffers)
@@ -251,7 +256,8 @@ class JaxStrategy:
         import jax
 
         host = jax.device_get(state.optimizer_state)
-        tensors = {f"optimizer.{name}.{slot}": np.array(value, dtype=np.float32)
+        dtype = state.plan.train.weight_dtype
+        tensors = {f"optimizer.{name}.{slot}": np.array(value, dtype=dtype)
                    for slot, tree in host.items() for name, value in tree.items()}
         tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
         return tensors
@@ -268,10 +274,11 @@ class JaxStrategy:
 
         def slot_value(key: str, like: jax.Array) -> jax.Array:
             # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
-            value = tensors.get(key)
-            array = (np.zeros(like.shape, np.float32) if value is None
-                     else np.asarray(value, np.float32))
-            return jax.device_put(array, state.replicated)
+            value, dtype = tensors.get(key), state.plan.train.weight_dtype
+            array = (np.zeros(like.shape, dtype) if value is None
+                     else np.asarray(value, dtype))
+            placed: jax.Array = jax.device_put(array, state.replicated)
+            return placed
 
         state.optimizer_state = {
             slot: {name: slot_value(f"optimizer.{name}.{slot}", value)

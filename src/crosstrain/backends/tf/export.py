@@ -19,6 +19,7 @@ and in binary floating point sqrt(fl(s * s)) is s).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +37,42 @@ MODEL_FILE = "model.keras"
 TOLERANCE = 1e-5
 
 
-def scaling_layers(scaling: InputScaling, channels: int) -> list[keras.layers.Layer]:
-    """Stock layers that compute ``scaling`` (none for the identity)."""
+def unused_name(wanted: str, taken: Collection[str]) -> str:
+    """``wanted``, or ``wanted_2``, ``wanted_3``...: a Keras model's layer names are unique,
+    and a plan may name its own layers "x" or "scale"."""
+    name, number = wanted, 1
+    while name in taken:
+        number += 1
+        name = f"{wanted}_{number}"
+    return name
+
+
+def scaling_layers(
+    scaling: InputScaling, channels: int, taken: Collection[str] = ()
+) -> list[keras.layers.Layer]:
+    """Stock layers that compute ``scaling`` (none for the identity), named apart from ``taken``."""
     layers: list[keras.layers.Layer] = []
     if scaling.scale != 1.0:
-        layers.append(keras.layers.Rescaling(scale=scaling.scale, name="scale"))
+        layers.append(keras.layers.Rescaling(scale=scaling.scale, name=unused_name("scale", taken)))
     if any(operation != "mul" for operation, _ in scaling.steps()):
         mean = np.broadcast_to(np.asarray(scaling.mean or (0.0,), np.float32), (channels,))
         std = np.broadcast_to(np.asarray(scaling.std or (1.0,), np.float32), (channels,))
         variance = std * std  # rounded to float32: its float32 square root is std again
         layers.append(
-            keras.layers.Normalization(mean=mean.tolist(), variance=variance.tolist(), name="normalise")
+            keras.layers.Normalization(
+                mean=mean.tolist(), variance=variance.tolist(), name=unused_name("normalise", taken)
+            )
         )
     return layers
 
 
-def _scaled_input(plan: Plan) -> tuple[Any, Any]:
-    """The model's raw input and its value after the plan's input scaling."""
-    inputs = keras.Input(shape=plan.model.input_shape, dtype=plan.model.input_dtype, name="x")
+def _scaled_input(plan: Plan, taken: Collection[str]) -> tuple[Any, Any]:
+    """The model's raw input and its value after the plan's input scaling (their layers
+    named apart from the model's own, ``taken``)."""
+    name = unused_name("x", taken)
+    inputs = keras.Input(shape=plan.model.input_shape, dtype=plan.model.input_dtype, name=name)
     value = inputs
-    for layer in scaling_layers(plan.data.scaling, plan.model.input_shape[-1]):
+    for layer in scaling_layers(plan.data.scaling, plan.model.input_shape[-1], {*taken, name}):
         value = layer(value)
     return inputs, value
 
@@ -64,7 +81,7 @@ def stock_model(plan: Plan, weights: dict[str, np.ndarray]) -> keras.Model:
     """The plan's graph as a functional model of stock Keras layers, holding ``weights``,
     taking raw rows."""
     graph = plan.model.graph(plan.source)
-    inputs, scaled = _scaled_input(plan)
+    inputs, scaled = _scaled_input(plan, {node.path for node in graph.nodes})
     values: dict[int, Any] = {MODEL_INPUT: scaled}
     layers = []
     for node in graph.nodes:
@@ -93,7 +110,7 @@ def native_model(model: keras.Model, plan: Plan) -> keras.Model:
     """A user's native model, after the input scaling when the plan has one."""
     if plan.data.scaling.is_identity:
         return model
-    inputs, scaled = _scaled_input(plan)
+    inputs, scaled = _scaled_input(plan, {model.name})
     return keras.Model(inputs, model(scaled), name=plan.name)
 
 

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from crosstrain.core import dropout as neutral_dropout
+from crosstrain.core.errors import InputError
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
     ATTENTION_PROJECTIONS,
@@ -32,21 +33,35 @@ from crosstrain.core.layers import (
     BatchNorm,
     ClassToken,
     Concat,
+    Conv1D,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     Embedding,
     Flatten,
     GlobalAvgPool2D,
+    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    Mean,
+    Multiply,
     PaddingMask,
     PositionEmbedding,
     ReLU,
+    ReLU6,
+    Rescale,
+    Reshape,
     RMSNorm,
+    Sigmoid,
+    SiLU,
+    Softmax,
     Tanh,
+    Transpose,
+    UpSample2D,
+    ZeroPad2D,
     rotary_tables,
 )
 
@@ -88,7 +103,7 @@ def sum_across_replicas(tensor: Any) -> Any:
 
 
 class NeutralBatchNorm(ContextLayer):
-    """docs/layers.md's batch norm, in fp32 (built with the float32 policy).
+    """docs/layers.md's batch norm, in fp32 (built with the float32 policy; float64 under fp64).
 
     The moving statistics are non-trainable variables updated in the forward pass. Every
     replica computes the same global statistics; ``ONLY_FIRST_REPLICA`` makes each update
@@ -118,7 +133,7 @@ class NeutralBatchNorm(ContextLayer):
     def call(
         self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
     ) -> Any:
-        x = tf.cast(inputs, tf.float32)
+        x = tf.cast(inputs, self.variable_dtype)
         if training:
             mean, variance = self._batch_statistics(x, weight)
         else:
@@ -129,7 +144,7 @@ class NeutralBatchNorm(ContextLayer):
         """Two all-reduced passes over the real rows: the mean, then the biased variance."""
         rank = len(x.shape)
         axes = list(range(rank - 1))
-        row_weight = tf.ones(tf.shape(x)[:1]) if weight is None else tf.cast(weight, tf.float32)
+        row_weight = tf.ones(tf.shape(x)[:1], x.dtype) if weight is None else tf.cast(weight, x.dtype)
         broadcast = tf.reshape(row_weight, [-1] + [1] * (rank - 1))
         positions = math.prod(x.shape[1:-1])
         count = tf.reduce_sum(row_weight) * positions
@@ -230,10 +245,11 @@ class PositionTable(keras.layers.Layer):  # type: ignore[misc]
 
 class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
     """Multi-head self-attention as docs/layers.md writes it: projections in the compute
-    dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32, later positions
-    masked when causal. Grouped keys and values (``kv_heads``) serve ``heads / kv_heads``
-    consecutive query heads each; ``rotary`` turns queries and keys by core's tables; a
-    second input, the padding mask [batch, length], adds -1e9 to padded keys' scores."""
+    dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32 (the variables' dtype:
+    float64 under fp64), later positions masked when causal. Grouped keys and values
+    (``kv_heads``) serve ``heads / kv_heads`` consecutive query heads each; ``rotary`` turns
+    queries and keys by core's tables; a second input, the padding mask [batch, length],
+    adds -1e9 to padded keys' scores."""
 
     def __init__(self, layer: Attention, length: int, units: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -287,19 +303,21 @@ class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
             query, key = self._rotate(query), self._rotate(key)
         if self.groups > 1:
             key, value = tf.repeat(key, self.groups, axis=1), tf.repeat(value, self.groups, axis=1)
-        scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32) / math.sqrt(self.depth)
+        full = self.variable_dtype
+        scores = tf.cast(tf.matmul(query, key, transpose_b=True), full) / math.sqrt(self.depth)
         if padding is not None:
-            scores = scores + ((tf.cast(padding, tf.float32) - 1.0) * 1e9)[:, None, None, :]
+            scores = scores + ((tf.cast(padding, full) - 1.0) * 1e9)[:, None, None, :]
         if self.causal:
             allowed = tf.linalg.band_part(tf.ones((length, length), tf.bool), -1, 0)
-            scores = tf.where(allowed, scores, tf.constant(-math.inf, tf.float32))
+            scores = tf.where(allowed, scores, tf.constant(-math.inf, full))
         weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
         attended = tf.transpose(tf.matmul(weights, value), [0, 2, 1, 3])
         return self._project(tf.reshape(attended, [-1, length, units]), "output")
 
 
 class RootMeanSquareNorm(keras.layers.Layer):  # type: ignore[misc]
-    """docs/layers.md's RMS norm of the last axis, in fp32 whatever the compute dtype."""
+    """docs/layers.md's RMS norm of the last axis, in the variables' dtype (fp32 under bf16 and
+    fp16, float64 under fp64) whatever the compute dtype."""
 
     def __init__(self, epsilon: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -309,7 +327,7 @@ class RootMeanSquareNorm(keras.layers.Layer):  # type: ignore[misc]
         self.scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="ones", name="scale")  # type: ignore[arg-type]
 
     def call(self, inputs: Any) -> Any:
-        x = tf.cast(inputs, tf.float32)
+        x = tf.cast(inputs, self.variable_dtype)
         normed = x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + self.epsilon)
         return tf.cast(normed * self.scale, self.compute_dtype)
 
@@ -353,14 +371,14 @@ def _untied() -> Any:
 
 
 class PaddingMaskLayer(keras.layers.Layer):  # type: ignore[misc]
-    """Token ids -> float32 1 (a real token) or 0 (``pad_id``)."""
+    """Token ids -> 1 (a real token) or 0 (``pad_id``), in the compute dtype."""
 
     def __init__(self, pad_id: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pad_id = pad_id
 
     def call(self, inputs: Any) -> Any:
-        return tf.cast(tf.not_equal(inputs, self.pad_id), tf.float32)
+        return tf.cast(tf.not_equal(inputs, self.pad_id), self.compute_dtype)
 
 
 # --------------------------------------------------------------------------- the tables
@@ -427,11 +445,15 @@ def _stock_dense(layer: Dense, node: Node, options: NodeOptions = EXPORTED) -> k
 
 
 def _conv2d(layer: Conv2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    # Keras pads 'same' as the spec (TensorFlow's rule), and its grouped kernel is the
+    # neutral [kh, kw, in / groups, out]
     return keras.layers.Conv2D(
         layer.filters,
         layer.kernel_size,
         strides=layer.strides,
         padding=layer.padding,
+        dilation_rate=layer.dilation,
+        groups=layer.groups,
         use_bias=layer.use_bias,
         **_named(node, options),
     )
@@ -449,9 +471,70 @@ def _avg_pool(layer: AvgPool2D, node: Node, options: NodeOptions) -> keras.layer
     )
 
 
+def _conv1d(layer: Conv1D, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return keras.layers.Conv1D(
+        layer.filters,
+        layer.kernel_size,
+        strides=layer.strides,
+        padding=layer.padding,
+        dilation_rate=layer.dilation,
+        groups=layer.groups,
+        use_bias=layer.use_bias,
+        **_named(node, options),
+    )
+
+
+def _conv2d_transpose(layer: Conv2DTranspose, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    # Keras's kernel is [kh, kw, out, in], the neutral layout, and its sizes are the spec's
+    return keras.layers.Conv2DTranspose(
+        layer.filters,
+        layer.kernel_size,
+        strides=layer.strides,
+        padding=layer.padding,
+        use_bias=layer.use_bias,
+        **_named(node, options),
+    )
+
+
+class AxisMean(keras.layers.Layer):  # type: ignore[misc]
+    """The mean over some of a row's axes (Keras has a layer for the spatial axes only)."""
+
+    def __init__(self, axes: tuple[int, ...], keepdims: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.axes, self.keepdims = [axis + 1 for axis in axes], keepdims
+
+    def call(self, inputs: Any) -> Any:
+        return tf.reduce_mean(inputs, axis=self.axes, keepdims=self.keepdims)
+
+
+def _mean(layer: Mean, node: Node, options: NodeOptions) -> keras.layers.Layer:
+    return AxisMean(layer.resolved_axes(len(node.input_shape)), layer.keepdims, **_named(node, options))
+
+
+#: a mean's axes (for a row's rank) that a stock global pooling layer averages
+_POOLED_AXES: Final = {
+    (3, (0, 1)): keras.layers.GlobalAveragePooling2D,
+    (2, (0,)): keras.layers.GlobalAveragePooling1D,
+}
+
+
+def _stock_mean(layer: Mean, node: Node) -> keras.layers.Layer:
+    """A mean over an image's height and width, or a sequence's length, is Keras's global
+    average pooling; no stock layer averages other axes."""
+    rank = len(node.input_shape)
+    pooling = _POOLED_AXES.get((rank, layer.resolved_axes(rank)))
+    if pooling is None:
+        raise InputError(
+            f"--format keras: {node.field} (mean over axes {list(layer.axes)} of {list(node.input_shape)}) "
+            "has no stock Keras layer; --format torch exports every layer"
+        )
+    return pooling(keepdims=layer.keepdims, **_named(node, EXPORTED))
+
+
 def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.layers.Layer:
-    # the spec computes batch norm in fp32 whatever the precision
-    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype="float32")
+    # the spec computes batch norm in fp32 whatever the precision (fp64: in float64)
+    full = keras.DTypePolicy(options.policy).variable_dtype
+    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype=full)
 
 
 def _stock_batch_norm(layer: BatchNorm, node: Node) -> keras.layers.Layer:
@@ -499,6 +582,41 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     GlobalAvgPool2D: NodeSpec(_keras(keras.layers.GlobalAveragePooling2D), AS_BUILT),
     # channels_last: NHWC order, as the neutral Flatten
     Flatten: NodeSpec(_keras(keras.layers.Flatten), AS_BUILT),
+    Conv1D: NodeSpec(_conv1d, AS_BUILT, _KERNEL),
+    Conv2DTranspose: NodeSpec(_conv2d_transpose, AS_BUILT, _KERNEL),
+    UpSample2D: NodeSpec(  # bilinear: tf.image.resize's half-pixel centres
+        lambda layer, node, options: keras.layers.UpSampling2D(
+            layer.size, interpolation=layer.interpolation, **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
+    ZeroPad2D: NodeSpec(
+        lambda layer, node, options: keras.layers.ZeroPadding2D(layer.padding, **_named(node, options)),
+        AS_BUILT,
+    ),
+    Sigmoid: NodeSpec(_keras(keras.layers.Activation, "sigmoid"), AS_BUILT),
+    SiLU: NodeSpec(_keras(keras.layers.Activation, "silu"), AS_BUILT),
+    Softmax: NodeSpec(_keras(keras.layers.Softmax, axis=-1), AS_BUILT),
+    ReLU6: NodeSpec(_keras(keras.layers.Activation, "relu6"), AS_BUILT),  # gradient 0 at 0 and 6
+    HardSwish: NodeSpec(_keras(keras.layers.Activation, "hard_silu"), AS_BUILT),  # x * (relu6(x + 3) / 6)
+    Multiply: NodeSpec(_keras(keras.layers.Multiply), AS_BUILT),  # left to right, broadcasting sizes of 1
+    Reshape: NodeSpec(
+        lambda layer, node, options: keras.layers.Reshape(node.output_shape, **_named(node, options)),
+        AS_BUILT,
+    ),
+    Transpose: NodeSpec(  # Keras counts the batch axis as 0
+        lambda layer, node, options: keras.layers.Permute(
+            [axis + 1 for axis in layer.perm], **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
+    Mean: NodeSpec(_mean, Stock(_stock_mean)),
+    Rescale: NodeSpec(  # x * scale + offset, as Keras's Rescaling rounds it
+        lambda layer, node, options: keras.layers.Rescaling(
+            layer.scale, offset=layer.offset, **_named(node, options)
+        ),
+        AS_BUILT,
+    ),
     ReLU: NodeSpec(_keras(keras.layers.ReLU), AS_BUILT),  # gradient 0 at 0, as torch's
     LeakyReLU: NodeSpec(  # gradient negative_slope at 0, as torch's
         lambda layer, node, options: keras.layers.LeakyReLU(
@@ -546,7 +664,7 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     ),
     ClassToken: NodeSpec(_keras(ClassTokenLayer), None, _same(("token",))),
     PaddingMask: NodeSpec(
-        lambda layer, node, options: PaddingMaskLayer(layer.pad_id, name=node.path, dtype="float32"), None
+        lambda layer, node, options: PaddingMaskLayer(layer.pad_id, **_named(node, options)), None
     ),
     Add: NodeSpec(_keras(keras.layers.Add), AS_BUILT),  # sums left to right
     Concat: NodeSpec(_keras(keras.layers.Concatenate, axis=-1), AS_BUILT),

@@ -23,8 +23,14 @@ from crosstrain.backends.tf.layers import LAYERS, ContextLayer, NodeOptions
 from crosstrain.core.graph import MODEL_INPUT, Graph
 from crosstrain.core.plan import LossSpec, Plan
 
-#: core precision -> Keras dtype policy: float32 variables, low-precision compute
-DTYPE_POLICIES: dict[str, str] = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+#: core precision -> Keras dtype policy: float32 variables, low-precision compute; fp64:
+#: float64 variables and compute (core's ``WEIGHT_DTYPES``)
+DTYPE_POLICIES: dict[str, str] = {
+    "fp32": "float32",
+    "bf16": "mixed_bfloat16",
+    "fp16": "mixed_float16",
+    "fp64": "float64",
+}
 
 
 class GraphModel(keras.Model):  # type: ignore[misc]
@@ -105,7 +111,11 @@ def build_model(plan: Plan) -> keras.Model:
 def forward(
     model: keras.Model, x: Any, *, training: bool, weight: Any = None, rows: Any = None, step: Any = None
 ) -> Any:
-    """The model's outputs; a native model gets its input alone, as it always has."""
+    """The model's outputs; a native model gets its input alone, as it always has. Float
+    rows reach the model in its variables' dtype: fp64 widens the float32 rows the feed
+    gives (exactly) to float64 here, once."""
+    if x.dtype.is_floating and x.dtype != model.variable_dtype:
+        x = tf.cast(x, model.variable_dtype)
     if isinstance(model, GraphModel):
         return model(x, training=training, weight=weight, rows=rows, step=step)
     return model(x, training=training)
@@ -136,16 +146,18 @@ def load_neutral(model: keras.Model, plan: Plan, weights: Mapping[str, np.ndarra
         raise KeyError(f"no variable for weights {unknown} in the tf model")
     for name, value in weights.items():
         variable = variables[name]
-        array = np.asarray(value, dtype=np.float32)
+        # in the variable's dtype: float32 and float64 weights load into either
+        array = np.asarray(value, dtype=variable.dtype)
         if tuple(variable.shape) != array.shape:
             raise ValueError(f"{name}: shape {list(array.shape)} does not fit {list(variable.shape)}")
         variable.assign(array)
 
 
 def neutral_state(model: keras.Model, plan: Plan) -> dict[str, np.ndarray]:
-    """The model's weights under neutral names and channels-last layouts, as float32 numpy."""
+    """The model's weights under neutral names and channels-last layouts, as numpy in the
+    plan's weight dtype (float32; float64 under fp64)."""
     return {
-        name: np.asarray(variable.numpy(), dtype=np.float32)
+        name: np.asarray(variable.numpy(), dtype=plan.train.weight_dtype)
         for name, variable in _neutral_variables(model).items()
     }
 
@@ -185,7 +197,7 @@ def _binary_cross_entropy_rows(outputs: Any, targets: Any, loss: LossSpec) -> An
     return tf.reduce_mean(_rows_of(each), axis=1)
 
 
-#: core loss name -> loss of each row, in float32
+#: core loss name -> loss of each row, in the weights' dtype (float32; float64 under fp64)
 LOSSES: dict[str, Callable[[Any, Any, LossSpec], Any]] = {
     "cross_entropy": _cross_entropy_rows,
     "mse": _mse_rows,
@@ -193,8 +205,17 @@ LOSSES: dict[str, Callable[[Any, Any, LossSpec], Any]] = {
 }
 
 
+def full_precision(tensor: Any) -> Any:
+    """The tensor in at least float32: bf16 and fp16 widened, float32 and float64 (fp64's)
+    as they are. The loss is computed there whatever the precision."""
+    return tensor if tensor.dtype == tf.float64 else tf.cast(tensor, tf.float32)
+
+
 def per_row_loss(loss: LossSpec, outputs: Any, targets: Any) -> Any:
-    return LOSSES[loss.name](tf.cast(outputs, tf.float32), targets, loss)
+    outputs = full_precision(outputs)
+    if targets.dtype.is_floating:  # regression and multi-label targets, read as float32
+        targets = tf.cast(targets, outputs.dtype)
+    return LOSSES[loss.name](outputs, targets, loss)
 
 
 def correct_per_row(outputs: Any, targets: Any, plan: Plan) -> Any:
@@ -206,7 +227,7 @@ def correct_per_row(outputs: Any, targets: Any, plan: Plan) -> Any:
 def top_k_per_row(outputs: Any, targets: Any, plan: Plan) -> Any:
     """How many of each row's target positions have fewer than ``plan.top_k`` logits above
     the target's (a tie counts for the target, as tf.math.in_top_k's)."""
-    logits = tf.cast(outputs, tf.float32)
+    logits = full_precision(outputs)
     target = tf.gather(logits, targets, batch_dims=len(targets.shape))[..., None]
     above = tf.reduce_sum(tf.cast(logits > target, tf.int32), axis=-1)
     return tf.reduce_sum(_rows_of(tf.cast(above < plan.top_k, tf.float32)), axis=1)

@@ -17,7 +17,8 @@ import numpy as np
 
 from crosstrain.core.plan import OptimizerSpec
 
-# Positions in the float32 vector of per-step scalars handed to the compiled step.
+# Positions in the vector of per-step scalars handed to the compiled step (in the weights'
+# dtype: float32, or float64 under fp64).
 LR, STEP_SIZE, BIAS2_SQRT, DECAY, LOSS_SCALE, REAL_TARGETS = range(6)
 SCALAR_COUNT = REAL_TARGETS + 1
 
@@ -55,14 +56,21 @@ def clip_like_torch(grads: list[Any], max_norm: float) -> list[Any]:
 
 
 def step_scalars(
-    spec: OptimizerSpec, lr: float, step: int, loss_scale: float, real_targets: int
+    spec: OptimizerSpec,
+    lr: float,
+    step: int,
+    loss_scale: float,
+    real_targets: int,
+    dtype: str = "float32",
 ) -> np.ndarray:
-    """The per-step scalars in float64, as torch computes them, handed over as float32.
+    """The per-step scalars in float64, as torch computes them, handed over in ``dtype``,
+    the weights' (torch casts a Python scalar to the tensor's dtype): float32, or float64
+    under fp64.
 
     ``step`` counts from 1 (torch increments Adam's step before using it);
     ``real_targets`` is the step's loss normaliser (``StepBatch.global_real_targets``)."""
     step_size, bias2_sqrt, decay = OPTIMIZERS[spec.name].corrections(spec, lr, step)
-    return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_targets], np.float32)
+    return np.array([lr, step_size, bias2_sqrt, decay, loss_scale, real_targets], dtype)
 
 
 def update_rule(spec: OptimizerSpec, decays: bool = True) -> UpdateRule:

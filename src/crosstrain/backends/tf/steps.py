@@ -225,11 +225,12 @@ def pack_step(step: StepBatch, scalars: np.ndarray) -> tuple[np.ndarray, np.ndar
     costs its call tens of microseconds to convert and match against the traced signature,
     a tenth of a small model's step on a CPU. Integers: the step, the loss normaliser
     (a count, exact in int64) and every micro-batch's row positions; floats: the step's
-    scalars (:func:`step_scalars`) and every micro-batch's row weights."""
+    scalars (:func:`step_scalars`) and every micro-batch's row weights, in the scalars'
+    dtype (the weights': float32, or float64 under fp64)."""
     micro = step.micro_batches
     integers = np.concatenate([[step.step, step.global_real_targets], *(batch.rows for batch in micro)])
     floats = np.concatenate([scalars, *(batch.weight for batch in micro)])
-    return integers.astype(np.int64, copy=False), floats.astype(np.float32, copy=False)
+    return integers.astype(np.int64, copy=False), floats.astype(scalars.dtype, copy=False)
 
 
 def unpack_step(integers: Any, floats: Any, accumulation: int) -> tuple[Any, Any, Any, Any, Any]:

@@ -215,7 +215,10 @@ class TfStrategy:
         function, inputs = self._inputs(state, "train", micro)
         scale = state.loss_scale.scale if state.loss_scale else 1.0
         normaliser = step.global_real_targets
-        scalars = step_scalars(state.plan.optimizer, lr, state.optimizer_steps + 1, scale, normaliser)
+        plan = state.plan
+        scalars = step_scalars(
+            plan.optimizer, lr, state.optimizer_steps + 1, scale, normaliser, plan.train.weight_dtype
+        )
         loss, finite = function(inputs, *pack_step(step, scalars))
         # only a step that can be skipped (fp16's overflow, on_nonfinite = "skip") is read
         # now: the loss scale and Adam's step count depend on it. Otherwise nothing is read
@@ -353,7 +356,7 @@ class TfStrategy:
 
     def optimizer_state(self, state: TfState) -> dict[str, np.ndarray]:
         tensors: dict[str, np.ndarray] = {
-            f"optimizer.{neutral}.{slot}": np.asarray(variable.numpy(), np.float32)
+            f"optimizer.{neutral}.{slot}": np.asarray(variable.numpy(), state.plan.train.weight_dtype)
             for neutral, slot, variable in self._named_slots(state)
         }
         tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
@@ -373,7 +376,8 @@ class TfStrategy:
             for name, variable in named.items():
                 # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
                 value = tensors.get(name)
-                variable.assign(np.zeros(variable.shape, np.float32) if value is None else value)
+                value = np.zeros(variable.shape) if value is None else value
+                variable.assign(np.asarray(value, variable.dtype.as_numpy_dtype))
         state.optimizer_steps = int(np.asarray(tensors.get("optimizer.step", 0)))
         if state.loss_scale is not None and "loss_scale.scale" in tensors:
             state.loss_scale.scale = float(tensors["loss_scale.scale"])

@@ -59,6 +59,9 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
         (train.compile, "train.compile replays its own graphs"),
         (processes > 1, "several processes (DDP)"),
         (train.precision == "fp16", "fp16's loss scaler reads the device"),
+        # a captured Adam is fused and reads its learning rate as a float32 tensor: under
+        # fp64 that rounds every update's step size (and fp64 GPU steps are slow anyway)
+        (train.precision == "fp64", "fp64: a captured update reads its learning rate in float32"),
         (train.on_nonfinite == "skip", 'on_nonfinite = "skip" reads the device'),
         (plan.model.native is not None, "a native model"),
     )

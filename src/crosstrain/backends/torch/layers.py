@@ -39,21 +39,35 @@ from crosstrain.core.layers import (
     BatchNorm,
     ClassToken,
     Concat,
+    Conv1D,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     Embedding,
     Flatten,
     GlobalAvgPool2D,
+    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
+    Mean,
+    Multiply,
     PaddingMask,
     PositionEmbedding,
     ReLU,
+    ReLU6,
+    Rescale,
+    Reshape,
     RMSNorm,
+    Sigmoid,
+    SiLU,
+    Softmax,
     Tanh,
+    Transpose,
+    UpSample2D,
+    ZeroPad2D,
     rotary_tables,
 )
 
@@ -128,21 +142,27 @@ class DenseNode(NodeModule):
 
 
 class ConvNode(NodeModule):
-    """Reads and writes NCHW (``Order.CHANNELS_FIRST``)."""
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``). ``same`` padding is TensorFlow's:
+    an odd total puts its extra row or column at the bottom or right, padded explicitly."""
 
     def __init__(self, layer: Conv2D, node: Node, channels_first: bool) -> None:
         super().__init__()
+        self.pads = _padding_arguments(layer.paddings(node.input_shape))
+        height, width = self.pads.symmetric
         self.conv = nn.Conv2d(
             node.input_shape[-1],
             layer.filters,
             layer.kernel_size,
             stride=layer.strides,
-            padding=layer.padding,
+            padding=(height, width),
+            dilation=layer.dilation,
+            groups=layer.groups,
             bias=layer.use_bias,
         )
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        return self.conv(inputs[0])  # type: ignore[no-any-return]
+        x = inputs[0] if self.pads.explicit is None else F.pad(inputs[0], self.pads.explicit)
+        return self.conv(x)  # type: ignore[no-any-return]
 
 
 class PoolNode(NodeModule):
@@ -155,6 +175,152 @@ class PoolNode(NodeModule):
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         return self.pool(inputs[0], self.size, self.stride)
+
+
+class Conv1DNode(NodeModule):
+    """A sequence [batch, length, channels] in the neutral order (``Order.NEUTRAL``): torch's
+    conv1d reads [batch, channels, length], so it is permuted there and back."""
+
+    def __init__(self, layer: Conv1D, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.pads = _padding_arguments((layer.paddings(node.input_shape),))
+        (length,) = self.pads.symmetric
+        self.conv = nn.Conv1d(
+            node.input_shape[-1],
+            layer.filters,
+            layer.kernel_size,
+            stride=layer.strides,
+            padding=length,
+            dilation=layer.dilation,
+            groups=layer.groups,
+            bias=layer.use_bias,
+        )
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0].transpose(1, 2)
+        if self.pads.explicit is not None:
+            x = F.pad(x, self.pads.explicit)
+        return self.conv(x).transpose(1, 2)  # type: ignore[no-any-return]
+
+
+class ConvTransposeNode(NodeModule):
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``): torch's transposed convolution
+    without padding is the whole output; the layer's part of it (``crops``: where it
+    starts, and zero rows after the end as output_padding) is Keras's."""
+
+    def __init__(self, layer: Conv2DTranspose, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        (top, extra_h), (left, extra_w) = layer.crops(node.input_shape)
+        self.conv = nn.ConvTranspose2d(
+            node.input_shape[-1],
+            layer.filters,
+            layer.kernel_size,
+            stride=layer.strides,
+            output_padding=(extra_h, extra_w),
+            bias=layer.use_bias,
+        )
+        height, width, _ = node.output_shape
+        self.window = (top, height, left, width)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        top, height, left, width = self.window
+        return self.conv(inputs[0])[:, :, top : top + height, left : left + width]  # type: ignore[no-any-return]
+
+
+class UpSampleNode(NodeModule):
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``). Bilinear is torch's
+    ``align_corners=False``: half-pixel centres, as tf.image.resize. Nearest repeats each
+    row and column, as Keras does (F.interpolate's nearest computes floor(o * in / out) in
+    float32, which a scale rounded down could put one row early)."""
+
+    def __init__(self, layer: UpSample2D, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.size, self.factors = node.output_shape[:2], layer.size
+        self.bilinear = layer.interpolation == "bilinear"
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
+        if self.bilinear:
+            return F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
+        batch, channels, height, width = x.shape
+        rows, columns = self.factors
+        repeated = x[:, :, :, None, :, None].expand(batch, channels, height, rows, width, columns)
+        return repeated.reshape(batch, channels, height * rows, width * columns)
+
+
+def _zero_pad(layer: ZeroPad2D, node: Node, channels_first: bool) -> NodeModule:
+    (top, bottom), (left, right) = layer.padding
+    return _Unary(partial(F.pad, pad=(left, right, top, bottom)))  # NCHW: width's pair first
+
+
+def _hard_swish(x: torch.Tensor) -> torch.Tensor:
+    """Keras's hard_silu, differentiated as written (F.hardswish's gradient at -3 and 3 differs)."""
+    return x * (F.relu6(x + 3.0) / 6.0)
+
+
+def _softmax(layer: Softmax, node: Node, channels_first: bool) -> NodeModule:
+    return _Unary(partial(F.softmax, dim=1 if channels_first else -1))  # the features
+
+
+def _rescale(layer: Rescale, node: Node, channels_first: bool) -> NodeModule:
+    scale, offset = layer.scale, layer.offset
+    return _Unary(lambda x: x * scale + offset)
+
+
+class MultiplyNode(NodeModule):
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        product = inputs[0]
+        for other in inputs[1:]:  # left to right, as every backend multiplies
+            product = product * other
+        return product
+
+
+def _reshape(layer: Reshape, node: Node, channels_first: bool) -> NodeModule:
+    shape = node.output_shape
+    return _Unary(lambda x: x.reshape(x.shape[0], *shape))  # the neutral (row-major NHWC) order
+
+
+def _transpose(layer: Transpose, node: Node, channels_first: bool) -> NodeModule:
+    order = (0, *(axis + 1 for axis in layer.perm))
+    return _Unary(lambda x: x.permute(order))
+
+
+class MeanNode(NodeModule):
+    """The mean over a row's neutral axes, of an NHWC or NCHW (``channels_first``) image
+    (``Order.EITHER``): a kept image stays NCHW; one reduced to another rank is neutral."""
+
+    def __init__(self, layer: Mean, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        axes = layer.resolved_axes(len(node.input_shape))
+        self.keepdims = layer.keepdims
+        self.to_neutral = channels_first and not layer.keepdims
+        if channels_first:  # neutral h, w, c are NCHW's axes 2, 3, 1
+            self.axes = tuple(sorted((2, 3, 1)[axis] for axis in axes))
+            self.neutral_axes = tuple(axis + 1 for axis in axes)
+        else:
+            self.axes = tuple(axis + 1 for axis in axes)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        if not self.to_neutral:
+            return inputs[0].mean(dim=self.axes, keepdim=self.keepdims)
+        kept = to_nhwc(inputs[0].mean(dim=self.axes, keepdim=True))
+        return kept.squeeze(self.neutral_axes)
+
+
+class _Pads(NamedTuple):
+    """A convolution's padding as torch takes it: symmetric, inside the convolution, or
+    else explicit (F.pad's order: the last axis's pair first) before one with none."""
+
+    symmetric: tuple[int, ...]
+    explicit: tuple[int, ...] | None
+
+
+def _padding_arguments(pairs: tuple[tuple[int, int], ...]) -> _Pads:
+    """From (before, after) per spatial axis: torch pads both sides of an axis alike, so
+    TensorFlow's extra row at the bottom or right is padded explicitly."""
+    if all(before == after for before, after in pairs):
+        return _Pads(tuple(before for before, _ in pairs), None)
+    return _Pads((0,) * len(pairs), tuple(side for pair in reversed(pairs) for side in pair))
 
 
 class LayerNormNode(NodeModule):
@@ -191,7 +357,7 @@ class BatchNormNode(NodeModule):
         self.register_buffer("moving_variance", torch.ones(features))
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        x = inputs[0].float()
+        x = inputs[0].to(self.scale.dtype)  # the weights' dtype: float32 under autocast, or float64
         if not self.training:
             mean, variance = self.moving_mean, self.moving_variance
         else:
@@ -204,8 +370,8 @@ class BatchNormNode(NodeModule):
         self, x: torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert context.weight is not None, "batch norm trains on a row mask"
-        weight = context.weight.float().reshape(-1, *([1] * (x.dim() - 1)))
-        count = (context.weight.float().sum() * self.positions).reshape(1)
+        weight = context.weight.to(x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
+        count = (context.weight.to(x.dtype).sum() * self.positions).reshape(1)
         first = _sum_across(torch.cat([(x * weight).sum(self.axes), count]), context)
         count = first[-1].detach()
         # a micro-batch of padding only (the end of an epoch under accumulation): divide by
@@ -402,7 +568,8 @@ class AttentionNode(NodeModule):
 
 
 class RMSNormNode(NodeModule):
-    """docs/layers.md's RMS norm of the last axis, in fp32 whatever the precision."""
+    """docs/layers.md's RMS norm of the last axis, in the weights' dtype (fp32 under bf16 and
+    fp16, as batch norm)."""
 
     def __init__(self, layer: RMSNorm, node: Node, channels_first: bool) -> None:
         super().__init__()
@@ -410,7 +577,7 @@ class RMSNormNode(NodeModule):
         self.scale = nn.Parameter(torch.ones(node.input_shape[-1]))
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        x = inputs[0].float()
+        x = inputs[0].to(self.scale.dtype)  # the weights' dtype: float32 under autocast, or float64
         normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.epsilon)
         return (normed * self.scale).to(inputs[0].dtype)
 
@@ -541,6 +708,26 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     AvgPool2D: NodeSpec(PoolNode, Order.CHANNELS_FIRST),
     GlobalAvgPool2D: NodeSpec(GlobalPoolNode, Order.REDUCES),
     Flatten: NodeSpec(_unary(_flatten), Order.NEUTRAL),  # the neutral order of the elements is its output
+    Conv1D: NodeSpec(  # a sequence, not an image
+        Conv1DNode, Order.NEUTRAL, {"kernel": ("conv.weight", (2, 1, 0)), "bias": ("conv.bias", None)}
+    ),
+    Conv2DTranspose: NodeSpec(  # [kh, kw, out, in] -> torch's [in, out, kh, kw]
+        ConvTransposeNode,
+        Order.CHANNELS_FIRST,
+        {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)},
+    ),
+    UpSample2D: NodeSpec(UpSampleNode, Order.CHANNELS_FIRST),
+    ZeroPad2D: NodeSpec(_zero_pad, Order.CHANNELS_FIRST),
+    Sigmoid: NodeSpec(_unary(torch.sigmoid), Order.EITHER),
+    SiLU: NodeSpec(_unary(F.silu), Order.EITHER),
+    Softmax: NodeSpec(_softmax, Order.EITHER),  # over the channel axis of either order
+    ReLU6: NodeSpec(_unary(F.relu6), Order.EITHER),  # gradient 0 at 0 and 6, as tf's
+    HardSwish: NodeSpec(_unary(_hard_swish), Order.EITHER),
+    Multiply: NodeSpec(lambda layer, node, channels_first: MultiplyNode(), Order.EITHER),
+    Reshape: NodeSpec(_reshape, Order.NEUTRAL),
+    Transpose: NodeSpec(_transpose, Order.NEUTRAL),
+    Mean: NodeSpec(MeanNode, Order.EITHER),
+    Rescale: NodeSpec(_rescale, Order.EITHER),
     ReLU: NodeSpec(_unary(F.relu), Order.EITHER),
     LeakyReLU: NodeSpec(
         lambda layer, node, first: _Unary(partial(F.leaky_relu, negative_slope=layer.negative_slope)),

@@ -168,7 +168,8 @@ def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray]) -> None:
-    """Copy neutral weights into the module (native models take native names as they are)."""
+    """Copy neutral weights into the module (native models take native names as they are),
+    cast to its dtype: float32 and float64 weights load into either."""
     if plan.model.native is not None:
         module.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
         return
@@ -185,9 +186,11 @@ def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray
 
 
 def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
-    """The module's weights (running statistics included) under neutral names and layouts."""
+    """The module's weights (running statistics included) under neutral names and layouts,
+    in the plan's weight dtype (float32; float64 under fp64)."""
+    dtype = getattr(torch, plan.train.weight_dtype)
     # copies: numpy views of live CPU parameters would change under later optimizer steps
-    params = {k: v.detach().float().cpu().numpy().copy() for k, v in module.state_dict().items()}
+    params = {k: _host_copy(v, dtype) for k, v in module.state_dict().items()}
     if plan.model.native is not None:
         return params
     state: dict[str, np.ndarray] = {}
@@ -221,11 +224,12 @@ def _mse_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: LossSpec) -> t
 
 def _binary_cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: LossSpec) -> torch.Tensor:
     """Each output's sigmoid cross-entropy with its float target, averaged over the row."""
-    each = F.binary_cross_entropy_with_logits(outputs, targets.reshape(outputs.shape), reduction="none")
+    labels = targets.reshape(outputs.shape).to(outputs.dtype)
+    each = F.binary_cross_entropy_with_logits(outputs, labels, reduction="none")
     return each.reshape(outputs.shape[0], -1).mean(dim=1)
 
 
-#: core loss name -> loss of each row, in float32
+#: core loss name -> loss of each row, in the weights' dtype (float32; float64 under fp64)
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, LossSpec], torch.Tensor]] = {
     "cross_entropy": _cross_entropy_rows,
     "mse": _mse_rows,
@@ -233,8 +237,14 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, LossSpec], torch.Tensor]
 }
 
 
+def full_precision(outputs: torch.Tensor) -> torch.Tensor:
+    """The outputs in at least float32: bf16 and fp16 autocast's widened, float32 and
+    float64 (fp64's) as they are. The loss is computed there whatever the precision."""
+    return outputs.to(torch.promote_types(outputs.dtype, torch.float32))
+
+
 def per_row_loss(loss: LossSpec, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return LOSSES[loss.name](outputs.float(), targets, loss)
+    return LOSSES[loss.name](full_precision(outputs), targets, loss)
 
 
 def summed_loss(
@@ -245,7 +255,7 @@ def summed_loss(
     of a small model is bound by the host, and this is one launch and a few calls fewer."""
     if weight is None and loss.name == "cross_entropy":
         classes = outputs.shape[-1]
-        flat = outputs.float().reshape(-1, classes)
+        flat = full_precision(outputs).reshape(-1, classes)
         return F.cross_entropy(
             flat, targets.reshape(-1), reduction="sum", label_smoothing=loss.label_smoothing
         )
@@ -262,7 +272,7 @@ def correct_per_row(outputs: torch.Tensor, targets: torch.Tensor, plan: Plan) ->
 def top_k_per_row(outputs: torch.Tensor, targets: torch.Tensor, plan: Plan) -> torch.Tensor:
     """How many of each row's target positions have fewer than ``plan.top_k`` logits above
     the target's (a tie counts for the target, as tf.math.in_top_k's)."""
-    logits = outputs.float()
+    logits = full_precision(outputs)
     target = logits.gather(-1, targets.reshape(outputs.shape[:-1]).unsqueeze(-1))
     hits = (logits > target).sum(dim=-1) < plan.top_k
     return hits.reshape(outputs.shape[0], -1).sum(dim=1)
@@ -299,9 +309,15 @@ def undecayed_parameters(module: nn.Module, plan: Plan) -> list[nn.Parameter]:
     return [param for name, (param, _) in neutral_parameters(module, plan).items() if name not in decayed]
 
 
+def _host_copy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """A numpy copy of a weight or a slot, in ``dtype``."""
+    return tensor.detach().to(dtype).cpu().numpy().copy()
+
+
 def to_neutral(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray:
-    """A tensor shaped like a parameter, as a float32 numpy copy in the neutral layout."""
-    array = tensor.detach().float().cpu().numpy().copy()
+    """A tensor shaped like a parameter (an optimizer slot), as a numpy copy in the neutral
+    layout: float32, or float64 for a float64 one (fp64's)."""
+    array = _host_copy(tensor, torch.promote_types(tensor.dtype, torch.float32))
     return np.ascontiguousarray(np.transpose(array, _inverse(axes)) if axes else array)
 
 

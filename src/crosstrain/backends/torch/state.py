@@ -47,11 +47,19 @@ class TorchState:
             self.gradient_seeds[key] = torch.full((), scale, dtype=loss.dtype, device=loss.device)
         return self.gradient_seeds[key]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype, which the model's float inputs are cast to."""
+        import torch
+
+        return getattr(torch, self.plan.train.weight_dtype)  # type: ignore[no-any-return]
+
     def set_training(self, training: bool) -> None:
         """train()/eval() walk every submodule: only when the mode changes, not every step."""
         if self.module.training != training:
             self.model.train(training)
 
 
-#: core precision -> the autocast dtype (None: plain fp32)
-PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+#: core precision -> the autocast dtype (None: none, every op in the weights' dtype, which
+#: is core's ``WEIGHT_DTYPES``: float32, or float64 under fp64)
+PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16", "fp16": "float16", "fp64": None}

@@ -168,7 +168,10 @@ def forward(
     state: TorchState, model: Any, x: Any, weight: Any, rows: Any, step: int | torch.Tensor
 ) -> torch.Tensor:
     """A native model sees the inputs only; the neutral graph also gets what batch norm
-    (the row mask) and dropout (rows, step) need."""
+    (the row mask) and dropout (rows, step) need. Float rows reach the model in its weights'
+    dtype: fp64 widens the float32 rows the feed gives (exactly) to float64 here, once."""
+    if x.is_floating_point() and x.dtype != state.dtype:
+        x = x.to(state.dtype)
     if state.plan.model.native is not None:
         return model(x)  # type: ignore[no-any-return]
     return model(x, weight, rows, step, state.distributed)  # type: ignore[no-any-return]
@@ -195,7 +198,7 @@ def clip_gradients(state: TorchState) -> None:
 
 
 def autocast(state: TorchState, cache: bool = True) -> contextlib.AbstractContextManager[Any]:
-    """The plan's mixed precision on the state's device (plain fp32: nothing)."""
+    """The plan's mixed precision on the state's device (fp32 and fp64: nothing)."""
     name = PRECISIONS[state.plan.train.precision]
     if name is None:
         return contextlib.nullcontext()

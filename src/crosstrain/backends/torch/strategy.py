@@ -112,6 +112,8 @@ class TorchStrategy:
         from crosstrain.backends.torch.optimizer import make_optimizer
 
         module = build_module(plan)
+        # in the weights' dtype before they load: fp64's float64 weights are not rounded
+        module.to(getattr(torch, plan.train.weight_dtype))
         if weights:
             load_neutral(module, plan, weights)
         module.to(self.device)

@@ -1,0 +1,117 @@
+"""``crosstrain compare PLAN``: the plan on each backend, each into its own subfolder of the
+compare folder, and ``--seeds K`` more runs of the reference backend (the first) at seeds
+seed+1..seed+K; every run is admitted before the first starts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from crosstrain.api import LaunchOptions, default_out_dir, make_job, run_job
+from crosstrain.compare.difference import BackendRun, ComparedRuns
+from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs, write_compare_file
+from crosstrain.compare.verdict import rounding_bound
+from crosstrain.core.admission import admit
+from crosstrain.core.errors import CrosstrainError, InputError
+from crosstrain.core.plan import Plan
+from crosstrain.core.strategy import DeviceChoice, PluginSelection
+from crosstrain.launch.environments import detect_environment
+from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
+from crosstrain.plugins.metrics import METRICS_FILE
+
+# compare reads each run's per-step losses from what this plugin writes
+METRICS_PLUGIN = "metrics"
+
+
+@attrs.frozen
+class CompareLaunch:
+    """How ``crosstrain compare PLAN`` launches each run (the run command's options)."""
+
+    replicas: int | None = 1
+    workers: int | None = None
+    device: DeviceChoice = "auto"
+    plugins: PluginSelection = PluginSelection()
+    timeout_seconds: float = 300.0
+
+
+def plan_runs(backends: Sequence[str], seed: int, seeds: int) -> list[ListedRun]:
+    """The runs of a compare: each backend (the first the reference) into a folder of its
+    name (name-index where one backend runs twice: a determinism check must not share, and
+    append to, one folder), then the reference backend at seeds seed+1..seed+K."""
+    if len(backends) < 2:
+        raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
+    if seeds < 0:
+        raise InputError(f"--seeds {seeds}: must be 0 (off) or more")
+    listed = [
+        ListedRun(
+            backend,
+            backend if backends.count(backend) == 1 else f"{backend}-{index}",
+            "reference" if index == 0 else "candidate",
+            seed,
+        )
+        for index, backend in enumerate(backends)
+    ]
+    for offset in range(1, seeds + 1):
+        listed.append(ListedRun(backends[0], f"{backends[0]}-seed{seed + offset}", "seed", seed + offset))
+    return listed
+
+
+def run_backends(
+    plan: Plan,
+    backends: Sequence[str],
+    manager: CrosstrainPluginManager,
+    out_root: Path,
+    launch: CompareLaunch = CompareLaunch(),
+    seeds: int = 0,
+    tolerance: float = 1e-4,
+) -> ComparedRuns:
+    """Run the plan once per backend, each into ``out_root/FOLDER``, and ``seeds`` more
+    times on the reference backend; every run is admitted before the first starts."""
+    if METRICS_PLUGIN in launch.plugins.disabled:
+        raise InputError(
+            f"compare reads each run's per-step losses from {METRICS_FILE}, which the "
+            f"{METRICS_PLUGIN!r} plugin writes: drop -p no:{METRICS_PLUGIN}"
+        )
+    listed = plan_runs(backends, plan.seed, seeds)
+    rounding_bound(plan.train.precision)  # known before anything runs
+    cluster = detect_environment()
+    jobs = []
+    for run in listed:
+        options = LaunchOptions(
+            backend=run.backend,
+            replicas=launch.replicas,
+            workers=launch.workers,
+            device=launch.device,
+            out=out_root / run.folder,
+            plugins=launch.plugins,
+            timeout_seconds=launch.timeout_seconds,
+        )
+        job = make_job(attrs.evolve(plan, seed=run.seed), options, cluster)
+        admit(job, get_backend(manager, run.backend)(), cluster)
+        jobs.append(job)
+    write_compare_file(out_root, plan.name, listed, tolerance)
+    finished = []
+    for run, job in zip(listed, jobs, strict=True):
+        summary = run_job(job, manager)
+        finished.append(
+            BackendRun(run.backend, summary, read_step_losses(Path(job.out_dir)), run.seed, run.folder)
+        )
+    return sorted_runs(listed, finished)
+
+
+def compare_plan(
+    plan: Plan,
+    backends: str,
+    out: str | None,
+    manager: CrosstrainPluginManager,
+    launch: CompareLaunch = CompareLaunch(),
+    seeds: int = 0,
+    tolerance: float = 1e-4,
+) -> tuple[ComparedRuns, Path]:
+    """``crosstrain compare PLAN``: the comma-separated ``backends`` (and the seeds) run
+    into ``out`` (default: a new folder under runs/); the runs and the compare folder."""
+    out_root = Path(out) if out else default_out_dir(plan, "compare", launch.replicas or 1)
+    names = [name.strip() for name in backends.split(",") if name.strip()]
+    return run_backends(plan, names, manager, out_root, launch, seeds, tolerance), out_root
