@@ -57,6 +57,7 @@ from crosstrain.core.strategy import (
 )
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
 from crosstrain.core.worker import attempt_job, run_worker
+from crosstrain.importers import import_keras
 from crosstrain.plugins.hookspecs import hookimpl
 
 __all__ = [
@@ -110,6 +111,7 @@ __all__ = [
     "dropout",
     "fit",
     "hookimpl",
+    "import_keras",
     "load_plan",
     "run_worker",
 ]

@@ -251,8 +251,7 @@ def check_init_from(source: Path, plan: Plan, flag: str = "--init-from") -> Path
     for name, spec in needed.items():
         if name not in found:
             raise InputError(
-                f"{flag} {file}: has no weight {name!r} "
-                f"(the plan's model has it, shape {list(spec.shape)})"
+                f"{flag} {file}: has no weight {name!r} (the plan's model has it, shape {list(spec.shape)})"
             )
         if found[name] != tuple(spec.shape):
             raise InputError(

@@ -161,7 +161,9 @@ def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Pat
     except (TypeError, ValueError) as error:
         raise PlanError(str(error), source=source) from None
     if base_dir is not None:
-        plan = attrs.evolve(plan, data=_resolve_paths(plan.data, base_dir), model=_resolve_init(plan, base_dir))
+        plan = attrs.evolve(
+            plan, data=_resolve_paths(plan.data, base_dir), model=_resolve_init(plan, base_dir)
+        )
     return attrs.evolve(plan, source=source)
 
 

@@ -103,7 +103,9 @@ def _check_weights(plan: Plan, weights: Mapping[str, np.ndarray], origin: str) -
         found = weights.get(name)
         if found is None or tuple(found.shape) != spec.shape:
             shape = None if found is None else list(found.shape)
-            raise InputError(f"{origin}: weight {name!r}: converted {shape}, the plan needs {list(spec.shape)}")
+            raise InputError(
+                f"{origin}: weight {name!r}: converted {shape}, the plan needs {list(spec.shape)}"
+            )
     extra = sorted(set(weights) - set(needed))
     if extra:
         raise InputError(f"{origin}: weight {extra[0]!r} belongs to no layer of the plan")
@@ -120,7 +122,9 @@ def plan_text(model: ImportedModel, init: str) -> str:
     for note in model.notes:
         document.add(tomlkit.comment(note))
     document.add(
-        tomlkit.comment("To train it, add [data], [loss], [optimizer] and [train]: docs/plans.md, docs/import.md.")
+        tomlkit.comment(
+            "To train it, add [data], [loss], [optimizer] and [train]: docs/plans.md, docs/import.md."
+        )
     )
     document.add("name", model.name)
     section = tomlkit.table()

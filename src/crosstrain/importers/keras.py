@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import keras
@@ -299,7 +299,9 @@ def _ancestors(calls: Sequence[Call], output: str) -> list[Call]:
             continue
         needed.add(name)
         pending.extend(ref.source for ref in by_name[name].inputs)
-        pending.extend(value.source for value in by_name[name].kwargs.values() if isinstance(value, TensorRef))
+        pending.extend(
+            value.source for value in by_name[name].kwargs.values() if isinstance(value, TensorRef)
+        )
     return [call for call in calls if call.name in needed]
 
 
@@ -338,7 +340,7 @@ _SOFTMAX_NOTE = (
 def _is_softmax(call: Call) -> bool:
     if call.class_name == "keras.layers.Softmax":
         return True
-    return _plain(call.config.get("activation")) == "softmax"
+    return bool(call.config.get("activation") == "softmax")
 
 
 def _plain(value: Any) -> Any:
@@ -369,7 +371,13 @@ class _Assembly:
             self.names[call.name] = sources[0]
             return
         if call.name == INPUT_NAME:
-            raise call.refuse(f"the name {INPUT_NAME!r} is the plan's name of the model input; rename the layer")
+            raise call.refuse(
+                f"the name {INPUT_NAME!r} is the plan's name of the model input; rename the layer"
+            )
+        if pieces[0].layer.arity == 1:  # self-attention's query, value (and key): one tensor
+            if len(set(sources)) != 1:
+                raise call.refuse(f"reads {len(set(sources))} tensors; its plan layer reads one")
+            sources = sources[:1]
         for piece in pieces:
             name = f"{call.name}_{piece.suffix}" if piece.suffix else call.name
             if any(layer.name == name for layer in self.layers):
@@ -422,10 +430,11 @@ def _channels_last(call: Call) -> None:
     call.option("data_format", ("channels_last", None), "a plan is channels-last")
 
 
-def _padding(call: Call) -> str:
-    call.option("padding", ("valid", "same"), "a plan's convolutions pad 'valid' or 'same'")
-    padding: str = call.config["padding"]
-    return padding
+def _padding(call: Call) -> Literal["valid", "same"]:
+    padding = call.config["padding"]
+    if padding not in ("valid", "same"):
+        raise call.refuse(f"padding={padding!r}: a plan's convolutions pad 'valid' or 'same'")
+    return "valid" if padding == "valid" else "same"
 
 
 def _last_axis(call: Call, key: str = "axis") -> None:
@@ -486,7 +495,10 @@ def _activation_pieces(name: str, suffix: str) -> Conversion:
     )
 
 
-def _with_activation(call: Call, layer: Layer, weights: Weights) -> Conversion:
+WithActivation = Dense | Conv2D | Conv1D | Conv2DTranspose
+
+
+def _with_activation(call: Call, layer: WithActivation, weights: Weights) -> Conversion:
     """A dense or convolution and its ``activation``: the plan's field where it has the name
     with the same meaning, else the activation's layers after it."""
     name = _activation_name(call)
@@ -505,14 +517,20 @@ def _activation(call: Call) -> Conversion:
 def _relu_layer(call: Call) -> Conversion:
     """Keras's ReLU layer: relu, relu6 (max_value 6) or leaky (negative_slope)."""
     config = call.config
-    max_value, slope, threshold = config.get("max_value"), config.get("negative_slope", 0.0), config.get("threshold", 0.0)
+    max_value, slope, threshold = (
+        config.get("max_value"),
+        config.get("negative_slope", 0.0),
+        config.get("threshold", 0.0),
+    )
     if threshold:
         raise call.refuse(f"threshold={threshold!r}: the plan's relu starts at 0")
     if max_value is None:
         return (Piece(LeakyReLU(negative_slope=float(slope)) if slope else ReLU()),)
     if float(max_value) == 6.0 and not slope:
         return (Piece(ReLU6()),)
-    raise call.refuse(f"max_value={max_value!r} with negative_slope={slope!r}: the plan caps a relu only at 6")
+    raise call.refuse(
+        f"max_value={max_value!r} with negative_slope={slope!r}: the plan caps a relu only at 6"
+    )
 
 
 def _leaky_relu(call: Call) -> Conversion:
@@ -555,12 +573,14 @@ def _conv2d(call: Call) -> Conversion:
 def _conv1d(call: Call) -> Conversion:
     if call.config.get("padding") == "causal":
         raise call.refuse("padding='causal': a plan's conv1d pads 'valid' or 'same'")
-    options = {key: value[0] if isinstance(value, tuple) else value for key, value in _conv_options(call).items()}
+    options = {
+        key: value[0] if isinstance(value, tuple) else value for key, value in _conv_options(call).items()
+    }
     conv = Conv1D(filters=call.config["filters"], groups=call.config.get("groups", 1), **options)
     return _with_activation(call, conv, _kernel_and_bias(call, call.operation.kernel))
 
 
-def _depthwise(call: Call, kernel: Any, use_bias: bool) -> tuple[Layer, Weights]:
+def _depthwise(call: Call, kernel: Any, use_bias: bool) -> tuple[Conv1D | Conv2D, Weights]:
     """Keras's depthwise kernel [..., channels, multiplier] as a grouped convolution's
     [..., 1, channels * multiplier]: output channel c * multiplier + m reads channel c,
     in Keras's order and in a grouped convolution's."""
@@ -597,7 +617,9 @@ def _conv2d_transpose(call: Call) -> Conversion:
     _channels_last(call)
     config = call.config
     if config.get("output_padding") is not None:
-        raise call.refuse(f"output_padding={config['output_padding']!r}: the plan's output sizes are Keras's defaults")
+        raise call.refuse(
+            f"output_padding={config['output_padding']!r}: the plan's output sizes are Keras's defaults"
+        )
     call.option("dilation_rate", ([1, 1], (1, 1)), "the plan's conv2d_transpose has no dilation")
     conv = Conv2DTranspose(
         filters=config["filters"],
@@ -735,7 +757,9 @@ def _attention(call: Call) -> Conversion:
     key = call.kwargs.get("key", call.inputs[2] if len(call.inputs) > 2 else None)
     sources = [ref.source for ref in (*call.inputs, *([key] if isinstance(key, TensorRef) else []))]
     if len(set(sources)) != 1:
-        raise call.refuse(f"query, value and key come from {sorted(set(sources))}: the plan's attention is self-attention")
+        raise call.refuse(
+            f"query, value and key come from {sorted(set(sources))}: the plan's attention is self-attention"
+        )
     features = query.shape[-1]
     heads, key_dim = config["num_heads"], config["key_dim"]
     if heads * key_dim != features:
@@ -759,7 +783,7 @@ def _attention(call: Call) -> Conversion:
         "value": layer.value_dense,
         "output": layer.output_dense,
     }
-    weights = {}
+    weights: Weights = {}
     for name, dense in projections.items():
         kernel = _array(dense.kernel)
         weights[f"{name}_kernel"] = kernel.reshape(features, features)
@@ -791,8 +815,15 @@ def _op_with_scalar(op: str) -> Callable[[Call], Conversion]:
     def convert(call: Call) -> Conversion:
         if len(call.inputs) == 2 and not call.constants and op in ("add", "multiply"):
             return (Piece(Add() if op == "add" else Multiply()),)
-        if len(call.inputs) != 1 or len(call.constants) != 1 or not isinstance(call.constants[0], int | float):
-            raise call.refuse(f"{op} of {len(call.inputs)} tensors and {list(call.constants)}: the plan takes one tensor and a number")
+        if (
+            len(call.inputs) != 1
+            or len(call.constants) != 1
+            or not isinstance(call.constants[0], int | float)
+        ):
+            raise call.refuse(
+                f"{op} of {len(call.inputs)} tensors and {list(call.constants)}: "
+                f"the plan takes one tensor and a number"
+            )
         value = float(call.constants[0])
         if op == "subtract" and not isinstance(call.arguments[0], TensorRef):
             raise call.refuse("a number minus a tensor: the plan's rescale computes x * scale + offset")
