@@ -59,6 +59,7 @@ from crosstrain.core.strategy import (
 )
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
 from crosstrain.core.worker import attempt_job, run_worker
+from crosstrain.importers import import_keras
 from crosstrain.plugins.hookspecs import hookimpl
 
 __all__ = [
@@ -114,6 +115,7 @@ __all__ = [
     "dropout",
     "fit",
     "hookimpl",
+    "import_keras",
     "load_plan",
     "rotary_tables",
     "run_worker",

@@ -203,6 +203,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     backends.set_defaults(handler=_backends)
     add_plot_command(commands)
     _add_inference_commands(commands)
+    _add_import_command(commands)
     return parser
 
 
@@ -464,6 +465,50 @@ def _export(args: argparse.Namespace, manager: CrosstrainPluginManager, console:
 
     for path in export_run(args.run, args.format_name, args.out, args.checkpoint, manager):
         console.print(Text(str(path)))
+    return 0
+
+
+def _add_import_command(commands: Any) -> None:
+    from crosstrain.importers import IMPORTERS
+
+    importer = commands.add_parser(
+        "import",
+        help="a model made with a framework as a plan and its weights",
+        description="A saved Keras 3 model (.keras) becomes a TOML plan (layer names kept, graph edges as "
+        "inputs) and its weights under neutral names, which the plan names as model.init. A layer "
+        "without a plan equivalent is refused, naming it. docs/import.md.",
+    )
+    importer.add_argument("source", help="the saved model: model.keras")
+    importer.add_argument("--out", required=True, metavar="PLAN.toml", help="the plan to write")
+    importer.add_argument(
+        "--weights",
+        default=None,
+        metavar="FILE.safetensors",
+        help="where the weights go (default: init.safetensors beside the plan)",
+    )
+    importer.add_argument(
+        "--framework",
+        default=None,
+        help=f"{' or '.join(sorted(IMPORTERS))} (default: from the file's suffix)",
+    )
+    importer.add_argument("--overwrite", action="store_true", help="replace the plan and weights files")
+    importer.set_defaults(handler=_import)
+
+
+def _import(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.importers import import_model
+
+    result = import_model(
+        args.source, args.out, args.framework, args.weights, args.overwrite, say=lambda line: print(line)
+    )
+    console.print(
+        Text(
+            f"wrote {result.plan} ({result.layers} layers) and {result.weights} "
+            f"({result.parameters:,} weights); train it: crosstrain run {result.plan} "
+            f"(with [data] and [train] added)"
+        ),
+        soft_wrap=True,
+    )
     return 0
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from crosstrain.core.admission import admit
+from crosstrain.core.admission import admit, starting_weights_source
 from crosstrain.core.checkpoint import LoopState, plan_hash, write_checkpoint
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError, RunFolderError
 from crosstrain.core.planfile import load_plan
@@ -190,6 +190,43 @@ def test_a_new_run_starts_only_from_weights_that_fit_its_model(
     (tmp_path / "cut.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:50])
     with pytest.raises(CheckpointError, match=r"cut\.safetensors: cannot be read as safetensors"):
         admit(make_job(init_from=str(tmp_path / "cut.safetensors")), NullStrategy())
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_plan_s_model_init_is_checked_as_init_from_is_and_the_flag_replaces_it(
+    make_job: Callable[..., Job], tmp_path: Path
+) -> None:
+    """``model.init`` (relative to the plan file) is admitted as ``--init-from``'s weights
+    are, its errors naming the plan's field; ``--init-from`` replaces it, saying so; a
+    resumed run reads neither (its checkpoint holds the weights)."""
+    weights = make_job().plan.model.graph().init_weights(0)
+    save_file(weights, str(tmp_path / "init.safetensors"))
+    job = make_job("model.init='init.safetensors'")
+    assert job.plan.model.init == str(tmp_path / "init.safetensors")  # beside the plan file
+    assert admit(job, NullStrategy()).init_from == str(tmp_path / "init.safetensors")
+    missing = make_job("model.init='gone.safetensors'")
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{tmp_path / 'plan.toml'}: model.init = {tmp_path / 'gone.safetensors'}: no such",
+    ):
+        admit(missing, NullStrategy())
+    narrow = make_job(
+        "model.layers=[{type='dense', units=16}, {type='relu'}, {type='dense', units=10}]",
+        "model.init='init.safetensors'",
+    )
+    with pytest.raises(InputError, match=r"plan\.toml: model\.init = .*weight 'dense_0\.kernel' has shape"):
+        admit(narrow, NullStrategy())
+    save_file(weights, str(tmp_path / "other.safetensors"))
+    notes: list[str] = []
+    flagged = admit(
+        attrs.evolve(missing, init_from=str(tmp_path / "other.safetensors")), NullStrategy(), say=notes.append
+    )
+    assert flagged.init_from == str(tmp_path / "other.safetensors")
+    assert notes == [
+        f"--init-from {tmp_path / 'other.safetensors'} replaces the plan's model.init "
+        f"({tmp_path / 'gone.safetensors'})"
+    ]
+    assert starting_weights_source(attrs.evolve(missing, resume=True)) is None
     assert not (tmp_path / "run").exists()
 
 

@@ -156,9 +156,11 @@ def test_a_layer_named_with_an_activation_is_read_after_it(write_plan: Callable[
 
 
 def test_a_plan_without_the_newer_fields_is_written_as_before(write_plan: Callable[..., Path]) -> None:
-    """Unset, activation and the npz eval keys stay out of plan.json (its hash is what a
-    resumed run checks); set, they round-trip."""
+    """Unset, activation, the npz eval keys and model.init stay out of plan.json (its hash
+    is what a resumed run checks); set, they round-trip."""
     plain = unstructure_plan(load_plan(write_plan()))
     assert "activation" not in json.dumps(plain) and "eval_x_key" not in plain["data"]
-    keras_style = load_plan(write_plan(KERAS_STYLE))
+    assert "init" not in plain["model"]
+    keras_style = load_plan(write_plan(KERAS_STYLE), ["model.init='weights/init.safetensors'"])
+    assert keras_style.model.init == str(write_plan(KERAS_STYLE).parent / "weights" / "init.safetensors")
     assert structure_plan(unstructure_plan(keras_style)) == keras_style

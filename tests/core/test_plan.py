@@ -65,6 +65,7 @@ BAD_FIELDS = [
     ("data.eval_fraction=1.5", "data.eval_fraction"),
     ("loss.name='hinge'", "loss.name"),
     ("bogus=1", "unknown key"),
+    ("model.init=3", "model.init"),
 ]
 
 
@@ -77,6 +78,13 @@ def test_each_bad_field_is_named_with_its_file(
         load_plan(path, [override])
     assert str(path) in str(caught.value)
     assert field in str(caught.value)
+
+
+def test_a_native_model_cannot_start_from_neutral_weights(write_plan: Callable[..., Path]) -> None:
+    with pytest.raises(
+        PlanError, match=r"plan\.toml: model\.init: a native model's weights have no neutral names"
+    ):
+        load_plan(write_plan(), ["model.native={torch='m:f'}", "model.init='init.safetensors'"])
 
 
 def test_unknown_layer_type_lists_the_known_ones(write_plan: Callable[..., Path]) -> None:

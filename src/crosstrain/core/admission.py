@@ -19,8 +19,10 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
    on the device, skipped steps: :func:`~crosstrain.core.resume.check_backend_supports`)
    and across machines (:class:`~crosstrain.core.strategy.SpansNodes`);
 9. the output folder: it is one, or can be made, and can be written (nothing is created);
-10. ``--init-from``: the weights file reads, and holds exactly the plan's weights, name by
-    name and shape by shape (from the file's header; the first mismatch is named);
+10. the weights a new run starts from (``--init-from``, else the plan's ``model.init``;
+    the flag wins, with a note through ``say``; a resumed run starts from its checkpoint and
+    reads neither): the file reads, and holds exactly the plan's weights, name by name and
+    shape by shape (from the file's header; the first mismatch is named);
 11. a resumed run (only where this process minds the run folder): its folder holds a
     checkpoint; the newest one that verifies against its manifest is chosen (each newer,
     damaged one is named in one line through ``say``), was written by this plan, and ends
@@ -96,8 +98,10 @@ def admit(
     check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
     check_backend_spans(strategy, job, cluster)
     check_out_dir(job.out_dir)
-    if job.init_from is not None:
-        job = attrs.evolve(job, init_from=str(check_init_from(Path(job.init_from), job.plan)))
+    start = starting_weights_source(job, say)
+    if start is not None:
+        source, flag = start
+        job = attrs.evolve(job, init_from=str(check_init_from(source, job.plan, flag)))
     if owns_run_folder(job, cluster):
         resume_from = check_resumed_run(job, overwrite, len(datasets.train), say)
         job = attrs.evolve(job, resume_from=None if resume_from is None else str(resume_from))
@@ -216,31 +220,47 @@ def owns_run_folder(job: Job, cluster: Cluster) -> bool:
     return job.node_rank == 0 and cluster.rank() == 0
 
 
-def check_init_from(source: Path, plan: Plan) -> Path:
-    """The weights file ``--init-from`` names, holding exactly the plan's weights (names and
-    shapes from the file's header, in the model's order); return it."""
+def starting_weights_source(job: Job, say: Callable[[str], None] = _silent) -> tuple[Path, str] | None:
+    """Where a new run's weights come from, and what named it: ``--init-from`` (which
+    replaces the plan's ``model.init``, as any flag overrides the plan, saying so), else
+    ``model.init``; None for seeded weights, and for a resumed run (its checkpoint holds
+    them: ``--init-from`` with ``--resume`` is refused before this)."""
+    planned = job.plan.model.init
+    if job.init_from is not None:
+        if planned is not None:
+            say(f"--init-from {job.init_from} replaces the plan's model.init ({planned})")
+        return Path(job.init_from), "--init-from"
+    if planned is None or job.resume:
+        return None
+    where = f"{job.plan.source}: " if job.plan.source else ""
+    return Path(planned), f"{where}model.init ="
+
+
+def check_init_from(source: Path, plan: Plan, flag: str = "--init-from") -> Path:
+    """The weights file ``source`` names (``flag``: ``--init-from``, or the plan's
+    ``model.init``, for the errors), holding exactly the plan's weights (names and shapes
+    from the file's header, in the model's order); return it."""
     if plan.model.native is not None:
         raise InputError(
-            f"--init-from {source}: model.native: a native model's weights have no neutral "
+            f"{flag} {source}: model.native: a native model's weights have no neutral "
             f"names to check against; --init-from needs a model of layers"
         )
-    file = weights_file(source)
+    file = weights_file(source, flag)
     found = tensor_shapes(file)
     needed = plan.model.graph(plan.source).weight_specs()
     for name, spec in needed.items():
         if name not in found:
             raise InputError(
-                f"--init-from {file}: has no weight {name!r} "
-                f"(the plan's model has it, shape {list(spec.shape)})"
+                f"{flag} {file}: has no weight {name!r} (the plan's model has it, shape {list(spec.shape)})"
             )
         if found[name] != tuple(spec.shape):
             raise InputError(
-                f"--init-from {file}: weight {name!r} has shape {list(found[name])}, "
+                f"{flag} {file}: weight {name!r} has shape {list(found[name])}, "
                 f"the plan's model needs {list(spec.shape)}"
             )
     extra = [name for name in found if name not in needed]
     if extra:
-        raise InputError(f"--init-from {file}: holds {extra[0]!r}, which the plan's model has no weight of")
+        raise InputError(f"{flag} {file}: holds {extra[0]!r}, which the plan's model has no weight of")
     return file.resolve()
 
 

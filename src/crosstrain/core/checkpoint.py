@@ -92,27 +92,28 @@ def file_metadata(path: Path) -> dict[str, str]:
         raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
 
 
-def weights_file(source: Path) -> Path:
+def weights_file(source: Path, flag: str = "--init-from") -> Path:
     """The weights ``--init-from`` names: a .safetensors file itself, a checkpoint folder's
     model.safetensors (verified against its manifest), or a run folder's final
-    model.safetensors (its newest intact checkpoint's when the run kept no final model)."""
+    model.safetensors (its newest intact checkpoint's when the run kept no final model).
+    ``flag``: what named it, for the error (``--init-from``, or a plan's ``model.init``)."""
     if source.is_file():
         if source.suffix != ".safetensors":
-            raise CheckpointError(f"--init-from {source}: not a .safetensors file")
+            raise CheckpointError(f"{flag} {source}: not a .safetensors file")
         return source
     if not source.is_dir():
-        raise CheckpointError(f"--init-from {source}: no such file or folder")
+        raise CheckpointError(f"{flag} {source}: no such file or folder")
     if (source / STATE_FILE).is_file():  # a checkpoint folder
         problem = verify_checkpoint(source)
         if problem is not None:
-            raise CheckpointError(f"--init-from {source}: {problem}")
+            raise CheckpointError(f"{flag} {source}: {problem}")
         return source / MODEL_FILE
     if (source / MODEL_FILE).is_file():
         return source / MODEL_FILE
     newest = choose_checkpoint(source).path
     if newest is None:
         raise CheckpointError(
-            f"--init-from {source}: holds neither {MODEL_FILE} nor a checkpoint "
+            f"{flag} {source}: holds neither {MODEL_FILE} nor a checkpoint "
             f"(a run folder, one of its checkpoints/step-NNNNNNNN, or a .safetensors file)"
         )
     return newest / MODEL_FILE

@@ -16,7 +16,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.layers import LAYER_TYPES, Layer, as_padding2d
-from crosstrain.core.plan import DataSpec, LossSpec, NativeModel, OptimizerSpec, Plan
+from crosstrain.core.plan import DataSpec, LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
 
 
 def _strict_int(value: Any, _: type) -> int:
@@ -155,7 +155,7 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
 
 #: fields newer than the first plans: left out of plan.json while unset, so a run written
 #: before they existed hashes as it did (and still resumes); a layer's activation likewise
-_LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key")}
+_LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key"), "model": ("init",)}
 #: likewise, fields left out while at their default (section None: the plan's top level)
 _LEFT_OUT_AT_DEFAULT: dict[str | None, dict[str, Any]] = {
     None: {"top_k": _default(Plan, "top_k")},
@@ -176,8 +176,16 @@ def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Pat
     except (TypeError, ValueError) as error:
         raise PlanError(str(error), source=source) from None
     if base_dir is not None:
-        plan = attrs.evolve(plan, data=_resolve_paths(plan.data, base_dir))
+        plan = attrs.evolve(
+            plan, data=_resolve_paths(plan.data, base_dir), model=_resolve_init(plan, base_dir)
+        )
     return attrs.evolve(plan, source=source)
+
+
+def _resolve_init(plan: Plan, base_dir: Path) -> ModelSpec:
+    """``model.init`` is relative to the plan file, as the data paths are."""
+    init = plan.model.init
+    return plan.model if init is None else attrs.evolve(plan.model, init=str((base_dir / init).resolve()))
 
 
 def _resolve_paths(data: DataSpec, base_dir: Path) -> DataSpec:

@@ -103,13 +103,16 @@ class BlockSpec:
 @attrs.frozen
 class ModelSpec:
     """``input_shape``: one row, channels-last; ``input_dtype``: "float32" or "int32" (token
-    ids); ``layers`` run in order unless a layer names its ``inputs``; ``blocks``: sub-graphs."""
+    ids); ``layers`` run in order unless a layer names its ``inputs``; ``blocks``: sub-graphs;
+    ``init``: the weights a new run starts from (a .safetensors file under neutral names, a
+    run folder or a checkpoint; relative to the plan file), as ``--init-from`` gives them."""
 
     input_shape: tuple[int, ...] = attrs.field()
     input_dtype: DType = "float32"
     layers: tuple[Layer, ...] = ()
     blocks: dict[str, BlockSpec] = attrs.field(factory=dict)
     native: NativeModel | None = None
+    init: str | None = None
 
     @input_shape.validator
     def _check_input_shape(self, attribute: attrs.Attribute[Shape], value: Shape) -> None:
@@ -310,6 +313,13 @@ class Plan:
 
 def validate_plan(plan: Plan) -> None:
     """Checks that need the whole plan: shapes through the model, the output against the loss."""
+    if plan.model.native is not None and plan.model.init is not None:
+        raise PlanError(
+            "a native model's weights have no neutral names to start from; model.init needs a model "
+            "of layers",
+            field="model.init",
+            source=plan.source,
+        )
     if plan.model.native is None:
         if not plan.model.layers:
             raise PlanError(
