@@ -59,7 +59,7 @@ from crosstrain.core.strategy import (
 )
 from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
 from crosstrain.core.worker import attempt_job, run_worker
-from crosstrain.importers import import_keras
+from crosstrain.importers import import_keras, import_torch
 from crosstrain.plugins.hookspecs import hookimpl
 
 __all__ = [
@@ -116,6 +116,7 @@ __all__ = [
     "fit",
     "hookimpl",
     "import_keras",
+    "import_torch",
     "load_plan",
     "rotary_tables",
     "run_worker",

@@ -474,11 +474,14 @@ def _add_import_command(commands: Any) -> None:
     importer = commands.add_parser(
         "import",
         help="a model made with a framework as a plan and its weights",
-        description="A saved Keras 3 model (.keras) becomes a TOML plan (layer names kept, graph edges as "
-        "inputs) and its weights under neutral names, which the plan names as model.init. A layer "
-        "without a plan equivalent is refused, naming it. docs/import.md.",
+        description="A saved Keras 3 model (.keras), or a torch nn.Module made by module:factory "
+        "(traced with torch.fx), becomes a TOML plan (layer names kept, graph edges as inputs) and its "
+        "weights under neutral names, which the plan names as model.init. A layer without a plan "
+        "equivalent is refused, naming it. docs/import.md.",
     )
-    importer.add_argument("source", help="the saved model: model.keras")
+    importer.add_argument(
+        "source", help="the saved model (model.keras), or a torch module's factory (package.module:function)"
+    )
     importer.add_argument("--out", required=True, metavar="PLAN.toml", help="the plan to write")
     importer.add_argument(
         "--weights",
@@ -491,15 +494,38 @@ def _add_import_command(commands: Any) -> None:
         default=None,
         help=f"{' or '.join(sorted(IMPORTERS))} (default: from the file's suffix)",
     )
+    importer.add_argument(
+        "--input-shape",
+        default=None,
+        type=_sizes,
+        metavar="H,W,C",
+        help="a torch module's input: one row, channels-last (32,32,3 for torch's 3x32x32; 16: 16 token ids)",
+    )
     importer.add_argument("--overwrite", action="store_true", help="replace the plan and weights files")
     importer.set_defaults(handler=_import)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(size) for size in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes separated by commas, as 32,32,3") from None
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive")
+    return sizes
 
 
 def _import(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     from crosstrain.importers import import_model
 
     result = import_model(
-        args.source, args.out, args.framework, args.weights, args.overwrite, say=lambda line: print(line)
+        args.source,
+        args.out,
+        args.framework,
+        args.weights,
+        args.overwrite,
+        say=lambda line: print(line),
+        input_shape=args.input_shape,
     )
     console.print(
         Text(

@@ -1,0 +1,216 @@
+"""`crosstrain import module:factory --framework torch`: a torch module traced with torch.fx
+becomes a plan whose forward on torch and on tf is the module's (a ResNet-style and a
+transformer-style module, NCHW images read as the plan's NHWC), a call without a plan
+equivalent is refused in one line, and an imported plan trains from its weights on both
+backends alike, through the CLI.
+
+The modules' weights are drawn off torch's start (batch norm's running statistics
+included) so that every weight matters; the forward checks run in this process on the
+backends' own predict (inference mode) from the weights the import wrote.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from crosstrain.testing.imported import FORWARD_TOLERANCE, plan_outputs, relative_difference
+from crosstrain.testing.runs import max_relative_difference, step_losses
+from tests.conftest import run_cli
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+import torch.nn.functional as F  # noqa: E402 (after torch is known present)
+from torch import nn  # noqa: E402
+
+from crosstrain import import_torch  # noqa: E402
+
+pytestmark = pytest.mark.cross
+
+QUIET = ("-p", "no:progress")
+TRAIN_TOLERANCE = 1e-4
+STEPS = 10
+
+
+class ResidualNet(nn.Module):
+    """Conv, batch norm, relu, residual adds, a strided convolution (padding 1: a zero pad
+    then a valid convolution), a 1x1 shortcut, max and adaptive average pooling, flatten
+    (an image's C, H, W features read by a Linear) and a concat of channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.stem_bn = nn.BatchNorm2d(8)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, eps=1e-3, momentum=0.01)
+        self.down = nn.Conv2d(8, 12, 3, stride=2, padding=1)
+        self.shortcut = nn.Conv2d(8, 12, 1, stride=2)
+        self.side = nn.Conv2d(12, 4, 1)
+        self.pool = nn.MaxPool2d(2)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(16, 5)
+        self.features = nn.Linear(16 * 4 * 4, 5)
+
+    def forward(self, x: Any) -> Any:
+        x = F.relu(self.stem_bn(self.stem(x)))
+        x = x + torch.relu(self.bn(self.conv(x)))
+        x = nn.functional.silu(self.down(x) + self.shortcut(x))
+        x = torch.cat([x, self.side(x)], dim=1)
+        pooled = self.gap(x).flatten(1)
+        return self.head(pooled) + self.features(F.relu(torch.flatten(self.pool(x), 1)))
+
+
+class Encoder(nn.Module):
+    """Token and learned position embeddings, self-attention, layer norms, an MLP with GELU,
+    residual adds, dropout, then mean pooling and a flattened sequence into Linears."""
+
+    def __init__(self, vocab: int = 20, length: int = 8, units: int = 16) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, units)
+        self.positions = nn.Parameter(torch.randn(1, length, units) * 0.1)
+        self.attention = nn.MultiheadAttention(units, 4, batch_first=True)
+        self.norm1 = nn.LayerNorm(units)
+        self.mlp = nn.Sequential(nn.Linear(units, 32), nn.GELU(), nn.Linear(32, units))
+        self.norm2 = nn.LayerNorm(units, eps=1e-6)
+        self.drop = nn.Dropout(0.1)
+        self.pooled = nn.Linear(units, 3)
+        self.flat = nn.Linear(length * units, 3)
+
+    def forward(self, ids: Any) -> Any:
+        x = self.tokens(ids) + self.positions
+        x = self.norm1(x + self.drop(self.attention(x, x, x, need_weights=False)[0]))
+        x = self.norm2(x + self.mlp(x))
+        return self.pooled(x.mean(dim=1)) + self.flat(torch.flatten(x, 1))
+
+
+def moved_off_start(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter and running statistic drawn: variances and scales from [0.5, 1.5]."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if tensor.dtype != torch.float32:
+                continue
+            if name.endswith(("running_var", "bn.weight")) or "norm" in name.split(".")[0]:
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
+            else:
+                tensor.add_(torch.randn(tensor.shape, generator=generator) * 0.1)
+    return module.eval()
+
+
+def _check_forward(module: nn.Module, torch_input: Any, plan_input: np.ndarray, plan_file: Path) -> None:
+    with torch.no_grad():
+        expected = module(torch_input).numpy()
+    for backend in ("torch", "tf"):
+        difference = relative_difference(plan_outputs(plan_file, backend, plan_input), expected)
+        assert difference <= FORWARD_TOLERANCE, (backend, difference)
+
+
+def test_a_resnet_style_module_imports_with_its_forward(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = moved_off_start(ResidualNet())
+    notes: list[str] = []
+    result = import_torch(module, (16, 16, 3), tmp_path / "plan.toml", say=notes.append)
+    assert notes == [
+        "The Linear 'features' reads an image's features flattened by torch as C, H, W; the plan flattens "
+        "H, W, C, so its kernel's rows are permuted to match (same outputs)."
+    ]
+    statistics = [b for name, b in module.named_buffers() if name.endswith(("running_mean", "running_var"))]
+    assert result.parameters == sum(tensor.numel() for tensor in [*module.parameters(), *statistics])
+    text = result.plan.read_text()
+    assert '{type = "zero_pad2d", name = "down_pad"}' in text  # padding 1, its default
+    assert '{type = "batchnorm", name = "bn", momentum = 0.99, epsilon = 0.001}' in text
+    images = np.random.default_rng(1).normal(size=(3, 16, 16, 3)).astype(np.float32)
+    _check_forward(module, torch.from_numpy(images.transpose(0, 3, 1, 2).copy()), images, result.plan)
+
+
+def test_a_transformer_style_module_imports_with_its_forward(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = moved_off_start(Encoder())
+    result = import_torch(module, (8,), tmp_path / "plan.toml", say=lambda line: None)
+    text = result.plan.read_text()
+    assert 'input_dtype = "int32"' in text
+    assert '{type = "attention", name = "attention", heads = 4}' in text
+    assert '{type = "position_embedding", name = "add"}' in text
+    ids = np.random.default_rng(1).integers(0, 20, size=(3, 8)).astype(np.int32)
+    _check_forward(module, torch.from_numpy(ids).long(), ids, result.plan)
+
+
+class Reshaped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.out = nn.Linear(72, 10)
+
+    def forward(self, x: Any) -> Any:
+        return self.out(self.conv(x).view(-1, 72))
+
+
+def reshaped() -> nn.Module:
+    return Reshaped()
+
+
+def test_a_call_without_a_plan_equivalent_is_refused_in_one_line(
+    cli_in_process: Callable[..., Any], tmp_path: Path
+) -> None:
+    factory = f"{__name__}:reshaped"
+    plan_file = tmp_path / "plan.toml"
+    result = cli_in_process(
+        "import", factory, "--framework", "torch", "--input-shape", "8,8,1", "--out", str(plan_file)
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "crosstrain: error: fx node 'view' (Tensor.view): a view's sizes come from the batch at run time: "
+        "use flatten (what imports: docs/import.md)"
+    ]
+    assert not list(tmp_path.iterdir())  # nothing written
+    missing = cli_in_process("import", factory, "--framework", "torch", "--out", str(plan_file))
+    assert missing.returncode == 2
+    assert "--input-shape" in missing.stderr
+
+
+DIGITS_MODULE = """
+import torch
+from torch import nn
+
+
+def convnet():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 10),
+    )
+"""
+
+
+def test_an_imported_module_trains_from_its_weights_on_both_backends_alike(tmp_path: Path) -> None:
+    """``crosstrain import digits_torch:convnet --framework torch``, then ``crosstrain run``
+    on torch and on tf from its weights: their first steps' losses agree."""
+    (tmp_path / "digits_torch.py").write_text(textwrap.dedent(DIGITS_MODULE))
+    imported = run_cli(
+        "import", "digits_torch:convnet", "--framework", "torch", "--input-shape", "8,8,1",
+        "--out", "convnet.toml", cwd=tmp_path,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    assert "kernel's rows are permuted" in imported.stdout
+    settings = ("--set", f"train.max_steps={STEPS}", "--set", "optimizer.lr=0.05")
+    runs = {}
+    for backend in ("torch", "tf"):
+        runs[backend] = tmp_path / backend
+        trained = run_cli(
+            *QUIET, "run", str(tmp_path / "convnet.toml"), "--backend", backend, "--device", "cpu",
+            "--out", str(runs[backend]), *settings,
+        )  # fmt: skip
+        assert trained.returncode == 0, trained.stderr
+    torch_losses, tf_losses = step_losses(runs["torch"]), step_losses(runs["tf"])
+    assert len(torch_losses) == STEPS
+    assert max_relative_difference(tf_losses, torch_losses) <= TRAIN_TOLERANCE
