@@ -6,8 +6,9 @@ node per ``torch.nn`` layer called (``call_module``), function (``call_function`
 ``torch.cat``, ``F.relu``) or tensor method (``call_method``: ``x.flatten(1)``), each after
 what it reads. ``ShapeProp`` runs the module once on zeros of the given input shape (in
 eval mode, so nothing in it moves) and records every node's torch shape. Each node has one
-converter in :data:`CONVERTERS`, keyed by the module's exact class (a subclass, which may
-compute something else, is refused), the function, or ``"Tensor.{method}"``; anything else
+converter in :data:`CONVERTERS`, keyed by the module's exact class (torch.fx opens a module of
+one's own, a subclass of a torch layer included, into what it calls), the function, or
+``"Tensor.{method}"``; anything else
 is refused in one line naming the fx node, its target or class and the option
 (:class:`ImportRefused`, exit 2).
 
@@ -23,7 +24,9 @@ permuted features is refused.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import operator
 import os
 import sys
@@ -121,7 +124,8 @@ class Step:
 
     @property
     def inputs(self) -> tuple[Value, ...]:
-        return tuple(argument for argument in self.arguments if isinstance(argument, Value))
+        """The values among the positional arguments, in order (``torch.cat``'s list opened)."""
+        return tuple(argument for argument in _flat(self.arguments) if isinstance(argument, Value))
 
     @property
     def constants(self) -> tuple[Any, ...]:
@@ -134,7 +138,8 @@ class Step:
         target = self.node.target
         if isinstance(target, str):
             return f"Tensor.{target}"
-        return f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(".")
+        module = (getattr(target, "__module__", "") or "").removeprefix("_")  # _operator: operator
+        return f"{module}.{getattr(target, '__name__', target)}".lstrip(".")
 
     def refuse(self, problem: str) -> ImportRefused:
         return ImportRefused(f"fx node {self.node.name!r} ({self.shown}): {problem}")
@@ -286,12 +291,15 @@ def _propagate_shapes(traced: fx.GraphModule, shape: tuple[int, ...], dtype: DTy
     training = traced.training
     traced.eval()
     try:
-        with torch.no_grad():
+        # ShapeProp prints the failing node's traceback itself; the reason is said once, below
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
             ShapeProp(traced).propagate(example)
     except Exception as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = error.__cause__ or error  # ShapeProp wraps the module's own error
+        first = str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__
+        sizes = ",".join(str(size) for size in _channels_last(shape))
         raise InputError(
-            f"the module's forward fails on input shape {list(shape)} (torch's order): {first}"
+            f"--input-shape {sizes}: the module's forward fails on rows of torch shape {list(shape)}: {first}"
         ) from None
     finally:
         traced.train(training)
@@ -299,7 +307,7 @@ def _propagate_shapes(traced: fx.GraphModule, shape: tuple[int, ...], dtype: DTy
 
 def _step(node: fx.Node, modules: Mapping[str, nn.Module], assembly: _Assembly) -> Step:
     module = modules[str(node.target)] if node.op == "call_module" else None
-    arguments = tuple(assembly.value_of(argument) for argument in _flat(node.args))
+    arguments = tuple(assembly.value_of(argument) for argument in node.args)
     kwargs = {key: assembly.value_of(value) for key, value in node.kwargs.items()}
     meta = node.meta.get("tensor_meta")
     shape = tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else ()
@@ -332,6 +340,9 @@ class _Assembly:
     torch_shapes: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
 
     def value_of(self, argument: Any) -> Any:
+        """An fx argument with each node in it (in a list or tuple too) as its value."""
+        if isinstance(argument, list | tuple):
+            return type(argument)(self.value_of(item) for item in argument)
         return self.values.get(argument, argument) if isinstance(argument, fx.Node) else argument
 
     def add(self, step: Step) -> None:
@@ -600,7 +611,7 @@ def _mean_call(step: Step) -> Conversion:
 
 
 def _concat(step: Step) -> Conversion:
-    dim = step.argument(len(step.inputs), "dim", 0)
+    dim = step.argument(1, "dim", 0)
     rank = len(step.inputs[0].shape)
     if step.plan_axis(dim) != rank - 2:
         raise step.refuse(f"dim={dim}: the plan's concat joins channels (the last axis channels-last)")
@@ -841,7 +852,6 @@ CONVERTERS: dict[Any, Converter] = {
 
 #: why some classes and functions have no plan equivalent (any other: it has none)
 NO_EQUIVALENT: dict[str, str] = {
-    "Sequential": "a Sequential the tracer did not open (a subclass of it): use nn.Sequential itself",
     "AdaptiveMaxPool2d": "the plan has no maximum over positions",
     "GroupNorm": "the plan has no group normalization",
     "Tensor.view": "a view's sizes come from the batch at run time: use flatten",
