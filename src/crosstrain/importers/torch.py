@@ -88,7 +88,7 @@ class ImportRefused(InputError):
 class Value:
     """What an fx node gives, as the plan sees it: the plan layer that makes it, its torch
     shape (batch axis included) and, for an image's flattened features, ``order``: plan
-    feature i is torch feature ``order[i]``. ``tuple_of`` marks MultiheadAttention's
+    feature i is torch feature ``order[i]``. ``is_pair`` marks MultiheadAttention's
     (output, weights) pair, of which only item 0 is read."""
 
     source: str
@@ -546,6 +546,7 @@ def _pool(kind: type[MaxPool2D] | type[AvgPool2D]) -> Callable[[Step], Conversio
         step.option("ceil_mode", pool.ceil_mode, False, "a plan's pools drop a partial window")
         if kind is MaxPool2D:
             step.option("dilation", _pair(pool.dilation), ((1, 1),), "a plan's pools have no dilation")
+            step.option("return_indices", pool.return_indices, False, "a plan layer has one output")
         else:
             step.option(
                 "divisor_override", pool.divisor_override, None, "a plan's average divides by the window"
@@ -663,11 +664,13 @@ def _arithmetic(op: str) -> Callable[[Step], Conversion]:
     sequence is a position embedding); ``x + c``, ``x * c`` with a number (rescale)."""
 
     def convert(step: Step) -> Conversion:
+        if step.kwargs.get("alpha", 1) != 1:
+            raise step.refuse(f"alpha={step.kwargs['alpha']!r}: the plan adds the tensors as they are")
         parameters = [argument for argument in step.arguments if isinstance(argument, torch.Tensor)]
         numbers = [argument for argument in step.arguments if isinstance(argument, int | float)]
         if op == "add" and len(step.inputs) == 1 and len(parameters) == 1:
             return _position_embedding(step, parameters[0])
-        if len(step.inputs) == 2 and not parameters and not numbers and "alpha" not in step.kwargs:
+        if len(step.inputs) == 2 and not parameters and not numbers:
             return (Piece(Add() if op == "add" else Multiply()),)
         if len(step.inputs) == 1 and len(numbers) == 1 and not parameters:
             value = float(numbers[0])
@@ -708,6 +711,11 @@ def _getitem(step: Step) -> Conversion:
 
 def _batchnorm(step: Step) -> Conversion:
     norm = _module(step)
+    if len(step.inputs[0].shape) == 3:
+        raise step.refuse(
+            f"on {list(step.inputs[0].shape[1:])}: torch normalises axis 1 of [batch, C, L], the plan's "
+            f"batchnorm the last axis"
+        )
     step.option("affine", norm.affine, True, "the plan's batchnorm trains its scale and offset")
     step.option(
         "track_running_stats", norm.track_running_stats, True, "the plan's batchnorm keeps moving statistics"
