@@ -11,6 +11,8 @@ backends' own predict (inference mode) from the weights the import wrote.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from crosstrain.core.data import load_datasets
+from crosstrain.core.planfile import load_plan
 from crosstrain.testing.imported import FORWARD_TOLERANCE, plan_outputs, relative_difference
 from crosstrain.testing.runs import max_relative_difference, step_losses
 from tests.conftest import run_cli
@@ -205,9 +209,25 @@ def convnet():
 """
 
 
+def _module_loss(module_file: Path, plan_file: Path, settings: tuple[str, ...]) -> float:
+    """The factory's module's own cross-entropy on the plan's eval rows (NCHW), in float64."""
+    spec = importlib.util.spec_from_file_location("digits_torch", module_file)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    plan = load_plan(plan_file, [setting for setting in settings if setting != "--set"])
+    evaluation = load_datasets(plan).eval
+    assert evaluation is not None
+    images = torch.from_numpy(evaluation.x.reshape(-1, 8, 8, 1).transpose(0, 3, 1, 2).copy())
+    with torch.no_grad():
+        logits = loaded.convnet().eval()(images).double()
+    return float(F.cross_entropy(logits, torch.from_numpy(evaluation.y).long()))
+
+
 def test_an_imported_module_trains_from_its_weights_on_both_backends_alike(tmp_path: Path) -> None:
     """``crosstrain import digits_torch:convnet --framework torch``, then ``crosstrain run``
-    on torch and on tf from its weights: their first steps' losses agree."""
+    on torch and on tf: each starts from the module's weights (its step-0 evaluation is the
+    module's own loss on the eval rows) and their first steps' losses agree."""
     (tmp_path / "digits_torch.py").write_text(textwrap.dedent(DIGITS_MODULE))
     imported = run_cli(
         "import", "digits_torch:convnet", "--framework", "torch", "--input-shape", "8,8,1",
@@ -224,6 +244,11 @@ def test_an_imported_module_trains_from_its_weights_on_both_backends_alike(tmp_p
             "--out", str(runs[backend]), *settings,
         )  # fmt: skip
         assert trained.returncode == 0, trained.stderr
+    module_loss = _module_loss(tmp_path / "digits_torch.py", tmp_path / "convnet.toml", settings)
+    for backend, run in runs.items():
+        start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+        assert start["step"] == 0 and "eval" in start, start
+        assert abs(start["eval"]["loss"] - module_loss) <= 1e-5 * module_loss, (backend, start, module_loss)
     torch_losses, tf_losses = step_losses(runs["torch"]), step_losses(runs["tf"])
     assert len(torch_losses) == STEPS
     assert max_relative_difference(tf_losses, torch_losses) <= TRAIN_TOLERANCE

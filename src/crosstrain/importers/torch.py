@@ -42,7 +42,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from crosstrain.backends.torch.layers import LAYERS as TORCH_LAYERS
-from crosstrain.core.errors import InputError
+from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.graph import INPUT_NAME, build_graph
 from crosstrain.core.layers import (
     GELU,
@@ -425,7 +425,12 @@ class _Assembly:
     def check_shapes(self, input_shape: Shape, input_dtype: DType) -> None:
         """Each plan layer's output shape is its fx node's, read channels-last: a converter
         that missed an option would show here, not in a wrong forward."""
-        graph = build_graph(input_shape, self.layers, None, input_dtype)
+        try:
+            graph = build_graph(input_shape, self.layers, None, input_dtype)
+        except PlanError as error:  # each plan layer has its fx node's name: the error names it
+            raise ImportRefused(
+                f"the imported plan does not check (layers named as their fx nodes): {error}"
+            ) from None
         for node in graph.nodes:
             torch_shape = self.torch_shapes.get(node.path)
             if torch_shape is None:
