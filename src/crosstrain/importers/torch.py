@@ -181,12 +181,13 @@ Conversion = tuple[Piece, ...]
 
 @attrs.frozen
 class Converter:
-    """How one module class, function or method becomes plan layers. ``features``: what it
-    does with an image's flattened features (``"carries"``: elementwise, the order stays;
-    ``"reads"``: it takes the order into its weights; ``None``: refused on them)."""
+    """How one module class, function or method becomes plan layers, and what it does with
+    an image's features flattened in torch's order (refused unless one of these says):
+    ``carries_order`` (elementwise: its output keeps the order), ``reads_order`` (takes the
+    order into its weights: a Linear)."""
 
     convert: Callable[[Step], Conversion]
-    features: str | None = None
+    carries_order: bool = False
     reads_order: Callable[[Step, np.ndarray], Conversion] | None = None
     #: it flattens: its output's features are in torch's order (:func:`_flatten_order`)
     flattens: bool = False
@@ -356,24 +357,25 @@ class _Assembly:
             and _key(step) is not operator.getitem
         ):
             raise step.refuse("reads MultiheadAttention's (output, weights) pair; take its item 0")
-        order = next((value.order for value in step.inputs if value.order is not None), None)
         try:
-            if order is not None and converter.features is None:
-                raise step.refuse(
-                    "reads an image's features flattened in torch's C, H, W order; only a Linear "
-                    "(and elementwise ops before it) can read them (the plan flattens H, W, C)"
-                )
-            if order is not None and converter.reads_order is not None:
-                pieces = converter.reads_order(step, order)
-                self.notes.append(_ORDER_NOTE.format(name=step.node.name))
-                order = None
-            else:
-                pieces = converter.convert(step)
-            if converter.flattens:
-                order = _flatten_order(step.inputs[0])
+            pieces, order = self._converted(step, converter)
         except ValueError as error:  # a core layer's own check
             raise step.refuse(str(error)) from None
         self._append(step, pieces, order)
+
+    def _converted(self, step: Step, converter: Converter) -> tuple[Conversion, np.ndarray | None]:
+        """The step's pieces and the order of its output's features (None: the plan's)."""
+        order = next((value.order for value in step.inputs if value.order is not None), None)
+        if order is None or converter.carries_order:
+            pieces = converter.convert(step)
+            return pieces, _flatten_order(step.inputs[0]) if converter.flattens else order
+        if converter.reads_order is None:
+            raise step.refuse(
+                "reads an image's features flattened in torch's C, H, W order; only a Linear "
+                "(and elementwise ops before it) can read them (the plan flattens H, W, C)"
+            )
+        self.notes.append(_ORDER_NOTE.format(name=step.node.name))
+        return converter.reads_order(step, order), None
 
     def _append(self, step: Step, pieces: Conversion, order: np.ndarray | None) -> None:
         sources = [value.source for value in step.inputs]
@@ -831,8 +833,8 @@ _ELEMENTWISE: dict[Any, Layer] = {
 
 #: every module class, function and tensor method that imports: its converter
 CONVERTERS: dict[Any, Converter] = {
-    **{key: Converter(_fixed(layer), features="carries") for key, layer in _ELEMENTWISE.items()},
-    nn.Linear: Converter(_linear, features="reads", reads_order=_linear_reading_order),
+    **{key: Converter(_fixed(layer), carries_order=True) for key, layer in _ELEMENTWISE.items()},
+    nn.Linear: Converter(_linear, reads_order=_linear_reading_order),
     nn.Conv2d: Converter(_conv2d),
     nn.MaxPool2d: Converter(_pool(MaxPool2D)),
     nn.AvgPool2d: Converter(_pool(AvgPool2D)),
@@ -843,14 +845,14 @@ CONVERTERS: dict[Any, Converter] = {
     torch.mean: Converter(_mean_call),
     "Tensor.mean": Converter(_mean_call),
     torch.cat: Converter(_concat),
-    nn.GELU: Converter(_gelu(lambda step: _module(step).approximate), features="carries"),
-    F.gelu: Converter(_gelu(lambda step: step.argument(1, "approximate", "none")), features="carries"),
-    nn.LeakyReLU: Converter(_leaky_relu, features="carries"),
+    nn.GELU: Converter(_gelu(lambda step: _module(step).approximate), carries_order=True),
+    F.gelu: Converter(_gelu(lambda step: step.argument(1, "approximate", "none")), carries_order=True),
+    nn.LeakyReLU: Converter(_leaky_relu, carries_order=True),
     nn.Softmax: Converter(_softmax(lambda step: _module(step).dim)),
     F.softmax: Converter(_softmax(lambda step: step.argument(1, "dim", None))),
     "Tensor.softmax": Converter(_softmax(lambda step: step.argument(1, "dim", None))),
-    nn.Dropout: Converter(_dropout, features="carries"),
-    nn.Identity: Converter(_identity, features="carries"),
+    nn.Dropout: Converter(_dropout, carries_order=True),
+    nn.Identity: Converter(_identity, carries_order=True),
     nn.BatchNorm2d: Converter(_batchnorm),
     nn.BatchNorm1d: Converter(_batchnorm),
     nn.LayerNorm: Converter(_layernorm),
