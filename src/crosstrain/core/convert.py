@@ -137,16 +137,20 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
     }
     if raw["model"].get("native") is None:
         raw["model"].pop("native", None)
-    for section, fields in _LEFT_OUT_UNSET.items():
-        for field in fields:
-            if raw[section].get(field) is None:
-                raw[section].pop(field, None)
+    for section, fields in _LEFT_OUT_AT_DEFAULT.items():
+        for field, default in fields.items():
+            if field in raw[section] and raw[section][field] == default:
+                del raw[section][field]
     return raw
 
 
-#: fields newer than the first plans: left out of plan.json while unset, so a run written
-#: before they existed hashes as it did (and still resumes); a layer's activation likewise
-_LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key")}
+#: fields newer than the first plans, with their defaults: left out of plan.json at the
+#: default, so a run written before they existed hashes as it did (and still resumes); a
+#: layer's activation likewise
+_LEFT_OUT_AT_DEFAULT: dict[str, dict[str, Any]] = {
+    "data": {"eval_x_key": None, "eval_y_key": None},
+    "model": {"width": 1.0},
+}
 
 
 def structure_plan(raw: dict[str, Any], source: str | None = None, base_dir: Path | None = None) -> Plan:

@@ -22,6 +22,7 @@ from crosstrain.testing.plans import (
     write_images,
     write_tokens,
 )
+from crosstrain.testing.zoo import ZOO
 
 PLANS = {
     "dropout_mlp": DROPOUT_MLP_PLAN,
@@ -29,7 +30,11 @@ PLANS = {
     "vision": VISION_PLAN,  # a ResNet's downsampling block and a MobileNetV2's inverted residual
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
+    # the model zoo (examples/zoo: ResNet-50, MobileNetV2, U-Net), each run scaled down
+    **{name: model.text for name, model in ZOO.items()},
 }
+#: the ``--set`` settings every run of a plan starts with: the zoo's small versions
+PLAN_SETTINGS: dict[str, tuple[str, ...]] = {name: model.small for name, model in ZOO.items()}
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: the steps of every run a check compares (``train.max_steps``)
@@ -58,12 +63,15 @@ def run_cli(
 
 
 def write_plan(directory: Path, name: str) -> Path:
-    """One of :data:`PLANS` in ``directory`` (with its token file for the GPT)."""
+    """One of :data:`PLANS` in ``directory``, with the data it reads (the GPT's tokens, the
+    zoo's arrays); a run of it starts with its :data:`PLAN_SETTINGS`."""
     directory.mkdir(parents=True, exist_ok=True)
     if name == "gpt":
         write_tokens(str(directory / "tokens.npy"))
     if name == "scaled_images":
         write_images(str(directory))
+    if name in ZOO:
+        ZOO[name].write_data(directory)
     path = directory / f"{name}.toml"
     path.write_text({**PLANS, **EXAMPLE_PLANS}[name])
     return path
@@ -124,7 +132,8 @@ class RunCache:
         if key not in self.runs:
             directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
             path = write_plan(directory, plan)
-            arguments = [item for setting in settings for item in ("--set", setting)]
+            given = (*PLAN_SETTINGS.get(plan, ()), *settings)
+            arguments = [item for setting in given for item in ("--set", setting)]
             self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, *flags)
         return self.runs[key]
 
