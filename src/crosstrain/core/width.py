@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -89,7 +90,7 @@ def _scaled(layer: Layer, width: float, field: str, source: str | None) -> Layer
     if size_field is None:
         return layer
     size = getattr(layer, size_field)
-    changes = {size_field: scaled_size(size, width)}
+    changes: dict[str, Any] = {size_field: scaled_size(size, width)}
     if size > 1 and getattr(layer, "groups", 1) == size:  # depthwise: one group per channel
         changes["groups"] = changes[size_field]
     try:
