@@ -74,6 +74,7 @@ ZOO: dict[str, ZooModel] = {
             "model.layers[13].repeat=0",
             "train.global_batch_size=32",
             "optimizer.lr=0.01",
+            "train.precision='fp64'",
         ),
         write_images,
     ),
@@ -89,12 +90,18 @@ ZOO: dict[str, ZooModel] = {
             "model.layers[14].repeat=0",
             "train.global_batch_size=32",
             "optimizer.lr=0.002",
+            "train.precision='fp64'",
         ),
         write_images,
     ),
     "unet": ZooModel(
         "unet.toml",
-        ("model.width=0.0625", "model.input_shape=[16, 16, 3]", "train.global_batch_size=32"),
+        (
+            "model.width=0.0625",
+            "model.input_shape=[16, 16, 3]",
+            "train.global_batch_size=32",
+            "train.precision='fp64'",
+        ),
         write_masks,
     ),
 }
