@@ -9,7 +9,8 @@ every check on it (Keras 3 runs its one suite once per backend the same way)::
         backend = "mine"
 
 Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of every kind
-(:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
+(:mod:`crosstrain.testing.plans`, and the model zoo's ResNet-50, MobileNetV2 and U-Net scaled
+down: :mod:`crosstrain.testing.zoo`): world N trains like world 1 (batch norm, dropout,
 per-token loss), eval counts every row once, data placed on the device trains bit for bit
 as data gathered on the host, a compiled step and accumulated micro-batches train like
 the plain step, fp64 trains like fp32 in float64, the README's digits example reaches
