@@ -15,6 +15,7 @@ from crosstrain.core.planfile import load_plan
 from crosstrain.core.width import scaled_size
 from crosstrain.describe import describe_graph
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, VISION_PLAN
+from tests.conftest import run_cli, worker_env
 
 
 def sizes(plan_path: Path, *settings: str) -> dict[str, tuple[int, ...]]:
@@ -121,3 +122,12 @@ def test_a_block_repeated_0_times_is_left_out(write_plan: Callable[..., Path]) -
     assert graph.output_shape == (10,)
     with pytest.raises(PlanError, match=r"model\.layers\[3\]\.repeat: must be >= 0, got -1"):
         load_plan(path, ["model.layers[3].repeat=-1"])
+
+
+def test_describe_says_the_width_it_shows(write_plan: Callable[..., Path]) -> None:
+    path = write_plan(RESNET_PLAN)
+    wide = {**worker_env(), "COLUMNS": "160"}
+    result = run_cli("describe", str(path), "--set", "model.width=0.5", env=wide)
+    assert result.returncode == 0, result.stderr
+    assert "tiny_resnet: input [8, 8, 1] float32, width 0.5" in result.stdout
+    assert "trainable 814" in result.stdout
