@@ -85,7 +85,9 @@ def print_description(console: Console, plan: Plan) -> None:
         console.print(Text(f"{plan.name}: a native model ({factories}); its layers are the framework's own"))
         return
     description = describe_graph(plan.model.graph(plan.source))
-    table = Table(title=f"{plan.name}: input {list(description.input_shape)} {description.input_dtype}")
+    width = f", width {plan.model.width:g}" if plan.model.width != 1.0 else ""
+    shown = f"{list(description.input_shape)} {description.input_dtype}{width}"
+    table = Table(title=f"{plan.name}: input {shown}")
     for column, justify in (
         ("layer", "left"),
         ("type", "left"),

@@ -39,6 +39,14 @@ def test_every_precision_names_the_dtype_of_its_weights(write_plan: Callable[...
     assert load_plan(write_plan(), ["train.precision='bf16'"]).train.weight_dtype == "float32"
 
 
+def test_overrides_reach_a_list_s_entries(write_plan: Callable[..., Path]) -> None:
+    """``model.layers[2].units`` (from 0; negative from the end) and a whole list at once."""
+    plan = load_plan(write_plan(), ["model.layers[0].units=16", "model.layers[-1].units=12"])
+    assert [getattr(layer, "units", None) for layer in plan.model.layers] == [16, None, 12]
+    shape = load_plan(write_plan(), ['model.layers=[{ type = "dense", units = 10 }]']).model.layers
+    assert len(shape) == 1
+
+
 def test_python_plan_loads(tmp_path: Path) -> None:
     path = tmp_path / "plan.py"
     path.write_text(
@@ -66,6 +74,13 @@ BAD_FIELDS = [
     ("loss.name='hinge'", "loss.name"),
     ("bogus=1", "unknown key"),
     ("model.init=3", "model.init"),
+    # a list's entries, by index as errors name them
+    ("model.layers[3].units=10", "model.layers[3]: no such entry: the list has 3"),
+    ("model.layers[-4].units=10", "model.layers[-4]: no such entry: the list has 3"),
+    ("model.layerz[0].units=10", "model.layerz: no such list in the plan"),
+    ("model.layers[0].units.x=1", "model.layers[0].units: is not a table"),
+    ("model.layers[0]].units=1", "'layers[0]]' is not a key or key[index]"),
+    ("model.layers[0].unit=1", "model.layers[0].unit: unknown key; did you mean 'units'?"),
 ]
 
 

@@ -148,7 +148,7 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
     for place, defaults in _LEFT_OUT_AT_DEFAULT.items():
         table = raw if place is None else raw[place]
         for name, default in defaults.items():
-            if table.get(name) == default:
+            if name in table and table[name] == default:
                 table.pop(name)
     return raw
 
@@ -161,6 +161,7 @@ _LEFT_OUT_AT_DEFAULT: dict[str | None, dict[str, Any]] = {
     None: {"top_k": _default(Plan, "top_k")},
     "loss": {"label_smoothing": _default(LossSpec, "label_smoothing")},
     "optimizer": {"decay": _default(OptimizerSpec, "decay")},
+    "model": {"width": 1.0},
 }
 
 

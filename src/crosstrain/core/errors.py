@@ -34,6 +34,7 @@ class PlanError(CrosstrainError):
     exit_code = 2
 
     def __init__(self, message: str, *, field: str | None = None, source: str | None = None):
+        self.message = message  # without the file and field, for a caller that adds to it
         self.field = field
         self.source = source
         where = ": ".join(part for part in (source, field) if part)

@@ -33,6 +33,11 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> 
         raise ValueError(f"'{attribute.name}' must be > 0, got {list(values) if len(values) > 1 else value}")
 
 
+def _not_negative(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"'{attribute.name}' must be >= 0, got {value}")
+
+
 def _known_activation(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
     """``activation`` is a name of :data:`ACTIVATIONS` (defined below, beside the layers it
     adds); a name Keras knows that would compute something else here says why not."""
@@ -987,13 +992,15 @@ class Concat(Layer):
 
 @attrs.frozen
 class Block(Layer):
-    """Runs ``model.blocks.NAME`` ``repeat`` times in sequence, each repeat with its own weights.
-    A second input (a padding mask) is a side input: every repeat's layers read it by its name."""
+    """Runs ``model.blocks.NAME`` ``repeat`` times in sequence, each repeat with its own
+    weights; ``repeat = 0`` leaves it out (its output is its input: a shallower model from
+    ``--set``). A second input (a padding mask) is a side input: every repeat's layers read
+    it by its name."""
 
     type: ClassVar[str] = "block"
     optional_inputs: ClassVar[tuple[str, ...]] = ("a side input its layers read by name",)
     block: str = attrs.field()
-    repeat: int = attrs.field(default=1, validator=_positive)
+    repeat: int = attrs.field(default=1, validator=_not_negative)
 
 
 #: every layer type by its plan tag: the vocabulary a plan's layers are checked against.

@@ -19,6 +19,7 @@ from crosstrain.core.graph import Graph, build_graph
 from crosstrain.core.layers import DType, Layer, Shape
 from crosstrain.core.optimizers import DecayName, OptimizerName
 from crosstrain.core.scaling import InputScaling
+from crosstrain.core.width import output_layer_field, scale_layers
 
 # The closed sets a plan names; every backend maps each name to its own builder (its tables).
 Precision = Literal["fp32", "bf16", "fp16", "fp64"]
@@ -105,7 +106,9 @@ class ModelSpec:
     """``input_shape``: one row, channels-last; ``input_dtype``: "float32" or "int32" (token
     ids); ``layers`` run in order unless a layer names its ``inputs``; ``blocks``: sub-graphs;
     ``init``: the weights a new run starts from (a .safetensors file under neutral names, a
-    run folder or a checkpoint; relative to the plan file), as ``--init-from`` gives them."""
+    run folder or a checkpoint; relative to the plan file), as ``--init-from`` gives them.
+    ``width``: every stated size but the output layer's scaled by it
+    (:mod:`crosstrain.core.width`)."""
 
     input_shape: tuple[int, ...] = attrs.field()
     input_dtype: DType = "float32"
@@ -113,6 +116,11 @@ class ModelSpec:
     blocks: dict[str, BlockSpec] = attrs.field(factory=dict)
     native: NativeModel | None = None
     init: str | None = None
+    width: float = attrs.field(default=1.0, validator=_gt0)
+
+    def __attrs_post_init__(self) -> None:
+        if self.native is not None and self.width != 1.0:
+            raise ValueError("width scales a plan's layers; a native model is the framework's own")
 
     @input_shape.validator
     def _check_input_shape(self, attribute: attrs.Attribute[Shape], value: Shape) -> None:
@@ -122,7 +130,17 @@ class ModelSpec:
     def graph(self, source: str | None = None) -> Graph:
         """The layers as a flat graph (names, inputs and blocks resolved, shapes checked)."""
         blocks = {name: spec.layers for name, spec in self.blocks.items()}
-        return build_graph(self.input_shape, self.layers, blocks, self.input_dtype, source)
+        written = build_graph(self.input_shape, self.layers, blocks, self.input_dtype, source)
+        if self.width == 1.0:
+            return written
+        kept = output_layer_field(written, source)
+        layers, scaled_blocks = scale_layers(self.layers, blocks, self.width, kept, source)
+        try:
+            return build_graph(self.input_shape, layers, scaled_blocks, self.input_dtype, source)
+        except PlanError as error:  # it fits as written: say what made it misfit
+            raise PlanError(
+                f"{error.message} (at model.width = {self.width:g})", field=error.field, source=source
+            ) from None
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ records), so neither of those imports the other's caller.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import tomllib
 from collections.abc import Iterable
@@ -67,18 +68,70 @@ def _read_python_plan(path: Path) -> Plan:
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str | None = None) -> None:
-    """Apply ``section.field=value`` to the raw plan; the value is read as TOML if it can be."""
+    """Apply ``section.field=value`` to the raw plan; the value is read as TOML if it can be.
+    A list's entry is ``[index]`` (from 0; negative from the end), as errors name fields:
+    ``model.layers[3].repeat=0``, ``model.blocks.stage.layers[0].filters=8``. A missing
+    table on the way is created; a missing list entry is an error naming the field."""
     key, sep, text = override.partition("=")
-    if not sep or not key.strip():
+    field = key.strip()
+    if not sep or not field:
         raise PlanError(f"--set expects FIELD=VALUE, got {override!r}", source=source)
-    parts = key.strip().split(".")
-    node = raw
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise PlanError(f"{part!r} is not a table", field=key.strip(), source=source)
-        node = child
-    node[parts[-1]] = _parse_value(text.strip())
+    steps = _field_steps(field, source)
+    node: Any = raw
+    for at, step in enumerate(steps[:-1]):
+        node = _step_into(node, step, steps[at + 1], _shown(steps[: at + 1]), source)
+    _assign(node, steps[-1], _parse_value(text.strip()), field, source)
+
+
+_FIELD_PART = re.compile(r"^([^\[\]]+)((?:\[-?\d+\])*)$")
+
+
+def _field_steps(field: str, source: str | None) -> list[str | int]:
+    """``model.layers[3].repeat`` as ["model", "layers", 3, "repeat"]."""
+    steps: list[str | int] = []
+    for part in field.split("."):
+        match = _FIELD_PART.match(part)
+        if match is None:
+            raise PlanError(
+                f"--set: {part!r} is not a key or key[index] (as in model.layers[3].repeat)",
+                field=field,
+                source=source,
+            )
+        steps.append(match.group(1))
+        steps += [int(index) for index in re.findall(r"-?\d+", match.group(2))]
+    return steps
+
+
+def _shown(steps: list[str | int]) -> str:
+    """Steps back as the field they spell."""
+    return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in steps).lstrip(".")
+
+
+def _step_into(node: Any, step: str | int, next_step: str | int, walked: str, source: str | None) -> Any:
+    """The table or list at ``step`` of ``node``, creating a missing table on the way."""
+    if isinstance(step, str):
+        if step not in node and isinstance(next_step, int):
+            raise PlanError("no such list in the plan", field=walked, source=source)
+        child = node.setdefault(step, {})
+    else:
+        child = node[_index(node, step, walked, source)]
+    wanted, what = (dict, "a table") if isinstance(next_step, str) else (list, "a list")
+    if not isinstance(child, wanted):
+        raise PlanError(f"is not {what}", field=walked, source=source)
+    return child
+
+
+def _assign(node: Any, step: str | int, value: Any, field: str, source: str | None) -> None:
+    if isinstance(step, str):
+        node[step] = value
+    else:
+        node[_index(node, step, field, source)] = value
+
+
+def _index(items: list[Any], index: int, field: str, source: str | None) -> int:
+    if not -len(items) <= index < len(items):
+        raise PlanError(f"no such entry: the list has {len(items)}", field=field, source=source)
+    return index % len(items)
 
 
 def _parse_value(text: str) -> Any:

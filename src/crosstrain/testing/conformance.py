@@ -9,7 +9,8 @@ every check on it (Keras 3 runs its one suite once per backend the same way)::
         backend = "mine"
 
 Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of every kind
-(:mod:`crosstrain.testing.plans`): world N trains like world 1 (batch norm, dropout,
+(:mod:`crosstrain.testing.plans`, and the model zoo's ResNet-50, MobileNetV2 and U-Net scaled
+down: :mod:`crosstrain.testing.zoo`): world N trains like world 1 (batch norm, dropout,
 per-token loss), eval counts every row once, data placed on the device trains bit for bit
 as data gathered on the host, a compiled step and accumulated micro-batches train like
 the plain step, fp64 trains like fp32 in float64, the README's digits example reaches
@@ -50,6 +51,7 @@ from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.launches import (
+    PLAN_SETTINGS,
     PLANS,
     STEPS,
     RunCache,
@@ -132,9 +134,8 @@ def spoken_plans(backend: str, directory: Path) -> list[str]:
     spoken = []
     for name in PLANS:
         try:
-            check_plan_vocabulary(
-                load_plan(write_plan(directory / name, name)), strategy.vocabulary(), backend
-            )
+            plan = load_plan(write_plan(directory / name, name), PLAN_SETTINGS.get(name, ()))
+            check_plan_vocabulary(plan, strategy.vocabulary(), backend)
         except PlanError:
             continue
         spoken.append(name)
@@ -404,7 +405,7 @@ class BackendConformance(SharesRuns):
         missing = missing_names(strategy.vocabulary())
         unspoken = [name for name in PLANS if name not in spoken_plans(self.backend, tmp_path / "check")]
         cases: list[tuple[Path, tuple[str, ...]]] = [
-            (write_plan(tmp_path / name, name), ()) for name in unspoken
+            (write_plan(tmp_path / name, name), PLAN_SETTINGS.get(name, ())) for name in unspoken
         ]
         mlp = write_plan(tmp_path / "mlp", "dropout_mlp")
         cases += [(mlp, (f"optimizer.name='{name}'",)) for name in missing.get("optimizers", [])[:1]]

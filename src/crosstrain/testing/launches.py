@@ -26,6 +26,7 @@ from crosstrain.testing.plans import (
     write_multilabel_data,
     write_tokens,
 )
+from crosstrain.testing.zoo import ZOO
 
 PLANS = {
     "dropout_mlp": DROPOUT_MLP_PLAN,
@@ -34,7 +35,11 @@ PLANS = {
     "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
     "llama": LLAMA_PLAN,  # rotary grouped-query attention, tied output, decay on kernels only
+    # the model zoo (examples/zoo: ResNet-50, MobileNetV2, U-Net), each run scaled down
+    **{name: model.text for name, model in ZOO.items()},
 }
+#: the ``--set`` settings every run of a plan starts with: the zoo's small versions
+PLAN_SETTINGS: dict[str, tuple[str, ...]] = {name: model.small for name, model in ZOO.items()}
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: plans of one feature each, trained only by the tests that name them (not every backend's
@@ -66,8 +71,9 @@ def run_cli(
 
 
 def write_plan(directory: Path, name: str) -> Path:
-    """One of :data:`PLANS`, :data:`EXAMPLE_PLANS` or :data:`FEATURE_PLANS` in ``directory``
-    (with the data files it reads)."""
+    """One of :data:`PLANS`, :data:`EXAMPLE_PLANS` or :data:`FEATURE_PLANS` in ``directory``,
+    with the data it reads (the GPT's tokens, the zoo's arrays); a run of a zoo plan starts
+    with its :data:`PLAN_SETTINGS`."""
     directory.mkdir(parents=True, exist_ok=True)
     if name == "gpt":
         write_tokens(str(directory / "tokens.npy"))
@@ -75,6 +81,8 @@ def write_plan(directory: Path, name: str) -> Path:
         write_images(str(directory))
     if name == "multilabel":
         write_multilabel_data(str(directory / "multilabel.npz"))
+    if name in ZOO:
+        ZOO[name].write_data(directory)
     path = directory / f"{name}.toml"
     path.write_text({**PLANS, **EXAMPLE_PLANS, **FEATURE_PLANS}[name])
     return path
@@ -135,7 +143,8 @@ class RunCache:
         if key not in self.runs:
             directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
             path = write_plan(directory, plan)
-            arguments = [item for setting in settings for item in ("--set", setting)]
+            given = (*PLAN_SETTINGS.get(plan, ()), *settings)
+            arguments = [item for setting in given for item in ("--set", setting)]
             self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, *flags)
         return self.runs[key]
 
