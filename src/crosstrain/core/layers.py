@@ -285,10 +285,16 @@ def _show(sizes: Shape) -> str:
 
 @attrs.frozen
 class _Pool2D(Layer):
-    """Pooling on NHWC input, 'valid' padding; strides default to the pool size."""
+    """Pooling on NHWC input; strides default to the pool size. ``padding = "same"`` pads as
+    TensorFlow does (:func:`same_padding`), and a window reads only the real cells it covers:
+    max ignores the padding, avg divides by the count of real cells (:meth:`real_counts`)."""
 
+    later_fields: ClassVar[tuple[str, ...]] = ("padding",)
     pool_size: int = attrs.field(default=2, validator=_positive)
     strides: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    padding: Literal["valid", "same"] = attrs.field(
+        default="valid", validator=attrs.validators.in_(("valid", "same"))
+    )
 
     @property
     def effective_strides(self) -> int:
@@ -297,11 +303,31 @@ class _Pool2D(Layer):
     def output_shape(self, input_shape: Shape) -> Shape:
         _expect_image(self, input_shape)
         height, width, channels = input_shape
-        out_h = _window_output(height, self.pool_size, self.effective_strides, "valid")
-        out_w = _window_output(width, self.pool_size, self.effective_strides, "valid")
+        out_h = _window_output(height, self.pool_size, self.effective_strides, self.padding)
+        out_w = _window_output(width, self.pool_size, self.effective_strides, self.padding)
         if out_h <= 0 or out_w <= 0:
             raise ValueError(f"pool {self.pool_size} does not fit input shape {list(input_shape)}")
         return (out_h, out_w, channels)
+
+    def paddings(self, input_shape: Shape) -> tuple[Pair, Pair]:
+        """((top, bottom), (left, right)) of an NHWC input: zeros for 'valid'."""
+        if self.padding == "valid":
+            return ((0, 0), (0, 0))
+        height, width = input_shape[:2]
+        return (
+            same_padding(height, self.pool_size, self.effective_strides),
+            same_padding(width, self.pool_size, self.effective_strides),
+        )
+
+    def real_counts(self, input_shape: Shape) -> np.ndarray:
+        """float32 [out_h, out_w]: how many real (not padding) cells each window covers."""
+        counts = []
+        for axis, pads in enumerate(self.paddings(input_shape)):
+            size, stride = input_shape[axis], self.effective_strides
+            starts = np.arange(_window_output(size, self.pool_size, stride, self.padding)) * stride - pads[0]
+            ends = starts + self.pool_size
+            counts.append(np.minimum(ends, size) - np.maximum(starts, 0))
+        return np.outer(counts[0], counts[1]).astype(np.float32)
 
 
 @attrs.frozen
@@ -738,10 +764,19 @@ def split_activation(layer: Layer) -> tuple[Layer, Layer | None]:
 @attrs.frozen
 class Dropout(Layer):
     """Dropout whose masks come from crosstrain's counter-based hash
-    (:mod:`crosstrain.core.dropout`), so every backend and world size drops the same units."""
+    (:mod:`crosstrain.core.dropout`), so every backend and world size drops the same units.
+
+    ``per_row = true`` keeps or drops each row's whole input at once (stochastic depth, Keras's
+    ``Dropout(noise_shape=(None, 1, ...))``): the row's one hash is its unit 0's."""
 
     type: ClassVar[str] = "dropout"
+    later_fields: ClassVar[tuple[str, ...]] = ("per_row",)
     rate: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+    per_row: bool = False
+
+    def mask_units(self, input_shape: Shape) -> int:
+        """How many units of a row the mask draws (one per row, or one per value)."""
+        return 1 if self.per_row else math.prod(input_shape)
 
 
 # --------------------------------------------------------------------------- normalisation

@@ -637,12 +637,12 @@ def _conv2d_transpose(call: Call) -> Conversion:
 def _pool(kind: type[MaxPool2D] | type[AvgPool2D]) -> Callable[[Call], Conversion]:
     def convert(call: Call) -> Conversion:
         _channels_last(call)
-        call.option("padding", "valid", "a plan's pools are 'valid' (no padding)")
         size = tuple(call.config["pool_size"])
         strides = tuple(call.config["strides"] or size)
         if len(set(size)) != 1 or len(set(strides)) != 1:
             raise call.refuse(f"pool_size={size} strides={strides}: a plan's pools are square")
-        return (Piece(kind(pool_size=size[0], strides=None if strides == size else strides[0])),)
+        stride = None if strides == size else strides[0]
+        return (Piece(kind(pool_size=size[0], strides=stride, padding=call.config["padding"])),)
 
     return convert
 
@@ -705,12 +705,17 @@ def _normalization(call: Call) -> Conversion:
 
 
 def _dropout(call: Call) -> Conversion:
-    if call.config.get("noise_shape") is not None:
-        raise call.refuse(
-            f"noise_shape={call.config['noise_shape']!r}: the plan's dropout drops single values, "
-            f"not whole rows or channels"
-        )
-    return (Piece(Dropout(rate=float(call.config["rate"]))),)
+    noise_shape = call.config.get("noise_shape")
+    rate = float(call.config["rate"])
+    if noise_shape is None:
+        return (Piece(Dropout(rate=rate)),)
+    noise_shape = tuple(noise_shape)
+    if noise_shape[:1] == (None,) and all(size == 1 for size in noise_shape[1:]):
+        return (Piece(Dropout(rate=rate, per_row=True)),)  # stochastic depth: whole rows
+    raise call.refuse(
+        f"noise_shape={call.config['noise_shape']!r}: the plan's dropout drops single values "
+        f"or whole rows (noise_shape=(None, 1, ...)), not whole channels"
+    )
 
 
 # --------------------------------------------------------------------------- normalisation and sequences

@@ -186,6 +186,13 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
             Dense(units=4, activation="sigmoid"),
         ),
     ),
+    # stochastic depth: each row of an NCHW image kept or dropped whole (rate 0.5: 5 rows at
+    # step 7 keep some and drop some)
+    "dropout_per_row": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Dropout(rate=0.5, per_row=True))),
+    # TensorFlow's 'same' on pools: pads (1, 1) on height and (0, 1) on width; max never
+    # takes the padding, avg divides by the real cells a window covers
+    "maxpool2d_same": ((7, 6, 3), (MaxPool2D(pool_size=3, strides=2, padding="same"),)),
+    "avgpool2d_same": ((7, 6, 3), (AvgPool2D(pool_size=3, strides=2, padding="same"),)),
     "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
     "conv1d_dilated_activation": (
         (10, 3),

@@ -236,33 +236,40 @@ def _conv2d(node: Node) -> Apply:
 # --------------------------------------------------------------------------- pooling, reshaping
 
 
-def _window(layer: MaxPool2D | AvgPool2D) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """NHWC reduce_window's window and strides: the pool slides over height and width only."""
+def _window(node: Node, layer: MaxPool2D | AvgPool2D) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                                 list[tuple[int, int]]]:
+    """NHWC reduce_window's window, strides and padding: the pool slides over height and
+    width only; 'same' pads as TensorFlow (the extra row or column after)."""
     size, stride = layer.pool_size, layer.effective_strides
-    return (1, size, size, 1), (1, stride, stride, 1)
+    (top, bottom), (left, right) = layer.paddings(node.input_shape)
+    padding = [(0, 0), (top, bottom), (left, right), (0, 0)]
+    return (1, size, size, 1), (1, stride, stride, 1), padding
 
 
 def _maxpool2d(node: Node) -> Apply:
-    window, strides = _window(_layer(node, MaxPool2D))
+    window, strides, padding = _window(node, _layer(node, MaxPool2D))
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        # padded with the init value -inf: padding never wins
         pooled: jax.Array = lax.reduce_window(_single(inputs), -jnp.inf, lax.max, window,
-                                              strides, "VALID")
+                                              strides, padding)
         return pooled
 
     return apply
 
 
 def _avgpool2d(node: Node) -> Apply:
-    window, strides = _window(_layer(node, AvgPool2D))
-    count = math.prod(window)
+    layer = _layer(node, AvgPool2D)
+    window, strides, padding = _window(node, layer)
+    # the real cells each window covers ('valid': the window's size everywhere)
+    counts = layer.real_counts(node.input_shape)[None, :, :, None]
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
         # a concrete (numpy) zero: only then does jax see a sum it can differentiate
         summed: jax.Array = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, window,
-                                              strides, "VALID")
-        return summed / count  # the window's sum, then one division (as torch)
+                                              strides, padding)
+        return summed / counts.astype(x.dtype)  # the window's sum, then one division (as torch)
 
     return apply
 
@@ -468,8 +475,8 @@ def keep_mask(
 
 
 def _dropout(node: Node) -> Apply:
-    rate = _layer(node, Dropout).rate
-    features = math.prod(node.input_shape)
+    layer = _layer(node, Dropout)
+    rate, features = layer.rate, layer.mask_units(node.input_shape)
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
@@ -477,7 +484,8 @@ def _dropout(node: Node) -> Apply:
             return x
         keep = keep_mask(env.seed, env.train.step, node.index, env.train.rows, features, rate)
         # (x * keep) * (1 / (1 - rate)), in that order, as the spec rounds it
-        return (x * keep.reshape(x.shape).astype(x.dtype)) * (1.0 / (1.0 - rate))
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1) if layer.per_row else x.shape
+        return (x * keep.reshape(shape).astype(x.dtype)) * (1.0 / (1.0 - rate))
 
     return apply
 

@@ -199,9 +199,11 @@ class HashDropout(ContextLayer):
     """Dropout whose mask hashes (seed, step, node index, global row, feature): the same
     units drop in every framework and at every world size, with no generator state."""
 
-    def __init__(self, rate: float, seed: int, layer_index: int, **kwargs: Any) -> None:
+    def __init__(
+        self, rate: float, seed: int, layer_index: int, per_row: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        self.rate, self.seed, self.layer_index = rate, seed, layer_index
+        self.rate, self.seed, self.layer_index, self.per_row = rate, seed, layer_index, per_row
 
     def call(
         self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
@@ -210,9 +212,11 @@ class HashDropout(ContextLayer):
             return inputs
         rows = tf.range(tf.shape(inputs)[0], dtype=tf.int64) if rows is None else rows
         step = tf.zeros((), tf.int64) if step is None else step
-        features = math.prod(inputs.shape[1:])
+        # per row: one unit a row, broadcast over the row's values
+        features = 1 if self.per_row else math.prod(inputs.shape[1:])
         keep = keep_mask(self.seed, step, self.layer_index, rows, features, self.rate)
-        keep = tf.cast(tf.reshape(keep, tf.shape(inputs)), inputs.dtype)
+        shape = [-1] + [1] * (len(inputs.shape) - 1) if self.per_row else tf.shape(inputs)
+        keep = tf.cast(tf.reshape(keep, shape), inputs.dtype)
         return (inputs * keep) * (1.0 / (1.0 - self.rate))
 
 
@@ -461,13 +465,13 @@ def _conv2d(layer: Conv2D, node: Node, options: NodeOptions) -> keras.layers.Lay
 
 def _max_pool(layer: MaxPool2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
     return keras.layers.MaxPooling2D(
-        layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
+        layer.pool_size, strides=layer.effective_strides, padding=layer.padding, **_named(node, options)
     )
 
 
 def _avg_pool(layer: AvgPool2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
     return keras.layers.AveragePooling2D(
-        layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
+        layer.pool_size, strides=layer.effective_strides, padding=layer.padding, **_named(node, options)
     )
 
 
@@ -544,7 +548,7 @@ def _stock_batch_norm(layer: BatchNorm, node: Node) -> keras.layers.Layer:
 
 
 def _dropout(layer: Dropout, node: Node, options: NodeOptions) -> keras.layers.Layer:
-    return HashDropout(layer.rate, options.seed, node.index, **_named(node, options))
+    return HashDropout(layer.rate, options.seed, node.index, layer.per_row, **_named(node, options))
 
 
 def _stock_dropout(layer: Dropout, node: Node) -> keras.layers.Layer:

@@ -166,15 +166,31 @@ class ConvNode(NodeModule):
 
 
 class PoolNode(NodeModule):
-    """Reads and writes NCHW (``Order.CHANNELS_FIRST``)."""
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``). ``same`` padding is explicit (its
+    extra row or column after, which torch's symmetric ``padding`` cannot place): -inf for
+    max, so padding never wins; zeros for avg, whose window sum is divided by the count of
+    real cells (as TensorFlow), not by the window's size."""
+
+    real_counts: torch.Tensor
 
     def __init__(self, layer: MaxPool2D | AvgPool2D, node: Node, channels_first: bool) -> None:
         super().__init__()
-        self.pool = F.max_pool2d if isinstance(layer, MaxPool2D) else F.avg_pool2d
+        self.is_max = isinstance(layer, MaxPool2D)
         self.size, self.stride = layer.pool_size, layer.effective_strides
+        (top, bottom), (left, right) = layer.paddings(node.input_shape)
+        self.pads = (left, right, top, bottom) if layer.padding == "same" else None
+        counts = torch.from_numpy(layer.real_counts(node.input_shape))
+        self.register_buffer("real_counts", counts, persistent=False)
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        return self.pool(inputs[0], self.size, self.stride)
+        x = inputs[0]
+        if self.pads is None:
+            pool = F.max_pool2d if self.is_max else F.avg_pool2d
+            return pool(x, self.size, self.stride)
+        if self.is_max:
+            return F.max_pool2d(F.pad(x, self.pads, value=-math.inf), self.size, self.stride)
+        summed = F.avg_pool2d(F.pad(x, self.pads), self.size, self.stride, divisor_override=1)
+        return summed / self.real_counts.to(summed.dtype)
 
 
 class Conv1DNode(NodeModule):
@@ -426,8 +442,9 @@ class DropoutNode(NodeModule):
     def __init__(self, layer: Dropout, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.rate, self.layer_index = layer.rate, node.index
-        self.features = math.prod(node.input_shape)
-        self.channels_first = channels_first
+        self.features = layer.mask_units(node.input_shape)
+        self.per_row = layer.per_row
+        self.channels_first = channels_first and not layer.per_row  # one unit a row has no order
         self.neutral_shape = node.input_shape
 
     # eager under torch.compile, as keep_mask is (below): traced, the frame would be guarded
@@ -445,7 +462,8 @@ class DropoutNode(NodeModule):
         keep: torch.Tensor = keep_mask(
             context.seed, context.step, self.layer_index, context.rows, self.features, self.rate, units
         )
-        return (x * keep.reshape(x.shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1) if self.per_row else x.shape
+        return (x * keep.reshape(shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
 
 
 def _mix(value: Any) -> Any:
