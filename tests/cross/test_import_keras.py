@@ -142,8 +142,9 @@ def test_a_transformer_encoder_imports_with_its_forward(tmp_path: Path) -> None:
 def every_other_converter() -> Any:
     """The converters the models above leave out, in one small model: rescaling and a
     normalisation, separable, transposed, depthwise (with a multiplier) and 1-D
-    convolutions, pools with strides and 'same' padding, bilinear upsampling, a softmax inside the model,
-    hard_sigmoid, ops on tensors (``x - 0.25``), reshape, permute, merges, identity."""
+    convolutions, pools with strides and 'same' padding, batch norms without scale or
+    offset, bilinear upsampling, a softmax inside the model, hard_sigmoid, ops on tensors
+    (``x - 0.25``), reshape, permute, merges, identity."""
     layers = keras.layers
     pixels = keras.Input((12, 12, 3), name="pixels")
     x = layers.Rescaling(0.25, offset=0.5, name="rescale")(pixels)
@@ -159,6 +160,9 @@ def every_other_converter() -> Any:
     # 'same' pools (Xception's, NASNet's): max over real cells, avg divided by their count
     x = layers.MaxPooling2D(3, strides=1, padding="same", name="max_same")(x)
     x = layers.AveragePooling2D(2, strides=1, padding="same", name="avg_same")(x)
+    # InceptionV3's batch norm: no scale (and one with no offset)
+    x = layers.BatchNormalization(scale=False, name="bn_unscaled")(x)
+    x = layers.BatchNormalization(center=False, name="bn_uncentered")(x)
     x = layers.ZeroPadding2D(((1, 0), (0, 1)), name="pad")(x - 0.25)
     x = layers.Conv2D(8, 2, dilation_rate=2, activation="tanh", name="dilated")(x)
     capped = layers.ReLU(max_value=6.0, name="capped")(x)
@@ -186,6 +190,7 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
     names = [layer.name for layer in written]
     assert names[names.index("norm") + 1] == "drop"  # identity passes its input through
     assert "same" not in names
+    assert (layers["bn_unscaled"].scale, layers["bn_uncentered"].center) == (False, False)
 
 
 def test_a_dropout_of_whole_channels_is_refused() -> None:

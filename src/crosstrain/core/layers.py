@@ -801,11 +801,16 @@ class BatchNorm(Layer):
 
     Training uses the batch's mean and biased variance; the running statistics move as
     ``running = momentum * running + (1 - momentum) * batch`` (the unbiased variance, as
-    torch), and evaluation uses them. ``momentum``/``epsilon`` are crosstrain's defaults."""
+    torch), and evaluation uses them. ``momentum``/``epsilon`` are crosstrain's defaults.
+    ``scale = false`` / ``center = false`` (Keras's options) leave out the ``scale`` /
+    ``offset`` weight and its multiply / add."""
 
     type: ClassVar[str] = "batchnorm"
+    later_fields: ClassVar[tuple[str, ...]] = ("scale", "center")
     momentum: float = attrs.field(default=0.9, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
     epsilon: float = attrs.field(default=1e-5, validator=attrs.validators.gt(0.0))
+    scale: bool = True
+    center: bool = True
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if not input_shape:
@@ -814,12 +819,17 @@ class BatchNorm(Layer):
 
     def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         features = (input_shape[-1],)
+        affine = {"scale": WeightSpec(features, "ones"), "offset": WeightSpec(features, "zeros")}
         return {
-            "scale": WeightSpec(features, "ones"),
-            "offset": WeightSpec(features, "zeros"),
+            **{name: spec for name, spec in affine.items() if self.affine[name]},
             "moving_mean": WeightSpec(features, "zeros", trainable=False),
             "moving_variance": WeightSpec(features, "ones", trainable=False),
         }
+
+    @property
+    def affine(self) -> dict[str, bool]:
+        """Which of the ``scale`` and ``offset`` weights this norm has."""
+        return {"scale": self.scale, "offset": self.center}
 
 
 # --------------------------------------------------------------------------- sequences

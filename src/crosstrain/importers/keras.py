@@ -723,17 +723,19 @@ def _dropout(call: Call) -> Conversion:
 
 def _batchnorm(call: Call) -> Conversion:
     _last_axis(call)
-    for key in ("center", "scale"):
-        call.option(key, True, "the plan's batchnorm trains both its scale and offset")
     call.option("renorm", False, "the plan's batchnorm has no batch renormalization")
     layer = call.operation
-    weights = {
-        "scale": _array(layer.gamma),
-        "offset": _array(layer.beta),
-        "moving_mean": _array(layer.moving_mean),
-        "moving_variance": _array(layer.moving_variance),
-    }
-    norm = BatchNorm(momentum=float(call.config["momentum"]), epsilon=float(call.config["epsilon"]))
+    norm = BatchNorm(
+        momentum=float(call.config["momentum"]),
+        epsilon=float(call.config["epsilon"]),
+        scale=bool(call.config["scale"]),
+        center=bool(call.config["center"]),
+    )
+    weights = {"moving_mean": _array(layer.moving_mean), "moving_variance": _array(layer.moving_variance)}
+    if norm.scale:
+        weights["scale"] = _array(layer.gamma)
+    if norm.center:
+        weights["offset"] = _array(layer.beta)
     return (Piece(norm, weights),)
 
 

@@ -193,6 +193,11 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     # takes the padding, avg divides by the real cells a window covers
     "maxpool2d_same": ((7, 6, 3), (MaxPool2D(pool_size=3, strides=2, padding="same"),)),
     "avgpool2d_same": ((7, 6, 3), (AvgPool2D(pool_size=3, strides=2, padding="same"),)),
+    # Keras's scale=False (InceptionV3's) and center=False: no scale or offset weight
+    "batchnorm_unscaled_uncentered": (
+        (4, 4, 3),
+        (BatchNorm(momentum=0.7, scale=False), BatchNorm(center=False)),
+    ),
     "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
     "conv1d_dilated_activation": (
         (10, 3),

@@ -549,7 +549,9 @@ def _batchnorm(node: Node) -> Apply:
             env.updates[names["moving_variance"]] = moved(
                 env.weights[names["moving_variance"]], unbiased, n)
         normed = (x32 - mean) / jnp.sqrt(variance + layer.epsilon)
-        y = normed * env.weights[names["scale"]] + env.weights[names["offset"]]
+        # scale and offset absent under Keras's scale=False / center=False
+        y = normed * env.weights[names["scale"]] if layer.scale else normed
+        y = y + env.weights[names["offset"]] if layer.center else y
         return y.astype(x.dtype)
 
     return apply

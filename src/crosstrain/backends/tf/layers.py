@@ -109,14 +109,22 @@ class NeutralBatchNorm(ContextLayer):
     replica computes the same global statistics; ``ONLY_FIRST_REPLICA`` makes each update
     write replica 0's value to every copy, so the copies stay identical bit for bit."""
 
-    def __init__(self, momentum: float, epsilon: float, **kwargs: Any) -> None:
+    def __init__(
+        self, momentum: float, epsilon: float, scale: bool = True, center: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.momentum, self.epsilon = momentum, epsilon
+        self.has_scale, self.has_offset = scale, center
 
     def build(self, input_shape: tuple[int | None, ...]) -> None:
         features = (int(input_shape[-1]),)  # type: ignore[arg-type]
-        self.scale = self.add_weight(shape=features, initializer="ones", name="scale")
-        self.offset = self.add_weight(shape=features, initializer="zeros", name="offset")
+        # absent under Keras's scale=False / center=False
+        self.scale = (
+            self.add_weight(shape=features, initializer="ones", name="scale") if self.has_scale else None
+        )
+        self.offset = (
+            self.add_weight(shape=features, initializer="zeros", name="offset") if self.has_offset else None
+        )
         self.moving_mean = self._statistic(features, "zeros", "moving_mean")
         self.moving_variance = self._statistic(features, "ones", "moving_variance")
 
@@ -138,7 +146,12 @@ class NeutralBatchNorm(ContextLayer):
             mean, variance = self._batch_statistics(x, weight)
         else:
             mean, variance = self.moving_mean, self.moving_variance
-        return (x - mean) / tf.sqrt(variance + self.epsilon) * self.scale + self.offset
+        y = (x - mean) / tf.sqrt(variance + self.epsilon)
+        if self.scale is not None:
+            y = y * self.scale
+        if self.offset is not None:
+            y = y + self.offset
+        return y
 
     def _batch_statistics(self, x: Any, weight: Any) -> tuple[Any, Any]:
         """Two all-reduced passes over the real rows: the mean, then the biased variance."""
@@ -538,12 +551,19 @@ def _stock_mean(layer: Mean, node: Node) -> keras.layers.Layer:
 def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.layers.Layer:
     # the spec computes batch norm in fp32 whatever the precision (fp64: in float64)
     full = keras.DTypePolicy(options.policy).variable_dtype
-    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype=full)
+    return NeutralBatchNorm(
+        layer.momentum, layer.epsilon, layer.scale, layer.center, name=node.path, dtype=full
+    )
 
 
 def _stock_batch_norm(layer: BatchNorm, node: Node) -> keras.layers.Layer:
     return keras.layers.BatchNormalization(
-        axis=-1, momentum=layer.momentum, epsilon=layer.epsilon, **_named(node, EXPORTED)
+        axis=-1,
+        momentum=layer.momentum,
+        epsilon=layer.epsilon,
+        scale=layer.scale,
+        center=layer.center,
+        **_named(node, EXPORTED),
     )
 
 

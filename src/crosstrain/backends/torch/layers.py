@@ -365,22 +365,28 @@ class BatchNormNode(NodeModule):
         self.per_feature = (features, *[1] * (rank - 1 - channel))
         #: values per feature in one row (its positions: height x width for an image)
         self.positions = math.prod(node.input_shape[:-1])
-        self.scale = nn.Parameter(torch.ones(features))
-        self.offset = nn.Parameter(torch.zeros(features))
+        # absent under Keras's scale=False / center=False
+        self.scale = nn.Parameter(torch.ones(features)) if layer.scale else None
+        self.offset = nn.Parameter(torch.zeros(features)) if layer.center else None
         self.moving_mean: torch.Tensor
         self.moving_variance: torch.Tensor
         self.register_buffer("moving_mean", torch.zeros(features))
         self.register_buffer("moving_variance", torch.ones(features))
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        x = inputs[0].to(self.scale.dtype)  # the weights' dtype: float32 under autocast, or float64
+        x = inputs[0].to(self.moving_mean.dtype)  # the weights': float32 under autocast, or float64
         if not self.training:
             mean, variance = self.moving_mean, self.moving_variance
         else:
             mean, variance = self._batch_statistics(x, context)
         shape = self.per_feature
         inverse = torch.rsqrt(variance + self.epsilon).reshape(shape)
-        return (x - mean.reshape(shape)) * inverse * self.scale.reshape(shape) + self.offset.reshape(shape)
+        y = (x - mean.reshape(shape)) * inverse
+        if self.scale is not None:
+            y = y * self.scale.reshape(shape)
+        if self.offset is not None:
+            y = y + self.offset.reshape(shape)
+        return y
 
     def _batch_statistics(
         self, x: torch.Tensor, context: ForwardContext
