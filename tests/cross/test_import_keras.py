@@ -140,8 +140,8 @@ def test_a_transformer_encoder_imports_with_its_forward(tmp_path: Path) -> None:
 
 
 def every_other_converter() -> Any:
-    """The converters the models above leave out, in one small model: rescaling and a
-    normalisation, separable, transposed, depthwise (with a multiplier) and 1-D
+    """The converters the models above leave out, in one small model: rescalings and
+    normalisations (one value, per channel), separable, transposed, depthwise (with a multiplier) and 1-D
     convolutions, pools with strides and 'same' padding, batch norms without scale or
     offset, bilinear upsampling, a softmax inside the model, hard_sigmoid, ops on tensors
     (``x - 0.25``), reshape, permute, merges, identity."""
@@ -149,6 +149,10 @@ def every_other_converter() -> Any:
     pixels = keras.Input((12, 12, 3), name="pixels")
     x = layers.Rescaling(0.25, offset=0.5, name="rescale")(pixels)
     x = layers.Normalization(mean=0.2, variance=2.0, name="normalize")(x)
+    # per channel (EfficientNetV2's and ConvNeXt's ImageNet statistics): a rescale of vectors
+    imagenet = {"mean": [0.485, 0.456, 0.406], "variance": [0.052, 0.050, 0.051]}
+    x = layers.Normalization(**imagenet, name="normalize_channels")(x)
+    x = layers.Rescaling([1.0, 0.5, 2.0], offset=0.1, name="rescale_channels")(x)
     x = layers.SeparableConv2D(6, 3, padding="same", depth_multiplier=2, activation="relu", name="sep")(x)
     x = layers.Conv2DTranspose(4, 3, strides=2, padding="same", name="up_conv")(x)
     x = layers.AveragePooling2D(3, strides=2, name="avg")(x)
@@ -191,6 +195,7 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
     assert names[names.index("norm") + 1] == "drop"  # identity passes its input through
     assert "same" not in names
     assert (layers["bn_unscaled"].scale, layers["bn_uncentered"].center) == (False, False)
+    assert len(layers["normalize_channels"].scale) == 3 and layers["rescale_channels"].offset == 0.1
 
 
 def test_a_dropout_of_whole_channels_is_refused() -> None:

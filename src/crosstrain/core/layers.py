@@ -691,13 +691,37 @@ class Mean(Layer):
         return tuple(size for axis, size in enumerate(input_shape) if axis not in axes)
 
 
+def as_scalar_or_vector(value: float | Sequence[float]) -> float | tuple[float, ...]:
+    """A number as a float, a list as a tuple of floats."""
+    if isinstance(value, Sequence):
+        return tuple(float(item) for item in value)
+    return float(value)
+
+
 @attrs.frozen
 class Rescale(Layer):
-    """Keras's Rescaling: ``x * scale + offset``, the product rounded first."""
+    """Keras's Rescaling: ``x * scale + offset``, the product rounded first. ``scale`` and
+    ``offset`` are each a number, or a list of one per channel of the last axis (a per-channel
+    normalisation: Keras's Normalization as ``scale = 1 / std``, ``offset = -mean / std``)."""
 
     type: ClassVar[str] = "rescale"
-    scale: float
-    offset: float = 0.0
+    scale: float | tuple[float, ...] = attrs.field(converter=as_scalar_or_vector)
+    offset: float | tuple[float, ...] = attrs.field(default=0.0, converter=as_scalar_or_vector)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        for name in ("scale", "offset"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and (not input_shape or len(value) != input_shape[-1]):
+                raise ValueError(
+                    f"{name} has {len(value)} values; the input's last axis has "
+                    f"{input_shape[-1] if input_shape else 'none'}"
+                )
+        return input_shape
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether scale or offset is a vector over the last axis."""
+        return isinstance(self.scale, tuple) or isinstance(self.offset, tuple)
 
 
 # --------------------------------------------------------------------------- activations

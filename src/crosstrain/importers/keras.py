@@ -17,7 +17,6 @@ is left out, with a note; the plan's outputs are the Keras model's before that s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -684,24 +683,28 @@ def _upsample(call: Call) -> Conversion:
 
 def _rescaling(call: Call) -> Conversion:
     scale, offset = call.config["scale"], call.config["offset"]
-    if isinstance(scale, list | tuple) or isinstance(offset, list | tuple):
-        raise call.refuse(f"scale={scale!r} offset={offset!r}: the plan's rescale takes one scale and offset")
-    return (Piece(Rescale(scale=float(scale), offset=float(offset))),)
+    return (Piece(Rescale(scale=_number_or_channels(scale), offset=_number_or_channels(offset))),)
+
+
+def _number_or_channels(value: Any) -> float | tuple[float, ...]:
+    """A number, or one per channel (a vector of one repeated value is that value)."""
+    values = np.asarray(value, np.float64).ravel()
+    if not np.ptp(values):
+        return float(values[0])
+    return tuple(float(item) for item in values)
 
 
 def _normalization(call: Call) -> Conversion:
-    """``(x - mean) / max(sqrt(variance), eps)`` with one mean and variance for every
-    channel: a rescale (the plan has no per-channel constant)."""
+    """``(x - mean) / max(sqrt(variance), eps)``, one mean and variance for every channel or
+    one per channel of the last axis: a rescale by ``1 / std``, offset ``-mean / std``."""
     call.option("invert", False, "the plan has no inverse normalization")
     mean = np.asarray(keras.ops.convert_to_numpy(call.operation.mean), np.float64).ravel()
     variance = np.asarray(keras.ops.convert_to_numpy(call.operation.variance), np.float64).ravel()
     if np.ptp(mean) or np.ptp(variance):
-        raise call.refuse(
-            f"mean={mean.tolist()} variance={variance.tolist()} per channel: the plan's rescale takes one "
-            f"scale and offset (data.mean and data.std normalise per channel)"
-        )
-    scale = 1.0 / max(math.sqrt(variance[0]), keras.config.epsilon())
-    return (Piece(Rescale(scale=scale, offset=-mean[0] * scale + 0.0)),)
+        _last_axis(call)  # per channel: of the last axis, as the plan's rescale
+    scale = 1.0 / np.maximum(np.sqrt(variance), keras.config.epsilon())
+    offset = -mean * scale + 0.0
+    return (Piece(Rescale(scale=_number_or_channels(scale), offset=_number_or_channels(offset))),)
 
 
 def _dropout(call: Call) -> Conversion:

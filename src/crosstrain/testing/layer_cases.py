@@ -198,6 +198,14 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
         (4, 4, 3),
         (BatchNorm(momentum=0.7, scale=False), BatchNorm(center=False)),
     ),
+    # Keras's per-channel Normalization (EfficientNetV2's, ConvNeXt's) on an NCHW image
+    "rescale_per_channel": (
+        (4, 3, 5),
+        (
+            Conv2D(filters=4, kernel_size=1),
+            Rescale(scale=(0.5, 2.0, -1.0, 3.0), offset=(0.1, -0.2, 0.3, 0.0)),
+        ),
+    ),
     "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
     "conv1d_dilated_activation": (
         (10, 3),

@@ -415,7 +415,11 @@ def _mean(node: Node) -> Apply:
 
 def _rescale(node: Node) -> Apply:
     layer = _layer(node, Rescale)
-    return _elementwise(lambda x: x * layer.scale + layer.offset)(node)
+    # a vector (per channel of the last axis) in the input's dtype, as Keras casts it
+    scale, offset = np.asarray(layer.scale, np.float32), np.asarray(layer.offset, np.float32)
+    if not layer.per_channel:
+        return _elementwise(lambda x: x * layer.scale + layer.offset)(node)
+    return _elementwise(lambda x: x * scale.astype(x.dtype) + offset.astype(x.dtype))(node)
 
 
 # --------------------------------------------------------------------------- activations

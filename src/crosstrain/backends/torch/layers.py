@@ -280,7 +280,28 @@ def _softmax(layer: Softmax, node: Node, channels_first: bool) -> NodeModule:
 
 def _rescale(layer: Rescale, node: Node, channels_first: bool) -> NodeModule:
     scale, offset = layer.scale, layer.offset
+    if isinstance(scale, tuple) or isinstance(offset, tuple):
+        return PerChannelRescaleNode(layer, channels_first)
     return _Unary(lambda x: x * scale + offset)
+
+
+class PerChannelRescaleNode(NodeModule):
+    """``x * scale + offset`` with vectors over the channels (axis 1 of an NCHW image), cast
+    to the input's dtype first, as Keras's Rescaling casts them to its compute dtype."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor
+
+    def __init__(self, layer: Rescale, channels_first: bool) -> None:
+        super().__init__()
+        shape = (-1, 1, 1) if channels_first else (-1,)
+        for name in ("scale", "offset"):
+            value = torch.as_tensor(getattr(layer, name), dtype=torch.float32)
+            self.register_buffer(name, value.reshape(shape) if value.dim() else value, persistent=False)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
+        return x * self.scale.to(x.dtype) + self.offset.to(x.dtype)
 
 
 class MultiplyNode(NodeModule):
