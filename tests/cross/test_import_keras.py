@@ -12,6 +12,7 @@ norm's statistics included), so that every weight matters. The plans' outputs ar
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ def every_other_converter() -> Any:
     normalisations (one value, per channel), separable, transposed, depthwise (with a multiplier) and 1-D
     convolutions, pools with strides and 'same' padding, batch norms without scale or
     offset, bilinear upsampling, a softmax inside the model, hard_sigmoid, ops on tensors
-    (``x - 0.25``), reshape, permute, merges, identity."""
+    (``x - 0.25``), reshape, permute, merges, identity, ``x[:, -1]``."""
     layers = keras.layers
     pixels = keras.Input((12, 12, 3), name="pixels")
     x = layers.Rescaling(0.25, offset=0.5, name="rescale")(pixels)
@@ -177,7 +178,7 @@ def every_other_converter() -> Any:
     x = layers.LayerNormalization(name="norm")(x)
     x = layers.Identity(name="same")(x)
     x = layers.Dropout(0.3, name="drop")(x)
-    x = layers.Flatten(name="flat")(x)
+    x = layers.Flatten(name="flat")(x[:, -1])  # ViT's head reads one position: a take
     outputs = layers.Dense(4, name="out")(x)
     return keras.Model(pixels, outputs, name="every_other")
 
@@ -196,6 +197,8 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
     assert "same" not in names
     assert (layers["bn_unscaled"].scale, layers["bn_uncentered"].center) == (False, False)
     assert len(layers["normalize_channels"].scale) == 3 and layers["rescale_channels"].offset == 0.1
+    assert names[names.index("drop") + 1 : names.index("flat")] == ["get_item"]
+    assert (layers["get_item"].type, layers["get_item"].index) == ("take", -1)
 
 
 def test_a_dropout_of_whole_channels_is_refused() -> None:
@@ -208,6 +211,18 @@ def test_a_dropout_of_whole_channels_is_refused() -> None:
     assert str(refused.value) == (
         "keras layer 'drop' (Dropout): noise_shape=(None, 1, 1, 3): the plan's dropout drops single "
         "values or whole rows (noise_shape=(None, 1, ...)), not whole channels"
+    )
+
+
+def test_an_index_other_than_one_position_is_refused() -> None:
+    sequence = keras.Input((5, 4))
+    with pytest.raises(ImportRefused) as refused:
+        import_keras(keras.Model(sequence, sequence[:, 1:3]), Path("unused.toml"))
+    # the op's name counts the ops this process has made before it: get_item, get_item_1...
+    assert re.fullmatch(
+        r"keras layer 'get_item(_\d+)?' \(keras\.src\.ops\.numpy\.GetItem\): index \[:, 1:3\]: "
+        r"the plan takes one position, x\[:, i\]",
+        str(refused.value),
     )
 
 

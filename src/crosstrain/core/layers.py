@@ -1007,6 +1007,22 @@ class ClassToken(Layer):
 
 
 @attrs.frozen
+class Take(Layer):
+    """One position of a row's first axis: [length, ...] -> [...] at ``index`` (negative
+    counts from the end). ViT's head reads the class token, ``x[:, 0]``."""
+
+    type: ClassVar[str] = "take"
+    index: int = 0
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if not input_shape:
+            raise ValueError("take needs an axis to take from, got a row of one value")
+        if not -input_shape[0] <= self.index < input_shape[0]:
+            raise ValueError(f"index {self.index} is outside the first axis of {list(input_shape)}")
+        return input_shape[1:]
+
+
+@attrs.frozen
 class PaddingMask(Layer):
     """Token ids -> float 1 where the id is a real token, 0 where it is ``pad_id``: the
     padding mask attention takes as its second input (Keras's ``mask_zero``)."""
@@ -1103,6 +1119,7 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         Attention,
         RMSNorm,
         ClassToken,
+        Take,
         PaddingMask,
         Add,
         Concat,
@@ -1145,6 +1162,7 @@ __all__ = [
     "SiLU",
     "Sigmoid",
     "Softmax",
+    "Take",
     "Tanh",
     "Transpose",
     "UpSample2D",

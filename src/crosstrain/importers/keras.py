@@ -59,6 +59,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -843,6 +844,35 @@ def _op_with_scalar(op: str) -> Callable[[Call], Conversion]:
     return convert
 
 
+def _get_item(call: Call) -> Conversion:
+    """``x[:, i]`` (and ``x[:, i, :, ...]``): one position of the first axis of each row, a
+    take; any other index is refused."""
+    key = call.constants
+    whole = {"class_name": "__slice__", "config": {"start": None, "stop": None, "step": None}}
+    position = key[1] if len(key) >= 2 else None
+    if (
+        len(call.inputs) != 1
+        or key[:1] != (whole,)
+        or not isinstance(position, int)
+        or any(item != whole for item in key[2:])
+    ):
+        raise call.refuse(f"index {_shown_key(key)}: the plan takes one position, x[:, i]")
+    return (Piece(Take(index=position)),)
+
+
+def _shown_key(key: Sequence[Any]) -> str:
+    """A GetItem key as Python writes it: [:, 0]."""
+    shown = []
+    for item in key:
+        if isinstance(item, dict) and item.get("class_name") == "__slice__":
+            bounds = {name: "" if value is None else str(value) for name, value in item["config"].items()}
+            step = f":{bounds['step']}" if bounds["step"] else ""
+            shown.append(f"{bounds['start']}:{bounds['stop']}{step}")
+        else:
+            shown.append(repr(item))
+    return f"[{', '.join(shown)}]"
+
+
 #: every Keras class that imports, by the config's module and class name: its converter and
 #: the call arguments it honours
 CONVERTERS: dict[str, Converter] = {
@@ -882,6 +912,7 @@ CONVERTERS: dict[str, Converter] = {
     "keras.src.ops.numpy.Add": Converter(_op_with_scalar("add")),
     "keras.src.ops.numpy.Subtract": Converter(_op_with_scalar("subtract")),
     "keras.src.ops.numpy.Multiply": Converter(_op_with_scalar("multiply")),
+    "keras.src.ops.numpy.GetItem": Converter(_get_item),
 }
 
 #: why some Keras classes have no plan equivalent (any other class: it has none)

@@ -53,6 +53,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -116,6 +117,16 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     Attention: ((6, 8), (Attention(heads=2, causal=True),)),
     RMSNorm: ((6, 8), (RMSNorm(epsilon=1e-3),)),
     ClassToken: ((5, 4), (ClassToken(),)),
+    # ViT's head: the class token, x[:, 0]; and a position counted from the end
+    Take: (
+        (5, 4),
+        (
+            ClassToken(name="tokens"),
+            Take(index=0, name="first"),
+            Take(index=-2, inputs=("tokens",), name="last"),
+            Add(inputs=("first", "last")),
+        ),
+    ),
     # the mask of token ids 3 (rows 1, 2 and 4 of case_inputs hold some, row 2 at position 0,
     # which a causal query 0 then attends to alone), read by attention as its second input
     PaddingMask: (

@@ -62,6 +62,7 @@ from crosstrain import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -647,6 +648,15 @@ def _class_token(node: Node) -> Apply:
     return apply
 
 
+def _take(node: Node) -> Apply:
+    index = _layer(node, Take).index
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return _single(inputs)[:, index]
+
+    return apply
+
+
 def _padding_mask(node: Node) -> Apply:
     pad_id = _layer(node, PaddingMask).pad_id
 
@@ -708,6 +718,7 @@ LAYERS: dict[type[Layer], Builder] = {
     Attention: _attention,
     RMSNorm: _rmsnorm,
     ClassToken: _class_token,
+    Take: _take,
     PaddingMask: _padding_mask,
     Add: _add,
     Concat: _concat,

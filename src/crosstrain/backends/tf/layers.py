@@ -58,6 +58,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -358,6 +359,17 @@ class ClassTokenLayer(keras.layers.Layer):  # type: ignore[misc]
     def call(self, inputs: Any) -> Any:
         token = tf.cast(self.token, inputs.dtype)[None]  # [1, 1, units]
         return tf.concat([tf.tile(token, [tf.shape(inputs)[0], 1, 1]), inputs], axis=1)
+
+
+class TakePosition(keras.layers.Layer):  # type: ignore[misc]
+    """``x[:, index]``: one position of each row's first axis."""
+
+    def __init__(self, index: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+
+    def call(self, inputs: Any) -> Any:
+        return inputs[:, self.index]
 
 
 class TiedDense(keras.layers.Layer):  # type: ignore[misc]
@@ -687,6 +699,7 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
         _same(("scale",)),
     ),
     ClassToken: NodeSpec(_keras(ClassTokenLayer), None, _same(("token",))),
+    Take: NodeSpec(lambda layer, node, options: TakePosition(layer.index, **_named(node, options)), None),
     PaddingMask: NodeSpec(
         lambda layer, node, options: PaddingMaskLayer(layer.pad_id, **_named(node, options)), None
     ),

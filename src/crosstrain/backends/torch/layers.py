@@ -64,6 +64,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -637,6 +638,17 @@ class ClassTokenNode(NodeModule):
         return torch.cat([self.token.to(x.dtype).expand(x.shape[0], 1, x.shape[2]), x], dim=1)
 
 
+class TakeNode(NodeModule):
+    """Reads the neutral order (``Order.NEUTRAL``): the row's first axis is its first."""
+
+    def __init__(self, layer: Take, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.index = layer.index
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return inputs[0][:, self.index]
+
+
 class _BiasOnly(nn.Module):
     """A tied dense's own parameter: its bias, or none."""
 
@@ -799,6 +811,7 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     Attention: NodeSpec(AttentionNode, Order.NEUTRAL, _ATTENTION),
     RMSNorm: NodeSpec(RMSNormNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
     ClassToken: NodeSpec(ClassTokenNode, Order.NEUTRAL, {"token": ("token", None)}),
+    Take: NodeSpec(TakeNode, Order.NEUTRAL),
     PaddingMask: NodeSpec(lambda layer, node, first: _Unary(_padding_mask(layer)), Order.NEUTRAL),
     Add: NodeSpec(lambda layer, node, channels_first: AddNode(), Order.EITHER),
     Concat: NodeSpec(ConcatNode, Order.EITHER),  # on the channel axis of either order
