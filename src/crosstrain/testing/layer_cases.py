@@ -117,16 +117,8 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     Attention: ((6, 8), (Attention(heads=2, causal=True),)),
     RMSNorm: ((6, 8), (RMSNorm(epsilon=1e-3),)),
     ClassToken: ((5, 4), (ClassToken(),)),
-    # ViT's head: the class token, x[:, 0]; and a position counted from the end
-    Take: (
-        (5, 4),
-        (
-            ClassToken(name="tokens"),
-            Take(index=0, name="first"),
-            Take(index=-2, inputs=("tokens",), name="last"),
-            Add(inputs=("first", "last")),
-        ),
-    ),
+    # ViT's head: the class token, x[:, 0]
+    Take: ((5, 4), (ClassToken(), Take(index=0))),
     # the mask of token ids 3 (rows 1, 2 and 4 of case_inputs hold some, row 2 at position 0,
     # which a causal query 0 then attends to alone), read by attention as its second input
     PaddingMask: (
@@ -217,6 +209,7 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
             Rescale(scale=(0.5, 2.0, -1.0, 3.0), offset=(0.1, -0.2, 0.3, 0.0)),
         ),
     ),
+    "take_from_the_end": ((5, 4), (Dense(units=3), Take(index=-2))),
     "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
     "conv1d_dilated_activation": (
         (10, 3),
