@@ -12,6 +12,7 @@ norm's statistics included), so that every weight matters. The plans' outputs ar
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,12 +65,21 @@ def keras_logits(model: Any, x: np.ndarray) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(model(x, training=False)))
 
 
+def plan_weight_count(model: Any) -> int:
+    """Keras's count of the model's weights, less a Normalization's mean, variance and
+    count: the plan holds those as a rescale's constants, not as weights."""
+    folded = sum(
+        layer.count_params() for layer in model.layers if isinstance(layer, keras.layers.Normalization)
+    )
+    return int(model.count_params()) - folded
+
+
 def assert_imports_with_its_forward(model: Any, tmp_path: Path, x: np.ndarray) -> Path:
     """Import ``model``; the plan's outputs on torch and on tf are the Keras model's."""
     notes: list[str] = []
     result = import_keras(model, tmp_path / "plan.toml", say=notes.append)
     assert result.weights == tmp_path / "init.safetensors"
-    assert result.parameters == model.count_params()
+    assert result.parameters == plan_weight_count(model)
     expected = keras_logits(model, x)
     for backend in ("torch", "tf"):
         difference = relative_difference(plan_outputs(result.plan, backend, x), expected)
@@ -86,6 +96,10 @@ APPLICATIONS: dict[str, Callable[[], Any]] = {
     "MobileNetV2": lambda: keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), classes=5),
     "DenseNet121": lambda: keras.applications.DenseNet121(weights=None, input_shape=(32, 32, 3), classes=5),
     "MobileNetV3Small": lambda: keras.applications.MobileNetV3Small(
+        weights=None, input_shape=(32, 32, 3), classes=5
+    ),
+    # stochastic depth: Dropout(noise_shape=(None, 1, 1, 1)) becomes dropout per_row
+    "EfficientNetB0": lambda: keras.applications.EfficientNetB0(
         weights=None, input_shape=(32, 32, 3), classes=5
     ),
 }
@@ -127,14 +141,19 @@ def test_a_transformer_encoder_imports_with_its_forward(tmp_path: Path) -> None:
 
 
 def every_other_converter() -> Any:
-    """The converters the models above leave out, in one small model: rescaling and a
-    normalisation, separable, transposed, depthwise (with a multiplier) and 1-D
-    convolutions, pools with strides, bilinear upsampling, a softmax inside the model,
-    hard_sigmoid, ops on tensors (``x - 0.25``), reshape, permute, merges, identity."""
+    """The converters the models above leave out, in one small model: rescalings and
+    normalisations (one value, per channel), separable, transposed, depthwise (with a multiplier) and 1-D
+    convolutions, pools with strides and 'same' padding, batch norms without scale or
+    offset, bilinear upsampling, a softmax inside the model, hard_sigmoid, ops on tensors
+    (``x - 0.25``), reshape, permute, merges, identity, ``x[:, -1]``."""
     layers = keras.layers
     pixels = keras.Input((12, 12, 3), name="pixels")
     x = layers.Rescaling(0.25, offset=0.5, name="rescale")(pixels)
     x = layers.Normalization(mean=0.2, variance=2.0, name="normalize")(x)
+    # per channel (EfficientNetV2's and ConvNeXt's ImageNet statistics): a rescale of vectors
+    imagenet = {"mean": [0.485, 0.456, 0.406], "variance": [0.052, 0.050, 0.051]}
+    x = layers.Normalization(**imagenet, name="normalize_channels")(x)
+    x = layers.Rescaling([1.0, 0.5, 2.0], offset=0.1, name="rescale_channels")(x)
     x = layers.SeparableConv2D(6, 3, padding="same", depth_multiplier=2, activation="relu", name="sep")(x)
     x = layers.Conv2DTranspose(4, 3, strides=2, padding="same", name="up_conv")(x)
     x = layers.AveragePooling2D(3, strides=2, name="avg")(x)
@@ -143,6 +162,12 @@ def every_other_converter() -> Any:
     gate = layers.Dense(8, activation="softmax", name="gate")(x)
     x = layers.Multiply(name="gated")([x, gate])
     x = layers.LeakyReLU(0.1, name="leaky")(x)
+    # 'same' pools (Xception's, NASNet's): max over real cells, avg divided by their count
+    x = layers.MaxPooling2D(3, strides=1, padding="same", name="max_same")(x)
+    x = layers.AveragePooling2D(2, strides=1, padding="same", name="avg_same")(x)
+    # InceptionV3's batch norm: no scale (and one with no offset)
+    x = layers.BatchNormalization(scale=False, name="bn_unscaled")(x)
+    x = layers.BatchNormalization(center=False, name="bn_uncentered")(x)
     x = layers.ZeroPadding2D(((1, 0), (0, 1)), name="pad")(x - 0.25)
     x = layers.Conv2D(8, 2, dilation_rate=2, activation="tanh", name="dilated")(x)
     capped = layers.ReLU(max_value=6.0, name="capped")(x)
@@ -153,7 +178,7 @@ def every_other_converter() -> Any:
     x = layers.LayerNormalization(name="norm")(x)
     x = layers.Identity(name="same")(x)
     x = layers.Dropout(0.3, name="drop")(x)
-    x = layers.Flatten(name="flat")(x)
+    x = layers.Flatten(name="flat")(x[:, -1])  # ViT's head reads one position: a take
     outputs = layers.Dense(4, name="out")(x)
     return keras.Model(pixels, outputs, name="every_other")
 
@@ -170,17 +195,34 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
     names = [layer.name for layer in written]
     assert names[names.index("norm") + 1] == "drop"  # identity passes its input through
     assert "same" not in names
+    assert (layers["bn_unscaled"].scale, layers["bn_uncentered"].center) == (False, False)
+    assert len(layers["normalize_channels"].scale) == 3 and layers["rescale_channels"].offset == 0.1
+    assert names[names.index("drop") + 1 : names.index("flat")] == ["get_item"]
+    assert (layers["get_item"].type, layers["get_item"].index) == ("take", -1)
 
 
-def test_efficientnet_b0_is_refused_at_its_stochastic_depth() -> None:
-    """EfficientNet drops whole residual branches per row (``noise_shape``); the plan's
-    dropout drops single values, so the import stops there, naming the layer."""
-    model = keras.applications.EfficientNetB0(weights=None, input_shape=(32, 32, 3), classes=5)
+def test_a_dropout_of_whole_channels_is_refused() -> None:
+    """``noise_shape=(None, 1, 1, 1)`` (a whole row) imports as ``per_row``; a mask shared
+    over positions but not channels has no plan equivalent."""
+    pixels = keras.Input((4, 4, 3))
+    dropped = keras.layers.Dropout(0.2, noise_shape=(None, 1, 1, 3), name="drop")(pixels)
     with pytest.raises(ImportRefused) as refused:
-        import_keras(model, Path("unused.toml"))
+        import_keras(keras.Model(pixels, dropped), Path("unused.toml"))
     assert str(refused.value) == (
-        "keras layer 'block2b_drop' (Dropout): noise_shape=(None, 1, 1, 1): the plan's dropout drops "
-        "single values, not whole rows or channels"
+        "keras layer 'drop' (Dropout): noise_shape=(None, 1, 1, 3): the plan's dropout drops single "
+        "values or whole rows (noise_shape=(None, 1, ...)), not whole channels"
+    )
+
+
+def test_an_index_other_than_one_position_is_refused() -> None:
+    sequence = keras.Input((5, 4))
+    with pytest.raises(ImportRefused) as refused:
+        import_keras(keras.Model(sequence, sequence[:, 1:3]), Path("unused.toml"))
+    # the op's name counts the ops this process has made before it: get_item, get_item_1...
+    assert re.fullmatch(
+        r"keras layer 'get_item(_\d+)?' \(keras\.src\.ops\.numpy\.GetItem\): index \[:, 1:3\]: "
+        r"the plan takes one position, x\[:, i\]",
+        str(refused.value),
     )
 
 

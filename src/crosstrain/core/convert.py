@@ -72,6 +72,14 @@ def _float_or_floats(value: Any, _: type) -> tuple[float, ...]:
     return (_strict_float(value, float),)
 
 
+def _number_or_numbers(value: Any, _: type) -> float | tuple[float, ...]:
+    """rescale's scale/offset: one number, or one per channel (a number stays a number, so
+    the plans written before vectors hash as they did)."""
+    if isinstance(value, list | tuple):
+        return tuple(_strict_float(item, float) for item in value)
+    return _strict_float(value, float)
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(int, _strict_int)
@@ -80,6 +88,7 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook_func(lambda cls: cls == tuple[int, int], _int_or_pair)
     converter.register_structure_hook_func(lambda cls: cls == tuple[float, ...], _float_or_floats)
+    converter.register_structure_hook_func(lambda cls: cls == float | tuple[float, ...], _number_or_numbers)
     converter.register_structure_hook_func(
         lambda cls: cls == tuple[tuple[int, int], tuple[int, int]], _padding_2d
     )

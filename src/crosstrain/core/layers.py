@@ -290,10 +290,16 @@ def _show(sizes: Shape) -> str:
 
 @attrs.frozen
 class _Pool2D(Layer):
-    """Pooling on NHWC input, 'valid' padding; strides default to the pool size."""
+    """Pooling on NHWC input; strides default to the pool size. ``padding = "same"`` pads as
+    TensorFlow does (:func:`same_padding`), and a window reads only the real cells it covers:
+    max ignores the padding, avg divides by the count of real cells (:meth:`real_counts`)."""
 
+    later_fields: ClassVar[tuple[str, ...]] = ("padding",)
     pool_size: int = attrs.field(default=2, validator=_positive)
     strides: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    padding: Literal["valid", "same"] = attrs.field(
+        default="valid", validator=attrs.validators.in_(("valid", "same"))
+    )
 
     @property
     def effective_strides(self) -> int:
@@ -302,11 +308,31 @@ class _Pool2D(Layer):
     def output_shape(self, input_shape: Shape) -> Shape:
         _expect_image(self, input_shape)
         height, width, channels = input_shape
-        out_h = _window_output(height, self.pool_size, self.effective_strides, "valid")
-        out_w = _window_output(width, self.pool_size, self.effective_strides, "valid")
+        out_h = _window_output(height, self.pool_size, self.effective_strides, self.padding)
+        out_w = _window_output(width, self.pool_size, self.effective_strides, self.padding)
         if out_h <= 0 or out_w <= 0:
             raise ValueError(f"pool {self.pool_size} does not fit input shape {list(input_shape)}")
         return (out_h, out_w, channels)
+
+    def paddings(self, input_shape: Shape) -> tuple[Pair, Pair]:
+        """((top, bottom), (left, right)) of an NHWC input: zeros for 'valid'."""
+        if self.padding == "valid":
+            return ((0, 0), (0, 0))
+        height, width = input_shape[:2]
+        return (
+            same_padding(height, self.pool_size, self.effective_strides),
+            same_padding(width, self.pool_size, self.effective_strides),
+        )
+
+    def real_counts(self, input_shape: Shape) -> np.ndarray:
+        """float32 [out_h, out_w]: how many real (not padding) cells each window covers."""
+        counts = []
+        for axis, pads in enumerate(self.paddings(input_shape)):
+            size, stride = input_shape[axis], self.effective_strides
+            starts = np.arange(_window_output(size, self.pool_size, stride, self.padding)) * stride - pads[0]
+            ends = starts + self.pool_size
+            counts.append(np.minimum(ends, size) - np.maximum(starts, 0))
+        return np.outer(counts[0], counts[1]).astype(np.float32)
 
 
 @attrs.frozen
@@ -670,13 +696,37 @@ class Mean(Layer):
         return tuple(size for axis, size in enumerate(input_shape) if axis not in axes)
 
 
+def as_scalar_or_vector(value: float | Sequence[float]) -> float | tuple[float, ...]:
+    """A number as a float, a list as a tuple of floats."""
+    if isinstance(value, Sequence):
+        return tuple(float(item) for item in value)
+    return float(value)
+
+
 @attrs.frozen
 class Rescale(Layer):
-    """Keras's Rescaling: ``x * scale + offset``, the product rounded first."""
+    """Keras's Rescaling: ``x * scale + offset``, the product rounded first. ``scale`` and
+    ``offset`` are each a number, or a list of one per channel of the last axis (a per-channel
+    normalisation: Keras's Normalization as ``scale = 1 / std``, ``offset = -mean / std``)."""
 
     type: ClassVar[str] = "rescale"
-    scale: float
-    offset: float = 0.0
+    scale: float | tuple[float, ...] = attrs.field(converter=as_scalar_or_vector)
+    offset: float | tuple[float, ...] = attrs.field(default=0.0, converter=as_scalar_or_vector)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        for name in ("scale", "offset"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and (not input_shape or len(value) != input_shape[-1]):
+                raise ValueError(
+                    f"{name} has {len(value)} values; the input's last axis has "
+                    f"{input_shape[-1] if input_shape else 'none'}"
+                )
+        return input_shape
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether scale or offset is a vector over the last axis."""
+        return isinstance(self.scale, tuple) or isinstance(self.offset, tuple)
 
 
 # --------------------------------------------------------------------------- activations
@@ -743,10 +793,19 @@ def split_activation(layer: Layer) -> tuple[Layer, Layer | None]:
 @attrs.frozen
 class Dropout(Layer):
     """Dropout whose masks come from crosstrain's counter-based hash
-    (:mod:`crosstrain.core.dropout`), so every backend and world size drops the same units."""
+    (:mod:`crosstrain.core.dropout`), so every backend and world size drops the same units.
+
+    ``per_row = true`` keeps or drops each row's whole input at once (stochastic depth, Keras's
+    ``Dropout(noise_shape=(None, 1, ...))``): the row's one hash is its unit 0's."""
 
     type: ClassVar[str] = "dropout"
+    later_fields: ClassVar[tuple[str, ...]] = ("per_row",)
     rate: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+    per_row: bool = False
+
+    def mask_units(self, input_shape: Shape) -> int:
+        """How many units of a row the mask draws (one per row, or one per value)."""
+        return 1 if self.per_row else math.prod(input_shape)
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -771,11 +830,16 @@ class BatchNorm(Layer):
 
     Training uses the batch's mean and biased variance; the running statistics move as
     ``running = momentum * running + (1 - momentum) * batch`` (the unbiased variance, as
-    torch), and evaluation uses them. ``momentum``/``epsilon`` are crosstrain's defaults."""
+    torch), and evaluation uses them. ``momentum``/``epsilon`` are crosstrain's defaults.
+    ``scale = false`` / ``center = false`` (Keras's options) leave out the ``scale`` /
+    ``offset`` weight and its multiply / add."""
 
     type: ClassVar[str] = "batchnorm"
+    later_fields: ClassVar[tuple[str, ...]] = ("scale", "center")
     momentum: float = attrs.field(default=0.9, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
     epsilon: float = attrs.field(default=1e-5, validator=attrs.validators.gt(0.0))
+    scale: bool = True
+    center: bool = True
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if not input_shape:
@@ -784,12 +848,17 @@ class BatchNorm(Layer):
 
     def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
         features = (input_shape[-1],)
+        affine = {"scale": WeightSpec(features, "ones"), "offset": WeightSpec(features, "zeros")}
         return {
-            "scale": WeightSpec(features, "ones"),
-            "offset": WeightSpec(features, "zeros"),
+            **{name: spec for name, spec in affine.items() if self.affine[name]},
             "moving_mean": WeightSpec(features, "zeros", trainable=False),
             "moving_variance": WeightSpec(features, "ones", trainable=False),
         }
+
+    @property
+    def affine(self) -> dict[str, bool]:
+        """Which of the ``scale`` and ``offset`` weights this norm has."""
+        return {"scale": self.scale, "offset": self.center}
 
 
 # --------------------------------------------------------------------------- sequences
@@ -943,6 +1012,22 @@ class ClassToken(Layer):
 
 
 @attrs.frozen
+class Take(Layer):
+    """One position of a row's first axis: [length, ...] -> [...] at ``index`` (negative
+    counts from the end). ViT's head reads the class token, ``x[:, 0]``."""
+
+    type: ClassVar[str] = "take"
+    index: int = 0
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if not input_shape:
+            raise ValueError("take needs an axis to take from, got a row of one value")
+        if not -input_shape[0] <= self.index < input_shape[0]:
+            raise ValueError(f"index {self.index} is outside the first axis of {list(input_shape)}")
+        return input_shape[1:]
+
+
+@attrs.frozen
 class PaddingMask(Layer):
     """Token ids -> float 1 where the id is a real token, 0 where it is ``pad_id``: the
     padding mask attention takes as its second input (Keras's ``mask_zero``)."""
@@ -1041,6 +1126,7 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         Attention,
         RMSNorm,
         ClassToken,
+        Take,
         PaddingMask,
         Add,
         Concat,
@@ -1083,6 +1169,7 @@ __all__ = [
     "SiLU",
     "Sigmoid",
     "Softmax",
+    "Take",
     "Tanh",
     "Transpose",
     "UpSample2D",

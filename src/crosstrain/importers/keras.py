@@ -17,7 +17,6 @@ is left out, with a note; the plan's outputs are the Keras model's before that s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +59,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -637,12 +637,12 @@ def _conv2d_transpose(call: Call) -> Conversion:
 def _pool(kind: type[MaxPool2D] | type[AvgPool2D]) -> Callable[[Call], Conversion]:
     def convert(call: Call) -> Conversion:
         _channels_last(call)
-        call.option("padding", "valid", "a plan's pools are 'valid' (no padding)")
         size = tuple(call.config["pool_size"])
         strides = tuple(call.config["strides"] or size)
         if len(set(size)) != 1 or len(set(strides)) != 1:
             raise call.refuse(f"pool_size={size} strides={strides}: a plan's pools are square")
-        return (Piece(kind(pool_size=size[0], strides=None if strides == size else strides[0])),)
+        stride = None if strides == size else strides[0]
+        return (Piece(kind(pool_size=size[0], strides=stride, padding=call.config["padding"])),)
 
     return convert
 
@@ -684,33 +684,42 @@ def _upsample(call: Call) -> Conversion:
 
 def _rescaling(call: Call) -> Conversion:
     scale, offset = call.config["scale"], call.config["offset"]
-    if isinstance(scale, list | tuple) or isinstance(offset, list | tuple):
-        raise call.refuse(f"scale={scale!r} offset={offset!r}: the plan's rescale takes one scale and offset")
-    return (Piece(Rescale(scale=float(scale), offset=float(offset))),)
+    return (Piece(Rescale(scale=_number_or_channels(scale), offset=_number_or_channels(offset))),)
+
+
+def _number_or_channels(value: Any) -> float | tuple[float, ...]:
+    """A number, or one per channel (a vector of one repeated value is that value)."""
+    values = np.asarray(value, np.float64).ravel()
+    if not np.ptp(values):
+        return float(values[0])
+    return tuple(float(item) for item in values)
 
 
 def _normalization(call: Call) -> Conversion:
-    """``(x - mean) / max(sqrt(variance), eps)`` with one mean and variance for every
-    channel: a rescale (the plan has no per-channel constant)."""
+    """``(x - mean) / max(sqrt(variance), eps)``, one mean and variance for every channel or
+    one per channel of the last axis: a rescale by ``1 / std``, offset ``-mean / std``."""
     call.option("invert", False, "the plan has no inverse normalization")
     mean = np.asarray(keras.ops.convert_to_numpy(call.operation.mean), np.float64).ravel()
     variance = np.asarray(keras.ops.convert_to_numpy(call.operation.variance), np.float64).ravel()
     if np.ptp(mean) or np.ptp(variance):
-        raise call.refuse(
-            f"mean={mean.tolist()} variance={variance.tolist()} per channel: the plan's rescale takes one "
-            f"scale and offset (data.mean and data.std normalise per channel)"
-        )
-    scale = 1.0 / max(math.sqrt(variance[0]), keras.config.epsilon())
-    return (Piece(Rescale(scale=scale, offset=-mean[0] * scale + 0.0)),)
+        _last_axis(call)  # per channel: of the last axis, as the plan's rescale
+    scale = 1.0 / np.maximum(np.sqrt(variance), keras.config.epsilon())
+    offset = -mean * scale + 0.0
+    return (Piece(Rescale(scale=_number_or_channels(scale), offset=_number_or_channels(offset))),)
 
 
 def _dropout(call: Call) -> Conversion:
-    if call.config.get("noise_shape") is not None:
-        raise call.refuse(
-            f"noise_shape={call.config['noise_shape']!r}: the plan's dropout drops single values, "
-            f"not whole rows or channels"
-        )
-    return (Piece(Dropout(rate=float(call.config["rate"]))),)
+    noise_shape = call.config.get("noise_shape")
+    rate = float(call.config["rate"])
+    if noise_shape is None:
+        return (Piece(Dropout(rate=rate)),)
+    noise_shape = tuple(noise_shape)
+    if noise_shape[:1] == (None,) and all(size == 1 for size in noise_shape[1:]):
+        return (Piece(Dropout(rate=rate, per_row=True)),)  # stochastic depth: whole rows
+    raise call.refuse(
+        f"noise_shape={call.config['noise_shape']!r}: the plan's dropout drops single values "
+        f"or whole rows (noise_shape=(None, 1, ...)), not whole channels"
+    )
 
 
 # --------------------------------------------------------------------------- normalisation and sequences
@@ -718,17 +727,19 @@ def _dropout(call: Call) -> Conversion:
 
 def _batchnorm(call: Call) -> Conversion:
     _last_axis(call)
-    for key in ("center", "scale"):
-        call.option(key, True, "the plan's batchnorm trains both its scale and offset")
     call.option("renorm", False, "the plan's batchnorm has no batch renormalization")
     layer = call.operation
-    weights = {
-        "scale": _array(layer.gamma),
-        "offset": _array(layer.beta),
-        "moving_mean": _array(layer.moving_mean),
-        "moving_variance": _array(layer.moving_variance),
-    }
-    norm = BatchNorm(momentum=float(call.config["momentum"]), epsilon=float(call.config["epsilon"]))
+    norm = BatchNorm(
+        momentum=float(call.config["momentum"]),
+        epsilon=float(call.config["epsilon"]),
+        scale=bool(call.config["scale"]),
+        center=bool(call.config["center"]),
+    )
+    weights = {"moving_mean": _array(layer.moving_mean), "moving_variance": _array(layer.moving_variance)}
+    if norm.scale:
+        weights["scale"] = _array(layer.gamma)
+    if norm.center:
+        weights["offset"] = _array(layer.beta)
     return (Piece(norm, weights),)
 
 
@@ -833,6 +844,35 @@ def _op_with_scalar(op: str) -> Callable[[Call], Conversion]:
     return convert
 
 
+def _get_item(call: Call) -> Conversion:
+    """``x[:, i]`` (and ``x[:, i, :, ...]``): one position of the first axis of each row, a
+    take; any other index is refused."""
+    key = call.constants
+    whole = {"class_name": "__slice__", "config": {"start": None, "stop": None, "step": None}}
+    position = key[1] if len(key) >= 2 else None
+    if (
+        len(call.inputs) != 1
+        or key[:1] != (whole,)
+        or not isinstance(position, int)
+        or any(item != whole for item in key[2:])
+    ):
+        raise call.refuse(f"index {_shown_key(key)}: the plan takes one position, x[:, i]")
+    return (Piece(Take(index=position)),)
+
+
+def _shown_key(key: Sequence[Any]) -> str:
+    """A GetItem key as Python writes it: [:, 0]."""
+    shown = []
+    for item in key:
+        if isinstance(item, dict) and item.get("class_name") == "__slice__":
+            bounds = {name: "" if value is None else str(value) for name, value in item["config"].items()}
+            step = f":{bounds['step']}" if bounds["step"] else ""
+            shown.append(f"{bounds['start']}:{bounds['stop']}{step}")
+        else:
+            shown.append(repr(item))
+    return f"[{', '.join(shown)}]"
+
+
 #: every Keras class that imports, by the config's module and class name: its converter and
 #: the call arguments it honours
 CONVERTERS: dict[str, Converter] = {
@@ -872,6 +912,7 @@ CONVERTERS: dict[str, Converter] = {
     "keras.src.ops.numpy.Add": Converter(_op_with_scalar("add")),
     "keras.src.ops.numpy.Subtract": Converter(_op_with_scalar("subtract")),
     "keras.src.ops.numpy.Multiply": Converter(_op_with_scalar("multiply")),
+    "keras.src.ops.numpy.GetItem": Converter(_get_item),
 }
 
 #: why some Keras classes have no plan equivalent (any other class: it has none)

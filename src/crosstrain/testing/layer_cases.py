@@ -53,6 +53,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -116,6 +117,8 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     Attention: ((6, 8), (Attention(heads=2, causal=True),)),
     RMSNorm: ((6, 8), (RMSNorm(epsilon=1e-3),)),
     ClassToken: ((5, 4), (ClassToken(),)),
+    # ViT's head: the class token, x[:, 0]
+    Take: ((5, 4), (ClassToken(), Take(index=0))),
     # the mask of token ids 3 (rows 1, 2 and 4 of case_inputs hold some, row 2 at position 0,
     # which a causal query 0 then attends to alone), read by attention as its second input
     PaddingMask: (
@@ -186,6 +189,27 @@ FORM_CASES: dict[str, tuple[tuple[int, ...], tuple[Layer, ...]]] = {
             Dense(units=4, activation="sigmoid"),
         ),
     ),
+    # stochastic depth: each row of an NCHW image kept or dropped whole (rate 0.5: 5 rows at
+    # step 7 keep some and drop some)
+    "dropout_per_row": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Dropout(rate=0.5, per_row=True))),
+    # TensorFlow's 'same' on pools: pads (1, 1) on height and (0, 1) on width; max never
+    # takes the padding, avg divides by the real cells a window covers
+    "maxpool2d_same": ((7, 6, 3), (MaxPool2D(pool_size=3, strides=2, padding="same"),)),
+    "avgpool2d_same": ((7, 6, 3), (AvgPool2D(pool_size=3, strides=2, padding="same"),)),
+    # Keras's scale=False (InceptionV3's) and center=False: no scale or offset weight
+    "batchnorm_unscaled_uncentered": (
+        (4, 4, 3),
+        (BatchNorm(momentum=0.7, scale=False), BatchNorm(center=False)),
+    ),
+    # Keras's per-channel Normalization (EfficientNetV2's, ConvNeXt's) on an NCHW image
+    "rescale_per_channel": (
+        (4, 3, 5),
+        (
+            Conv2D(filters=4, kernel_size=1),
+            Rescale(scale=(0.5, 2.0, -1.0, 3.0), offset=(0.1, -0.2, 0.3, 0.0)),
+        ),
+    ),
+    "take_from_the_end": ((5, 4), (Dense(units=3), Take(index=-2))),
     "mean_to_a_sequence": ((4, 3, 5), (Conv2D(filters=4, kernel_size=1), Mean(axes=(0, -1)))),  # NCHW to [w]
     "conv1d_dilated_activation": (
         (10, 3),

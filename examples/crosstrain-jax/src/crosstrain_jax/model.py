@@ -62,6 +62,7 @@ from crosstrain import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -236,33 +237,40 @@ def _conv2d(node: Node) -> Apply:
 # --------------------------------------------------------------------------- pooling, reshaping
 
 
-def _window(layer: MaxPool2D | AvgPool2D) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """NHWC reduce_window's window and strides: the pool slides over height and width only."""
+def _window(node: Node, layer: MaxPool2D | AvgPool2D) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                                 list[tuple[int, int]]]:
+    """NHWC reduce_window's window, strides and padding: the pool slides over height and
+    width only; 'same' pads as TensorFlow (the extra row or column after)."""
     size, stride = layer.pool_size, layer.effective_strides
-    return (1, size, size, 1), (1, stride, stride, 1)
+    (top, bottom), (left, right) = layer.paddings(node.input_shape)
+    padding = [(0, 0), (top, bottom), (left, right), (0, 0)]
+    return (1, size, size, 1), (1, stride, stride, 1), padding
 
 
 def _maxpool2d(node: Node) -> Apply:
-    window, strides = _window(_layer(node, MaxPool2D))
+    window, strides, padding = _window(node, _layer(node, MaxPool2D))
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        # padded with the init value -inf: padding never wins
         pooled: jax.Array = lax.reduce_window(_single(inputs), -jnp.inf, lax.max, window,
-                                              strides, "VALID")
+                                              strides, padding)
         return pooled
 
     return apply
 
 
 def _avgpool2d(node: Node) -> Apply:
-    window, strides = _window(_layer(node, AvgPool2D))
-    count = math.prod(window)
+    layer = _layer(node, AvgPool2D)
+    window, strides, padding = _window(node, layer)
+    # the real cells each window covers ('valid': the window's size everywhere)
+    counts = layer.real_counts(node.input_shape)[None, :, :, None]
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
         # a concrete (numpy) zero: only then does jax see a sum it can differentiate
         summed: jax.Array = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, window,
-                                              strides, "VALID")
-        return summed / count  # the window's sum, then one division (as torch)
+                                              strides, padding)
+        return summed / counts.astype(x.dtype)  # the window's sum, then one division (as torch)
 
     return apply
 
@@ -408,7 +416,11 @@ def _mean(node: Node) -> Apply:
 
 def _rescale(node: Node) -> Apply:
     layer = _layer(node, Rescale)
-    return _elementwise(lambda x: x * layer.scale + layer.offset)(node)
+    # a vector (per channel of the last axis) in the input's dtype, as Keras casts it
+    scale, offset = np.asarray(layer.scale, np.float32), np.asarray(layer.offset, np.float32)
+    if not layer.per_channel:
+        return _elementwise(lambda x: x * layer.scale + layer.offset)(node)
+    return _elementwise(lambda x: x * scale.astype(x.dtype) + offset.astype(x.dtype))(node)
 
 
 # --------------------------------------------------------------------------- activations
@@ -468,8 +480,8 @@ def keep_mask(
 
 
 def _dropout(node: Node) -> Apply:
-    rate = _layer(node, Dropout).rate
-    features = math.prod(node.input_shape)
+    layer = _layer(node, Dropout)
+    rate, features = layer.rate, layer.mask_units(node.input_shape)
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
@@ -477,7 +489,8 @@ def _dropout(node: Node) -> Apply:
             return x
         keep = keep_mask(env.seed, env.train.step, node.index, env.train.rows, features, rate)
         # (x * keep) * (1 / (1 - rate)), in that order, as the spec rounds it
-        return (x * keep.reshape(x.shape).astype(x.dtype)) * (1.0 / (1.0 - rate))
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1) if layer.per_row else x.shape
+        return (x * keep.reshape(shape).astype(x.dtype)) * (1.0 / (1.0 - rate))
 
     return apply
 
@@ -541,7 +554,9 @@ def _batchnorm(node: Node) -> Apply:
             env.updates[names["moving_variance"]] = moved(
                 env.weights[names["moving_variance"]], unbiased, n)
         normed = (x32 - mean) / jnp.sqrt(variance + layer.epsilon)
-        y = normed * env.weights[names["scale"]] + env.weights[names["offset"]]
+        # scale and offset absent under Keras's scale=False / center=False
+        y = normed * env.weights[names["scale"]] if layer.scale else normed
+        y = y + env.weights[names["offset"]] if layer.center else y
         return y.astype(x.dtype)
 
     return apply
@@ -633,6 +648,15 @@ def _class_token(node: Node) -> Apply:
     return apply
 
 
+def _take(node: Node) -> Apply:
+    index = _layer(node, Take).index
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return _single(inputs)[:, index]
+
+    return apply
+
+
 def _padding_mask(node: Node) -> Apply:
     pad_id = _layer(node, PaddingMask).pad_id
 
@@ -694,6 +718,7 @@ LAYERS: dict[type[Layer], Builder] = {
     Attention: _attention,
     RMSNorm: _rmsnorm,
     ClassToken: _class_token,
+    Take: _take,
     PaddingMask: _padding_mask,
     Add: _add,
     Concat: _concat,

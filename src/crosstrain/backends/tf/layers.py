@@ -58,6 +58,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -109,14 +110,22 @@ class NeutralBatchNorm(ContextLayer):
     replica computes the same global statistics; ``ONLY_FIRST_REPLICA`` makes each update
     write replica 0's value to every copy, so the copies stay identical bit for bit."""
 
-    def __init__(self, momentum: float, epsilon: float, **kwargs: Any) -> None:
+    def __init__(
+        self, momentum: float, epsilon: float, scale: bool = True, center: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.momentum, self.epsilon = momentum, epsilon
+        self.has_scale, self.has_offset = scale, center
 
     def build(self, input_shape: tuple[int | None, ...]) -> None:
         features = (int(input_shape[-1]),)  # type: ignore[arg-type]
-        self.scale = self.add_weight(shape=features, initializer="ones", name="scale")
-        self.offset = self.add_weight(shape=features, initializer="zeros", name="offset")
+        # absent under Keras's scale=False / center=False
+        self.scale = (
+            self.add_weight(shape=features, initializer="ones", name="scale") if self.has_scale else None
+        )
+        self.offset = (
+            self.add_weight(shape=features, initializer="zeros", name="offset") if self.has_offset else None
+        )
         self.moving_mean = self._statistic(features, "zeros", "moving_mean")
         self.moving_variance = self._statistic(features, "ones", "moving_variance")
 
@@ -138,7 +147,12 @@ class NeutralBatchNorm(ContextLayer):
             mean, variance = self._batch_statistics(x, weight)
         else:
             mean, variance = self.moving_mean, self.moving_variance
-        return (x - mean) / tf.sqrt(variance + self.epsilon) * self.scale + self.offset
+        y = (x - mean) / tf.sqrt(variance + self.epsilon)
+        if self.scale is not None:
+            y = y * self.scale
+        if self.offset is not None:
+            y = y + self.offset
+        return y
 
     def _batch_statistics(self, x: Any, weight: Any) -> tuple[Any, Any]:
         """Two all-reduced passes over the real rows: the mean, then the biased variance."""
@@ -199,9 +213,11 @@ class HashDropout(ContextLayer):
     """Dropout whose mask hashes (seed, step, node index, global row, feature): the same
     units drop in every framework and at every world size, with no generator state."""
 
-    def __init__(self, rate: float, seed: int, layer_index: int, **kwargs: Any) -> None:
+    def __init__(
+        self, rate: float, seed: int, layer_index: int, per_row: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        self.rate, self.seed, self.layer_index = rate, seed, layer_index
+        self.rate, self.seed, self.layer_index, self.per_row = rate, seed, layer_index, per_row
 
     def call(
         self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
@@ -210,9 +226,11 @@ class HashDropout(ContextLayer):
             return inputs
         rows = tf.range(tf.shape(inputs)[0], dtype=tf.int64) if rows is None else rows
         step = tf.zeros((), tf.int64) if step is None else step
-        features = math.prod(inputs.shape[1:])
+        # per row: one unit a row, broadcast over the row's values
+        features = 1 if self.per_row else math.prod(inputs.shape[1:])
         keep = keep_mask(self.seed, step, self.layer_index, rows, features, self.rate)
-        keep = tf.cast(tf.reshape(keep, tf.shape(inputs)), inputs.dtype)
+        shape = [-1] + [1] * (len(inputs.shape) - 1) if self.per_row else tf.shape(inputs)
+        keep = tf.cast(tf.reshape(keep, shape), inputs.dtype)
         return (inputs * keep) * (1.0 / (1.0 - self.rate))
 
 
@@ -343,6 +361,17 @@ class ClassTokenLayer(keras.layers.Layer):  # type: ignore[misc]
         return tf.concat([tf.tile(token, [tf.shape(inputs)[0], 1, 1]), inputs], axis=1)
 
 
+class TakePosition(keras.layers.Layer):  # type: ignore[misc]
+    """``x[:, index]``: one position of each row's first axis."""
+
+    def __init__(self, index: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+
+    def call(self, inputs: Any) -> Any:
+        return inputs[:, self.index]
+
+
 class TiedDense(keras.layers.Layer):  # type: ignore[misc]
     """A dense whose kernel is an embedding's table transposed (``tie``): the graph model
     hands it that embedding (:meth:`tie`); its own variable is the bias alone."""
@@ -461,13 +490,13 @@ def _conv2d(layer: Conv2D, node: Node, options: NodeOptions) -> keras.layers.Lay
 
 def _max_pool(layer: MaxPool2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
     return keras.layers.MaxPooling2D(
-        layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
+        layer.pool_size, strides=layer.effective_strides, padding=layer.padding, **_named(node, options)
     )
 
 
 def _avg_pool(layer: AvgPool2D, node: Node, options: NodeOptions) -> keras.layers.Layer:
     return keras.layers.AveragePooling2D(
-        layer.pool_size, strides=layer.effective_strides, padding="valid", **_named(node, options)
+        layer.pool_size, strides=layer.effective_strides, padding=layer.padding, **_named(node, options)
     )
 
 
@@ -534,17 +563,24 @@ def _stock_mean(layer: Mean, node: Node) -> keras.layers.Layer:
 def _batch_norm(layer: BatchNorm, node: Node, options: NodeOptions) -> keras.layers.Layer:
     # the spec computes batch norm in fp32 whatever the precision (fp64: in float64)
     full = keras.DTypePolicy(options.policy).variable_dtype
-    return NeutralBatchNorm(layer.momentum, layer.epsilon, name=node.path, dtype=full)
+    return NeutralBatchNorm(
+        layer.momentum, layer.epsilon, layer.scale, layer.center, name=node.path, dtype=full
+    )
 
 
 def _stock_batch_norm(layer: BatchNorm, node: Node) -> keras.layers.Layer:
     return keras.layers.BatchNormalization(
-        axis=-1, momentum=layer.momentum, epsilon=layer.epsilon, **_named(node, EXPORTED)
+        axis=-1,
+        momentum=layer.momentum,
+        epsilon=layer.epsilon,
+        scale=layer.scale,
+        center=layer.center,
+        **_named(node, EXPORTED),
     )
 
 
 def _dropout(layer: Dropout, node: Node, options: NodeOptions) -> keras.layers.Layer:
-    return HashDropout(layer.rate, options.seed, node.index, **_named(node, options))
+    return HashDropout(layer.rate, options.seed, node.index, layer.per_row, **_named(node, options))
 
 
 def _stock_dropout(layer: Dropout, node: Node) -> keras.layers.Layer:
@@ -663,6 +699,7 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
         _same(("scale",)),
     ),
     ClassToken: NodeSpec(_keras(ClassTokenLayer), None, _same(("token",))),
+    Take: NodeSpec(lambda layer, node, options: TakePosition(layer.index, **_named(node, options)), None),
     PaddingMask: NodeSpec(
         lambda layer, node, options: PaddingMaskLayer(layer.pad_id, **_named(node, options)), None
     ),

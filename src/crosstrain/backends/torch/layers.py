@@ -64,6 +64,7 @@ from crosstrain.core.layers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Take,
     Tanh,
     Transpose,
     UpSample2D,
@@ -166,15 +167,31 @@ class ConvNode(NodeModule):
 
 
 class PoolNode(NodeModule):
-    """Reads and writes NCHW (``Order.CHANNELS_FIRST``)."""
+    """Reads and writes NCHW (``Order.CHANNELS_FIRST``). ``same`` padding is explicit (its
+    extra row or column after, which torch's symmetric ``padding`` cannot place): -inf for
+    max, so padding never wins; zeros for avg, whose window sum is divided by the count of
+    real cells (as TensorFlow), not by the window's size."""
+
+    real_counts: torch.Tensor
 
     def __init__(self, layer: MaxPool2D | AvgPool2D, node: Node, channels_first: bool) -> None:
         super().__init__()
-        self.pool = F.max_pool2d if isinstance(layer, MaxPool2D) else F.avg_pool2d
+        self.is_max = isinstance(layer, MaxPool2D)
         self.size, self.stride = layer.pool_size, layer.effective_strides
+        (top, bottom), (left, right) = layer.paddings(node.input_shape)
+        self.pads = (left, right, top, bottom) if layer.padding == "same" else None
+        counts = torch.from_numpy(layer.real_counts(node.input_shape))
+        self.register_buffer("real_counts", counts, persistent=False)
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        return self.pool(inputs[0], self.size, self.stride)
+        x = inputs[0]
+        if self.pads is None:
+            pool = F.max_pool2d if self.is_max else F.avg_pool2d
+            return pool(x, self.size, self.stride)
+        if self.is_max:
+            return F.max_pool2d(F.pad(x, self.pads, value=-math.inf), self.size, self.stride)
+        summed = F.avg_pool2d(F.pad(x, self.pads), self.size, self.stride, divisor_override=1)
+        return summed / self.real_counts.to(summed.dtype)
 
 
 class Conv1DNode(NodeModule):
@@ -264,7 +281,28 @@ def _softmax(layer: Softmax, node: Node, channels_first: bool) -> NodeModule:
 
 def _rescale(layer: Rescale, node: Node, channels_first: bool) -> NodeModule:
     scale, offset = layer.scale, layer.offset
+    if isinstance(scale, tuple) or isinstance(offset, tuple):
+        return PerChannelRescaleNode(layer, channels_first)
     return _Unary(lambda x: x * scale + offset)
+
+
+class PerChannelRescaleNode(NodeModule):
+    """``x * scale + offset`` with vectors over the channels (axis 1 of an NCHW image), cast
+    to the input's dtype first, as Keras's Rescaling casts them to its compute dtype."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor
+
+    def __init__(self, layer: Rescale, channels_first: bool) -> None:
+        super().__init__()
+        shape = (-1, 1, 1) if channels_first else (-1,)
+        for name in ("scale", "offset"):
+            value = torch.as_tensor(getattr(layer, name), dtype=torch.float32)
+            self.register_buffer(name, value.reshape(shape) if value.dim() else value, persistent=False)
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        x = inputs[0]
+        return x * self.scale.to(x.dtype) + self.offset.to(x.dtype)
 
 
 class MultiplyNode(NodeModule):
@@ -349,22 +387,28 @@ class BatchNormNode(NodeModule):
         self.per_feature = (features, *[1] * (rank - 1 - channel))
         #: values per feature in one row (its positions: height x width for an image)
         self.positions = math.prod(node.input_shape[:-1])
-        self.scale = nn.Parameter(torch.ones(features))
-        self.offset = nn.Parameter(torch.zeros(features))
+        # absent under Keras's scale=False / center=False
+        self.scale = nn.Parameter(torch.ones(features)) if layer.scale else None
+        self.offset = nn.Parameter(torch.zeros(features)) if layer.center else None
         self.moving_mean: torch.Tensor
         self.moving_variance: torch.Tensor
         self.register_buffer("moving_mean", torch.zeros(features))
         self.register_buffer("moving_variance", torch.ones(features))
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
-        x = inputs[0].to(self.scale.dtype)  # the weights' dtype: float32 under autocast, or float64
+        x = inputs[0].to(self.moving_mean.dtype)  # the weights': float32 under autocast, or float64
         if not self.training:
             mean, variance = self.moving_mean, self.moving_variance
         else:
             mean, variance = self._batch_statistics(x, context)
         shape = self.per_feature
         inverse = torch.rsqrt(variance + self.epsilon).reshape(shape)
-        return (x - mean.reshape(shape)) * inverse * self.scale.reshape(shape) + self.offset.reshape(shape)
+        y = (x - mean.reshape(shape)) * inverse
+        if self.scale is not None:
+            y = y * self.scale.reshape(shape)
+        if self.offset is not None:
+            y = y + self.offset.reshape(shape)
+        return y
 
     def _batch_statistics(
         self, x: torch.Tensor, context: ForwardContext
@@ -426,8 +470,9 @@ class DropoutNode(NodeModule):
     def __init__(self, layer: Dropout, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.rate, self.layer_index = layer.rate, node.index
-        self.features = math.prod(node.input_shape)
-        self.channels_first = channels_first
+        self.features = layer.mask_units(node.input_shape)
+        self.per_row = layer.per_row
+        self.channels_first = channels_first and not layer.per_row  # one unit a row has no order
         self.neutral_shape = node.input_shape
 
     # eager under torch.compile, as keep_mask is (below): traced, the frame would be guarded
@@ -445,7 +490,8 @@ class DropoutNode(NodeModule):
         keep: torch.Tensor = keep_mask(
             context.seed, context.step, self.layer_index, context.rows, self.features, self.rate, units
         )
-        return (x * keep.reshape(x.shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1) if self.per_row else x.shape
+        return (x * keep.reshape(shape).to(x.dtype)) * (1.0 / (1.0 - self.rate))
 
 
 def _mix(value: Any) -> Any:
@@ -590,6 +636,17 @@ class ClassTokenNode(NodeModule):
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0]
         return torch.cat([self.token.to(x.dtype).expand(x.shape[0], 1, x.shape[2]), x], dim=1)
+
+
+class TakeNode(NodeModule):
+    """Reads the neutral order (``Order.NEUTRAL``): the row's first axis is its first."""
+
+    def __init__(self, layer: Take, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.index = layer.index
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return inputs[0][:, self.index]
 
 
 class _BiasOnly(nn.Module):
@@ -754,6 +811,7 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     Attention: NodeSpec(AttentionNode, Order.NEUTRAL, _ATTENTION),
     RMSNorm: NodeSpec(RMSNormNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
     ClassToken: NodeSpec(ClassTokenNode, Order.NEUTRAL, {"token": ("token", None)}),
+    Take: NodeSpec(TakeNode, Order.NEUTRAL),
     PaddingMask: NodeSpec(lambda layer, node, first: _Unary(_padding_mask(layer)), Order.NEUTRAL),
     Add: NodeSpec(lambda layer, node, channels_first: AddNode(), Order.EITHER),
     Concat: NodeSpec(ConcatNode, Order.EITHER),  # on the channel axis of either order
