@@ -25,6 +25,24 @@ from crosstrain.core.planfile import load_plan
 
 #: where the weights go unless the caller names a file: beside the plan
 DEFAULT_WEIGHTS = "init.safetensors"
+#: a plan layer's weights by parameter name (``kernel``, ``bias``...), neutral layouts
+Weights = dict[str, np.ndarray]
+
+
+@attrs.frozen
+class Piece:
+    """A plan layer a converter makes (no name or inputs yet) and its weights by parameter.
+    ``suffix`` names it ``{source name}_{suffix}``; the piece with none keeps the source
+    layer's (a Keras layer's, an fx node's) name."""
+
+    layer: Layer
+    weights: Weights = attrs.field(factory=dict)
+    suffix: str = ""
+
+
+#: a converter's answer: the pieces, run in order, the last one's output being the source
+#: layer's; none at all passes the layer's input through
+Conversion = tuple[Piece, ...]
 
 
 @attrs.frozen

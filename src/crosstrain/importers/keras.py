@@ -65,9 +65,7 @@ from crosstrain.core.layers import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.importers.common import ImportedModel, ImportResult, write_import
-
-Weights = dict[str, np.ndarray]
+from crosstrain.importers.common import Conversion, ImportedModel, ImportResult, Piece, Weights, write_import
 
 
 class ImportRefused(InputError):
@@ -121,21 +119,6 @@ class Call:
         value = self.config.get(key, allowed[0])
         if _plain(value) not in [_plain(item) for item in allowed]:
             raise self.refuse(f"{key}={value!r}: {why}")
-
-
-@attrs.frozen
-class Piece:
-    """A plan layer a converter makes (no name or inputs yet) and its weights by parameter.
-    ``suffix`` names it ``{keras name}_{suffix}``; the piece with none keeps the Keras name."""
-
-    layer: Layer
-    weights: Weights = attrs.field(factory=dict)
-    suffix: str = ""
-
-
-#: a converter's answer: the pieces, run in order, the last one's output being the Keras
-#: layer's; none at all passes the layer's input through (Identity)
-Conversion = tuple[Piece, ...]
 
 
 @attrs.frozen

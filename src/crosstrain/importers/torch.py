@@ -75,9 +75,7 @@ from crosstrain.core.layers import (
     Tanh,
     ZeroPad2D,
 )
-from crosstrain.importers.common import ImportedModel, ImportResult, write_import
-
-Weights = dict[str, np.ndarray]
+from crosstrain.importers.common import Conversion, ImportedModel, ImportResult, Piece, Weights, write_import
 
 
 class ImportRefused(InputError):
@@ -163,20 +161,6 @@ class Step:
             raise self.refuse(
                 f"dim={dim}: the plan's layers act within a row, not across the batch"
             ) from None
-
-
-@attrs.frozen
-class Piece:
-    """A plan layer a converter makes (no name or inputs yet) and its weights by parameter;
-    ``suffix`` names it ``{node}_{suffix}``, the piece with none keeps the node's name."""
-
-    layer: Layer
-    weights: Weights = attrs.field(factory=dict)
-    suffix: str = ""
-
-
-#: a converter's answer: the pieces, run in order (none: the node passes its input through)
-Conversion = tuple[Piece, ...]
 
 
 @attrs.frozen
