@@ -27,7 +27,7 @@ from crosstrain.core.checkpoint import (
     load_checkpoint,
     step_folder,
 )
-from crosstrain.core.data import ArrayDataset, TargetMisfit, fit_targets, load_datasets
+from crosstrain.core.data import ArrayDataset, TargetMisfit, fit_targets, load_datasets, read_table_rows
 from crosstrain.core.errors import BackendError, InputError
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
@@ -35,6 +35,7 @@ from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_run_plan, run_plan_source
 from crosstrain.core.scaling import ScaledRows
+from crosstrain.core.sources.table import TABLE_FORMATS
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
@@ -157,8 +158,13 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """The eval metrics (loss, accuracy where the plan has it, count) of the run's model
     over the plan's eval set, exactly as training computes them, on any backend; or over
-    the rows of ``data`` (raw, scaled as in training) and ``labels`` (.npy files) instead."""
-    if (data is None) != (labels is None):
+    the rows of ``data`` (raw, scaled as in training) and ``labels`` (.npy files) instead,
+    or over a table (.csv, .parquet: a table run's features and label columns, coded and
+    scaled by the run's statistics)."""
+    if data is not None and is_table_file(data):
+        if labels is not None:
+            raise InputError(f"--labels {labels}: a table's labels are its label column; leave --labels out")
+    elif (data is None) != (labels is None):
         given, missing = ("--data", "--labels") if labels is None else ("--labels", "--data")
         raise InputError(f"{given} needs {missing}: evaluate reads rows and their labels together")
     model = open_run(run, checkpoint)
@@ -180,17 +186,36 @@ def evaluate_run(
 
 
 def _eval_set(model: TrainedModel, data: str | Path | None, labels: str | Path | None) -> ArrayDataset:
-    """The rows of ``data`` with ``labels``, else the plan's eval set."""
+    """The rows of ``data`` with ``labels`` (or a table's), else the plan's eval set."""
+    if data is not None and is_table_file(data):
+        x, y = read_table_rows(_table_plan(model, data), str(data), model.run_dir, "--data", with_label=True)
+        assert y is not None
+        return ArrayDataset(x, y)
     if data is not None and labels is not None:
         x = read_rows(data, model.plan)
         return ArrayDataset(x, read_labels(labels, len(x), data, model.plan))
-    datasets = load_datasets(model.plan)
+    datasets = load_datasets(model.plan, model.run_dir)
     if datasets.eval is None:
         raise InputError(
             f"{model.run_dir}: the plan has no eval set (data.eval_fraction = 0, no eval path); "
             "give --data X.npy --labels Y.npy"
         )
     return datasets.eval
+
+
+def is_table_file(path: str | Path) -> bool:
+    """A .csv or .parquet file: read as a table, not as a .npy array."""
+    return Path(path).suffix.lower() in TABLE_FORMATS
+
+
+def _table_plan(model: TrainedModel, data: str | Path) -> Plan:
+    """The run's plan, which must read a table for ``--data`` to be one."""
+    if model.plan.data.source != "table":
+        raise InputError(
+            f"--data {data}: a table, but the run trained on data.source {model.plan.data.source!r}; "
+            "give rows of model.input_shape as a .npy file"
+        )
+    return model.plan
 
 
 def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np.ndarray:
@@ -289,7 +314,10 @@ def predict_run(
     np.save (atomically) and returned."""
     model = open_run(run, checkpoint)
     strategy_class = backend_for(model, backend, manager or make_plugin_manager())
-    x = read_rows(data, model.plan)
+    if is_table_file(data):
+        x, _ = read_table_rows(_table_plan(model, data), str(data), model.run_dir, "--data", with_label=False)
+    else:
+        x = read_rows(data, model.plan)
     out_path = Path(out)
     if not out_path.parent.is_dir():
         raise InputError(f"--out {out_path}: folder {out_path.parent} does not exist")
@@ -334,6 +362,11 @@ def export_run(
             f"--format {format_name}: unknown format (known: {', '.join(sorted(formats)) or 'none'})"
         )
     model = open_run(run, checkpoint)
+    if model.plan.data.standardize:
+        raise InputError(
+            f"--format {format_name}: the run standardises its table's features by its "
+            "statistics.json, which an exported model does not apply yet; predict with crosstrain predict"
+        )
     backend = formats[format_name]
     if model.plan.model.native is not None and model.trained_on and backend != model.trained_on:
         raise InputError(

@@ -90,7 +90,9 @@ def admit(
     check_numbers(job.replicas, job.workers, job.timeout_seconds, job.max_restarts)
     check_starting_point(job)
     check_world_fits(job.plan, job.replicas)
-    datasets = load_datasets(job.plan)  # the data must load and fit the model before any worker starts
+    # the data must load and fit the model before any worker starts (a resumed run: with the
+    # table statistics its folder keeps)
+    datasets = load_datasets(job.plan, job.out_dir if job.resume else None)
     if isinstance(strategy, SpeaksVocabulary):
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
     if isinstance(strategy, ChecksJob):

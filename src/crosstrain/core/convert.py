@@ -204,7 +204,7 @@ def _resolve_paths(data: DataSpec, base_dir: Path) -> DataSpec:
     def resolve(path: str | None) -> str | None:
         return None if path is None else str((base_dir / path).resolve())
 
-    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path")
+    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path", "tokenizer")
     resolved: dict[str, Any] = {name: resolve(getattr(data, name)) for name in paths}
     return attrs.evolve(data, **resolved)
 

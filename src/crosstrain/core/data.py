@@ -20,11 +20,14 @@ import attrs
 import numpy as np
 
 from crosstrain.core.errors import InputError, PlanError, closest_name
-from crosstrain.core.graph import dense_on_image
+from crosstrain.core.graph import MODEL_INPUT, dense_on_image
+from crosstrain.core.layers import Embedding
 from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import CLASS_LOSSES, DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
+from crosstrain.core.sources import table as tables
+from crosstrain.core.sources import text
+from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens, stdlib_files
 
 
 class Rows(Protocol):
@@ -166,11 +169,18 @@ class StepBatch:
 # --------------------------------------------------------------------------- loading
 
 
-def load_datasets(plan: Plan) -> Datasets:
+def load_datasets(plan: Plan, run_dir: str | Path | None = None) -> Datasets:
     """Load and shape the plan's data, checking it against the model; errors name the field.
-    Inputs come out scaled as ``data.scale``/``mean``/``std`` ask, read raw until then."""
-    datasets = _load_raw_datasets(plan)
-    scaling = plan.data.scaling
+    Inputs come out scaled as ``data.scale``/``mean``/``std`` ask, read raw until then.
+    ``run_dir``: a run folder whose kept statistics (a table's codes, mean and std) are used
+    as they are; without it (or where it keeps none) they are computed from the rows."""
+    if plan.data.source == "table":
+        datasets, statistics = table_datasets(plan, run_dir)
+        return _scaled(datasets, statistics.scaling() if plan.data.standardize else plan.data.scaling)
+    return _scaled(_load_raw_datasets(plan), plan.data.scaling)
+
+
+def _scaled(datasets: Datasets, scaling: InputScaling) -> Datasets:
     if scaling.is_identity:
         return datasets
     train = ArrayDataset(ScaledRows(datasets.train.x, scaling), datasets.train.y)
@@ -181,7 +191,7 @@ def load_datasets(plan: Plan) -> Datasets:
 
 def _load_raw_datasets(plan: Plan) -> Datasets:
     spec = plan.data
-    if spec.source in ("tokens", "python-stdlib"):
+    if spec.source in ("tokens", "python-stdlib", "text"):
         return _token_datasets(plan)
     if spec.source == "npy":
         return _npy_datasets(plan)
@@ -196,6 +206,102 @@ def _load_raw_datasets(plan: Plan) -> Datasets:
     if evaluation is not None:
         return _nonempty(Datasets(train=full, eval=evaluation), plan)
     return _nonempty(_split(full, spec.eval_fraction, plan.seed), plan)
+
+
+def table_datasets(plan: Plan, run_dir: str | Path | None = None) -> tuple[Datasets, tables.TableStatistics]:
+    """A table's train and eval sets (raw: numbers and category codes, float32) and its
+    statistics: those ``run_dir`` keeps, else computed (codes from every row of the file,
+    mean and std from the training rows)."""
+    spec = plan.data
+    assert spec.path is not None and spec.label is not None  # DataSpec refuses a table without them
+    _check_table_model(plan)
+    columns = _table_spec(plan)
+    where = tables.Columns(spec.path, "data.path", plan.source)
+    table = tables.read_table(spec.path, [*columns.features, columns.label], where, columns.categorical)
+    kept = tables.read_statistics(run_dir)
+    if kept is not None:
+        tables.check_statistics_fit(kept, columns, where)
+        categories, label_classes = kept.categories, kept.label_classes
+    else:
+        categories, label_classes = tables.read_codes(table, columns, where)
+    full = _table_rows(plan, table, columns, categories, label_classes, where)
+    if spec.limit is not None:
+        full = full.take(np.arange(min(spec.limit, len(full))))
+    if spec.eval_path is not None:
+        where = tables.Columns(spec.eval_path, "data.eval_path", plan.source)
+        evaluation = tables.read_table(spec.eval_path, [*columns.features, columns.label], where, columns.categorical)
+        datasets = Datasets(full, _table_rows(plan, evaluation, columns, categories, label_classes, where))
+    else:
+        datasets = _split(full, spec.eval_fraction, plan.seed)
+    datasets = _nonempty(datasets, plan)
+    train_x = np.asarray(datasets.train.x[np.arange(len(datasets.train))])
+    statistics = kept or tables.compute_statistics(train_x, columns, categories, label_classes)
+    return datasets, statistics
+
+
+def read_table_rows(
+    plan: Plan, path: str, run_dir: str | Path, field: str, with_label: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of another table (``crosstrain evaluate``/``predict --data``) coded and scaled
+    as the run's training rows were, by its kept statistics; and its labels if asked."""
+    columns = _table_spec(plan)
+    statistics = tables.read_statistics(run_dir) or table_datasets(plan)[1]
+    where = tables.Columns(path, field, None)
+    wanted = [*columns.features, columns.label] if with_label else list(columns.features)
+    table = tables.read_table(path, wanted, where, columns.categorical)
+    x = tables.encode_features(table, columns, statistics.categories, where)
+    scaling = statistics.scaling() if plan.data.standardize else plan.data.scaling
+    if not with_label:
+        return scaling.apply(x), None
+    y = tables.encode_label(table, columns, statistics.label_classes, where)
+    return scaling.apply(x), _table_targets(y, plan, where)
+
+
+def _table_spec(plan: Plan) -> tables.TableSpec:
+    spec = plan.data
+    assert spec.label is not None
+    return tables.TableSpec(spec.features, spec.label, spec.categorical, plan.loss.name in CLASS_LOSSES)
+
+
+def _check_table_model(plan: Plan) -> None:
+    """One input per feature column, as float32 numbers."""
+    features = plan.data.features
+    if plan.model.input_shape != (len(features),):
+        raise PlanError(
+            f"{list(plan.model.input_shape)}, but data.features names {len(features)} columns: "
+            f"the model reads [{len(features)}] (one number per feature)",
+            field="model.input_shape",
+            source=plan.source,
+        )
+    if plan.model.input_dtype != "float32":
+        raise PlanError(
+            "a table's features are float32 numbers (categories as their codes)",
+            field="model.input_dtype",
+            source=plan.source,
+        )
+
+
+def _table_rows(
+    plan: Plan,
+    table: Any,
+    columns: tables.TableSpec,
+    categories: dict[str, tuple[str, ...]],
+    label_classes: tuple[str, ...] | None,
+    where: tables.Columns,
+) -> ArrayDataset:
+    x = tables.encode_features(table, columns, categories, where)
+    y = tables.encode_label(table, columns, label_classes, where)
+    return ArrayDataset(x, _table_targets(y, plan, where))
+
+
+def _table_targets(y: np.ndarray, plan: Plan, where: tables.Columns) -> np.ndarray:
+    """The label column against the model's output, refused naming the column."""
+    try:
+        return fit_targets(y, plan)
+    except TargetMisfit as misfit:
+        field = "data.label" if misfit.field == "data.y_key" else misfit.field
+        field = field if where.field.startswith("data.") else where.field  # --data: the flag
+        raise PlanError(f"{where.path}: column {plan.data.label!r}: {misfit}", field=field, source=where.source) from None
 
 
 def _npz_eval_set(plan: Plan) -> ArrayDataset | None:
@@ -276,11 +382,7 @@ def _token_datasets(plan: Plan) -> Datasets:
     ``eval_fraction`` of the windows, so no eval text is ever trained on."""
     spec = plan.data
     assert spec.sequence_length is not None  # DataSpec refuses token sources without it
-    if spec.source == "python-stdlib":
-        tokens = python_stdlib_tokens()
-    else:
-        assert spec.path is not None
-        tokens = load_token_file(spec.path, plan.source)
+    tokens = _tokens(plan)
     length = spec.sequence_length
     _check_token_model(plan, tokens, length)
     windows = (len(tokens) - 1) // length
@@ -305,8 +407,46 @@ def _token_datasets(plan: Plan) -> Datasets:
     return Datasets(train=part(0, train_windows), eval=evaluation)
 
 
+def _tokens(plan: Plan) -> np.ndarray:
+    """The plan's token array: a token file, or text (the standard library's or the files
+    of ``data.path``) as bytes or through ``data.tokenizer``, tokenized once into the cache."""
+    spec = plan.data
+    if spec.source == "python-stdlib" and spec.tokenizer is None:
+        return python_stdlib_tokens()
+    if spec.source == "tokens":
+        assert spec.path is not None
+        return load_token_file(spec.path, plan.source)
+    where = text.Where("data.path" if spec.source == "text" else "data.source", plan.source)
+    files = stdlib_files() if spec.source == "python-stdlib" else text.text_files(str(spec.path), where)
+    if spec.tokenizer is not None:
+        _check_vocabulary(plan, text.vocabulary_size(spec.tokenizer))
+    return text.corpus_tokens(files, spec.tokenizer, where)
+
+
+def _check_vocabulary(plan: Plan, vocabulary: int) -> None:
+    """Every id the tokenizer can give has an embedding row and an output class."""
+    if plan.model.native is not None:
+        return
+    graph = plan.model.graph(plan.source)
+    tokenizer = f"the tokenizer's vocabulary ({vocabulary} ids, {plan.data.tokenizer})"
+    for node in graph.nodes:
+        if isinstance(node.layer, Embedding) and MODEL_INPUT in node.inputs and node.layer.vocab_size < vocabulary:
+            raise PlanError(
+                f"vocab_size {node.layer.vocab_size} is smaller than {tokenizer}",
+                field=f"{node.field}.vocab_size",
+                source=plan.source,
+            )
+    classes = graph.output_shape[-1] if graph.output_shape else 0
+    if plan.loss.name in CLASS_LOSSES and classes < vocabulary:
+        raise PlanError(
+            f"the model's last layer has {classes} classes, fewer than {tokenizer}",
+            field="model.layers",
+            source=plan.source,
+        )
+
+
 def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
-    field = "data.path" if plan.data.source == "tokens" else "data.source"
+    field = "data.path" if plan.data.source in ("tokens", "text") else "data.source"
     if plan.model.input_shape != (length,):
         raise PlanError(
             f"windows of {length} tokens do not fit model.input_shape {list(plan.model.input_shape)}",

@@ -120,7 +120,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
-    datasets = load_datasets(plan)
+    datasets = load_datasets(plan, job.out_dir)  # the run folder's table statistics
     sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
     checkpoint = resume.find_resume_point(job)
     context = RunContext(

@@ -32,7 +32,7 @@ MetricName = Literal["loss", "accuracy", "top_k_accuracy", "perplexity"]
 OnNonFinite = Literal["stop", "skip"]
 #: a checkpoint's metric that ``output.keep_best`` may monitor
 KeepBest = Literal["eval.loss", "eval.accuracy"]
-DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
+DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib", "table", "text"]
 Placement = Literal["auto", "device", "host"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
@@ -155,7 +155,10 @@ class DataSpec:
     tokens). The eval set is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
     else ``x_key``/``y_key``), else the eval keys' arrays of ``path``, else a seeded
     ``eval_fraction`` of the rows (for tokens: the last windows). ``limit`` keeps the first
-    rows."""
+    rows. "table" (``path``: a .csv or .parquet file; ``features``, ``label``,
+    ``categorical``, ``standardize``: :mod:`crosstrain.core.sources.table`) and "text"
+    (``path``: a file, folder or glob; ``tokenizer``: :mod:`crosstrain.core.sources.text`)
+    are documented in docs/data.md."""
 
     source: DataSource = "digits"
     path: str | None = None
@@ -181,18 +184,31 @@ class DataSpec:
     scale: float = attrs.field(default=1.0, validator=_gt0)
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = attrs.field(default=(), validator=attrs.validators.deep_iterable(_gt0))
+    #: table: the feature columns, in the model's input order, and the label column
+    features: tuple[str, ...] = ()
+    label: str | None = None
+    #: table: the feature columns whose values are categories (each coded 0..n-1 in sorted order)
+    categorical: tuple[str, ...] = ()
+    #: table: numeric features to mean 0, std 1 by the training rows' statistics (kept in the
+    #: run folder's statistics.json, reused by evaluate, predict and a resumed run)
+    standardize: bool = False
+    #: text and python-stdlib: a Hugging Face ``tokenizers`` JSON file; none: bytes (vocabulary 256)
+    tokenizer: str | None = None
 
     @property
     def scaling(self) -> InputScaling:
         return InputScaling(self.scale, self.mean, self.std)
 
     def __attrs_post_init__(self) -> None:
-        if self.source in ("npz", "tokens") and self.path is None:
+        if self.source in ("npz", "tokens", "table", "text") and self.path is None:
             raise ValueError(f"source {self.source!r} needs data.path")
-        if self.source in ("tokens", "python-stdlib") and self.sequence_length is None:
+        if self.source in ("tokens", "python-stdlib", "text") and self.sequence_length is None:
             raise ValueError(f"source {self.source!r} needs data.sequence_length")
         if self.source == "npy" and (self.x_path is None or self.y_path is None):
             raise ValueError("source 'npy' needs data.x_path and data.y_path")
+        self._check_table_fields()
+        if self.tokenizer is not None and self.source not in ("text", "python-stdlib"):
+            raise ValueError(f"tokenizer reads text (source 'text' or 'python-stdlib'), not source {self.source!r}")
         if (self.eval_x_path is None) != (self.eval_y_path is None):
             raise ValueError("data.eval_x_path and data.eval_y_path come together")
         if (self.eval_x_key is None) != (self.eval_y_key is None):
@@ -202,6 +218,20 @@ class DataSpec:
                 f"eval_x_key and eval_y_key name arrays of an .npz file (source 'npz', or an "
                 f"eval_path), not of source {self.source!r}"
             )
+
+    def _check_table_fields(self) -> None:
+        given = [name for name in ("features", "label", "categorical", "standardize") if getattr(self, name)]
+        if self.source != "table":
+            if given:
+                raise ValueError(f"data.{given[0]} describes a table's columns (source 'table')")
+            return
+        if not self.features or self.label is None:
+            raise ValueError("source 'table' needs data.features (the input columns) and data.label")
+        outside = [name for name in self.categorical if name not in self.features]
+        if outside:
+            raise ValueError(f"data.categorical names {outside[0]!r}, which is not one of data.features")
+        if self.standardize and (self.mean or self.std):
+            raise ValueError("data.standardize computes the mean and std of the features; leave data.mean/std out")
 
 
 @attrs.frozen

@@ -24,8 +24,10 @@ from typing import IO, Any
 import attrs
 
 from crosstrain.core.checkpoint import MODEL_FILE, last_checkpoint
+from crosstrain.core.data import table_datasets
 from crosstrain.core.errors import InputError, RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
+from crosstrain.core.sources.table import STATISTICS_FILE, write_statistics
 
 LOCK_FILE = ".crosstrain.lock"
 #: the plan as run (overrides applied, data paths absolute): evaluate, predict and export
@@ -34,6 +36,7 @@ PLAN_FILE = "plan.json"
 #: what a run writes into its folder (built-in plugins included)
 RUN_OUTPUTS = (
     PLAN_FILE,
+    STATISTICS_FILE,
     "metrics.jsonl",
     "summary.json",
     "model.safetensors",
@@ -125,7 +128,15 @@ def write_run_plan(out_dir: Path, plan: Plan, init_from: str | None = None) -> P
         document["init_from"] = init_from
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, path)
+    write_data_statistics(Path(out_dir), plan)
     return path
+
+
+def write_data_statistics(out_dir: Path, plan: Plan) -> None:
+    """A table's statistics (category codes, mean and std: :data:`STATISTICS_FILE`), computed
+    from its training rows when the run starts; a resumed run keeps those it started with."""
+    if plan.data.source == "table" and not (out_dir / STATISTICS_FILE).is_file():
+        write_statistics(out_dir, table_datasets(plan)[1])
 
 
 def run_plan_source(run_dir: Path) -> Path | None:
