@@ -31,7 +31,9 @@ def train(out: Path) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator((file.read_text(encoding="utf-8") for file in files), trainer, length=len(files))
+    tokenizer.train_from_iterator(
+        (file.read_text(encoding="utf-8") for file in files), trainer, length=len(files)
+    )
     tokenizer.save(str(out))
     return tokenizer
 

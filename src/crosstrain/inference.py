@@ -34,8 +34,8 @@ from crosstrain.core.layers import Embedding
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_run_plan, run_plan_source
-from crosstrain.core.scaling import ScaledRows
-from crosstrain.core.sources.table import TABLE_FORMATS
+from crosstrain.core.scaling import InputScaling, ScaledRows
+from crosstrain.core.sources.table import STATISTICS_FILE, TABLE_FORMATS, read_statistics
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
@@ -181,7 +181,9 @@ def evaluate_run(
         "eval": metrics,
     }
     if data is not None:
-        result["data"], result["labels"] = str(data), str(labels)
+        result["data"] = str(data)
+    if labels is not None:
+        result["labels"] = str(labels)
     return result
 
 
@@ -192,7 +194,7 @@ def _eval_set(model: TrainedModel, data: str | Path | None, labels: str | Path |
         assert y is not None
         return ArrayDataset(x, y)
     if data is not None and labels is not None:
-        x = read_rows(data, model.plan)
+        x = read_rows(data, model.plan, run_scaling(model))
         return ArrayDataset(x, read_labels(labels, len(x), data, model.plan))
     datasets = load_datasets(model.plan, model.run_dir)
     if datasets.eval is None:
@@ -236,9 +238,10 @@ def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np
 # --------------------------------------------------------------------------- predict
 
 
-def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
+def read_rows(path: str | Path, plan: Plan, scaling: InputScaling | None = None) -> np.ndarray:
     """Rows from a ``.npy`` file, checked against the model's input and scaled as in
-    training (``data.scale``/``mean``/``std``): float32, or int32 token ids."""
+    training (``scaling``, by default ``data.scale``/``mean``/``std``): float32, or int32
+    token ids."""
     path = Path(path)
     raw = _open_npy(path, "--data")
     shape = tuple(plan.model.input_shape)
@@ -259,7 +262,20 @@ def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
     if plan.model.input_dtype == "int32":
         _check_token_ids(path, rows, plan)
         return rows.astype(np.int32)
-    return plan.data.scaling.apply(rows)
+    return (scaling or plan.data.scaling).apply(rows)
+
+
+def run_scaling(model: TrainedModel) -> InputScaling:
+    """The scaling the run's inputs were trained with: a standardised table's kept
+    statistics, else the plan's ``data.scale``/``mean``/``std``."""
+    if model.plan.data.source == "table" and model.plan.data.standardize:
+        statistics = read_statistics(model.run_dir)
+        if statistics is None:
+            raise InputError(
+                f"{model.run_dir}: no {STATISTICS_FILE}, which a run with data.standardize writes"
+            )
+        return statistics.scaling()
+    return model.plan.data.scaling
 
 
 def _open_npy(path: Path, flag: str) -> np.ndarray:
@@ -317,7 +333,7 @@ def predict_run(
     if is_table_file(data):
         x, _ = read_table_rows(_table_plan(model, data), str(data), model.run_dir, "--data", with_label=False)
     else:
-        x = read_rows(data, model.plan)
+        x = read_rows(data, model.plan, run_scaling(model))
     out_path = Path(out)
     if not out_path.parent.is_dir():
         raise InputError(f"--out {out_path}: folder {out_path.parent} does not exist")

@@ -229,7 +229,9 @@ def table_datasets(plan: Plan, run_dir: str | Path | None = None) -> tuple[Datas
         full = full.take(np.arange(min(spec.limit, len(full))))
     if spec.eval_path is not None:
         where = tables.Columns(spec.eval_path, "data.eval_path", plan.source)
-        evaluation = tables.read_table(spec.eval_path, [*columns.features, columns.label], where, columns.categorical)
+        evaluation = tables.read_table(
+            spec.eval_path, [*columns.features, columns.label], where, columns.categorical
+        )
         datasets = Datasets(full, _table_rows(plan, evaluation, columns, categories, label_classes, where))
     else:
         datasets = _split(full, spec.eval_fraction, plan.seed)
@@ -301,7 +303,9 @@ def _table_targets(y: np.ndarray, plan: Plan, where: tables.Columns) -> np.ndarr
     except TargetMisfit as misfit:
         field = "data.label" if misfit.field == "data.y_key" else misfit.field
         field = field if where.field.startswith("data.") else where.field  # --data: the flag
-        raise PlanError(f"{where.path}: column {plan.data.label!r}: {misfit}", field=field, source=where.source) from None
+        raise PlanError(
+            f"{where.path}: column {plan.data.label!r}: {misfit}", field=field, source=where.source
+        ) from None
 
 
 def _npz_eval_set(plan: Plan) -> ArrayDataset | None:
@@ -430,7 +434,11 @@ def _check_vocabulary(plan: Plan, vocabulary: int) -> None:
     graph = plan.model.graph(plan.source)
     tokenizer = f"the tokenizer's vocabulary ({vocabulary} ids, {plan.data.tokenizer})"
     for node in graph.nodes:
-        if isinstance(node.layer, Embedding) and MODEL_INPUT in node.inputs and node.layer.vocab_size < vocabulary:
+        if (
+            isinstance(node.layer, Embedding)
+            and MODEL_INPUT in node.inputs
+            and node.layer.vocab_size < vocabulary
+        ):
             raise PlanError(
                 f"vocab_size {node.layer.vocab_size} is smaller than {tokenizer}",
                 field=f"{node.field}.vocab_size",

@@ -208,7 +208,9 @@ class DataSpec:
             raise ValueError("source 'npy' needs data.x_path and data.y_path")
         self._check_table_fields()
         if self.tokenizer is not None and self.source not in ("text", "python-stdlib"):
-            raise ValueError(f"tokenizer reads text (source 'text' or 'python-stdlib'), not source {self.source!r}")
+            raise ValueError(
+                f"tokenizer reads text (source 'text' or 'python-stdlib'), not source {self.source!r}"
+            )
         if (self.eval_x_path is None) != (self.eval_y_path is None):
             raise ValueError("data.eval_x_path and data.eval_y_path come together")
         if (self.eval_x_key is None) != (self.eval_y_key is None):
@@ -231,7 +233,9 @@ class DataSpec:
         if outside:
             raise ValueError(f"data.categorical names {outside[0]!r}, which is not one of data.features")
         if self.standardize and (self.mean or self.std):
-            raise ValueError("data.standardize computes the mean and std of the features; leave data.mean/std out")
+            raise ValueError(
+                "data.standardize computes the mean and std of the features; leave data.mean/std out"
+            )
 
 
 @attrs.frozen

@@ -21,7 +21,9 @@ from crosstrain.testing.plans import (
     MULTILABEL_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
+    TABLE_PLAN,
     VISION_PLAN,
+    write_churn_tables,
     write_images,
     write_multilabel_data,
     write_tokens,
@@ -43,8 +45,8 @@ PLAN_SETTINGS: dict[str, tuple[str, ...]] = {name: model.small for name, model i
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: plans of one feature each, trained only by the tests that name them (not every backend's
-#: conformance suite): GPT-2's tied output, binary cross-entropy
-FEATURE_PLANS = {"gpt2": GPT2_PLAN, "multilabel": MULTILABEL_PLAN}
+#: conformance suite): GPT-2's tied output, binary cross-entropy, a table of text and numbers
+FEATURE_PLANS = {"gpt2": GPT2_PLAN, "multilabel": MULTILABEL_PLAN, "table": TABLE_PLAN}
 #: the steps of every run a check compares (``train.max_steps``)
 STEPS = 12
 
@@ -81,6 +83,8 @@ def write_plan(directory: Path, name: str) -> Path:
         write_images(str(directory))
     if name == "multilabel":
         write_multilabel_data(str(directory / "multilabel.npz"))
+    if name == "table":
+        write_churn_tables(str(directory))
     if name in ZOO:
         ZOO[name].write_data(directory)
     path = directory / f"{name}.toml"

@@ -4,8 +4,10 @@ Each is a TOML text (the plan format of docs/plans.md) small enough to train a f
 seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
 batch norm, the blocks of a ResNet and a MobileNetV2, a GPT-style decoder with dropout on
 token data, a Llama-style and a GPT-2-style decoder on the built-in ``python-stdlib`` text,
-and a multi-label MLP.
+and a multi-label MLP, and an MLP on a table of text and numbers.
 """
+
+from typing import Any
 
 DROPOUT_MLP_PLAN = """
 name = "dropout_mlp"
@@ -323,6 +325,69 @@ def write_multilabel_data(path: str) -> None:
     x, digits = load_digits_arrays()
     facts = [digits % 2 == 0, digits > 4, np.isin(digits, (0, 6, 8, 9)), np.isin(digits, (2, 3, 5, 7))]
     np.savez(path, x=x, y=np.stack(facts, axis=1).astype(np.float32))
+
+
+TABLE_PLAN = """
+name = "churn_table"
+seed = 3
+[model]
+input_shape = [5]
+layers = [
+  { type = "dense", units = 16, activation = "relu" },
+  { type = "dense", units = 2 },
+]
+[data]
+source = "table"
+path = "churn.csv"
+features = ["age", "plan", "monthly", "city", "tenure"]
+categorical = ["plan", "city"]
+label = "churned"
+standardize = true
+[optimizer]
+name = "sgd"
+lr = 0.1
+momentum = 0.9
+[train]
+global_batch_size = 32
+"""
+
+#: the churn table's categories (a later table may hold only some of them)
+CHURN_PLANS = ("basic", "pro", "premium")
+CHURN_CITIES = ("Lyon", "Paris", "Nantes", "Lille")
+
+
+def churn_columns(rows: int, seed: int, plans: tuple[str, ...] = CHURN_PLANS) -> dict[str, list[Any]]:
+    """A synthetic customer table: numeric and text columns, a text label that depends on
+    both (so a model can learn something)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    age = rng.integers(18, 80, rows)
+    plan = rng.choice(plans, rows)
+    monthly = np.round(rng.gamma(4.0, 15.0, rows), 2)
+    city = rng.choice(CHURN_CITIES, rows)
+    tenure = rng.integers(0, 120, rows)
+    score = 0.03 * monthly - 0.02 * tenure + np.where(plan == "basic", 0.8, 0.0) + rng.normal(0, 0.5, rows)
+    return {
+        "age": age.tolist(),
+        "plan": plan.tolist(),
+        "monthly": monthly.tolist(),
+        "city": city.tolist(),
+        "tenure": tenure.tolist(),
+        "churned": np.where(score > 0.5, "yes", "no").tolist(),
+    }
+
+
+def write_churn_tables(directory: str) -> None:
+    """TABLE_PLAN's ``churn.csv`` (600 rows) and ``churn_2026.parquet``, a later table of
+    another distribution (200 rows, no "basic" customers), for evaluate."""
+    import pyarrow
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    pyarrow.csv.write_csv(pyarrow.table(churn_columns(600, seed=0)), f"{directory}/churn.csv")
+    later = churn_columns(200, seed=1, plans=("pro", "premium"))
+    pyarrow.parquet.write_table(pyarrow.table(later), f"{directory}/churn_2026.parquet")
 
 
 def write_tokens(path: str, count: int = 4000, vocabulary: int = 32, seed: int = 0) -> None:

@@ -124,7 +124,9 @@ def _pyarrow() -> tuple[ModuleType, ModuleType]:
         import pyarrow
         import pyarrow.compute
     except ImportError:
-        raise InputError(f"data.source 'table' reads .csv and .parquet files with pyarrow: {INSTALL_HINT}") from None
+        raise InputError(
+            f"data.source 'table' reads .csv and .parquet files with pyarrow: {INSTALL_HINT}"
+        ) from None
     return pyarrow, pyarrow.compute
 
 
@@ -203,7 +205,11 @@ def numeric_column(column: Any, name: str, where: Columns) -> np.ndarray:
     """A numeric column as float64 (booleans 0/1); text or a missing value is refused."""
     pyarrow, compute = _pyarrow()
     kind = column.type
-    if not (pyarrow.types.is_integer(kind) or pyarrow.types.is_floating(kind) or pyarrow.types.is_boolean(kind)):
+    if pyarrow.types.is_null(kind):  # nothing but missing values
+        _refuse_missing(column, name, where, compute)
+    if not (
+        pyarrow.types.is_integer(kind) or pyarrow.types.is_floating(kind) or pyarrow.types.is_boolean(kind)
+    ):
         raise where.refuse(_not_numeric(column, name))
     _refuse_missing(column, name, where, compute)
     values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -249,7 +255,8 @@ def coded(column: Any, codes: tuple[str, ...], name: str, where: Columns) -> np.
         value = column[row].as_py()
         known = ", ".join(repr(code) for code in codes[:10]) + (", ..." if len(codes) > 10 else "")
         raise where.refuse(
-            f"column {name!r} row {row + 1}: {value!r} is not a category the run was trained with (it knows {known})"
+            f"column {name!r} row {row + 1}: {value!r} is not a category the run was trained with "
+            f"(it knows {known})"
         )
     return np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
 
@@ -267,12 +274,12 @@ class TableSpec:
     classes: bool
 
 
-def read_codes(table: Any, spec: TableSpec, where: Columns) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...] | None]:
+def read_codes(
+    table: Any, spec: TableSpec, where: Columns
+) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...] | None]:
     """The code tables of the categorical features and (for text classes) of the label."""
     pyarrow, _ = _pyarrow()
-    categories = {
-        name: code_table(text_values(table.column(name), name, where)) for name in spec.categorical
-    }
+    categories = {name: code_table(text_values(table.column(name), name, where)) for name in spec.categorical}
     label = table.column(spec.label)
     label_classes = None
     if spec.classes and (pyarrow.types.is_string(label.type) or pyarrow.types.is_large_string(label.type)):
@@ -292,10 +299,14 @@ def encode_features(
             columns.append(coded(text_values(column, name, where), categories[name], name, where))
         else:
             columns.append(numeric_column(column, name, where))
-    return np.stack(columns, axis=1).astype(np.float32) if columns else np.zeros((table.num_rows, 0), np.float32)
+    return (
+        np.stack(columns, axis=1).astype(np.float32) if columns else np.zeros((table.num_rows, 0), np.float32)
+    )
 
 
-def encode_label(table: Any, spec: TableSpec, label_classes: tuple[str, ...] | None, where: Columns) -> np.ndarray:
+def encode_label(
+    table: Any, spec: TableSpec, label_classes: tuple[str, ...] | None, where: Columns
+) -> np.ndarray:
     """The label column: class ids (int64) for a classifier, else float32 targets."""
     column = table.column(spec.label)
     if label_classes is not None:

@@ -86,7 +86,11 @@ def load_tokenizer(path: str) -> Any:
 
 def vocabulary_size(tokenizer: str | None) -> int:
     """The ids a tokenizer file gives (its added tokens included); 256 for bytes."""
-    return BYTE_VOCABULARY if tokenizer is None else int(load_tokenizer(tokenizer).get_vocab_size(with_added_tokens=True))
+    return (
+        BYTE_VOCABULARY
+        if tokenizer is None
+        else int(load_tokenizer(tokenizer).get_vocab_size(with_added_tokens=True))
+    )
 
 
 def _token_dtype(vocabulary: int) -> type[np.unsignedinteger[Any]]:
@@ -140,7 +144,9 @@ def _batches(files: Sequence[Path], where: Where) -> Iterator[list[str]]:
         try:
             text = file.read_text(encoding="utf-8")
         except UnicodeDecodeError as error:
-            raise where.refuse(f"{file}: not UTF-8 text (byte {error.start}); a tokenizer reads text") from None
+            raise where.refuse(
+                f"{file}: not UTF-8 text (byte {error.start}); a tokenizer reads text"
+            ) from None
         batch.append(text)
         size += len(text)
         if size >= BATCH_BYTES:
