@@ -48,7 +48,8 @@ def test_a_table_trains_the_same_on_torch_and_tf_and_evaluates_a_later_table_as_
     assert np.max(np.abs(tf_losses - torch_losses)) <= PARITY
     kept = json.loads((reference / "statistics.json").read_text())
     assert kept == json.loads((mine / "statistics.json").read_text())
-    assert kept["categories"]["plan"] == ["basic", "premium", "pro"] and kept["label_classes"] == ["no", "yes"]
+    assert kept["categories"]["plan"] == ["basic", "premium", "pro"]
+    assert kept["label_classes"] == ["no", "yes"]
     # a later table without "basic" customers: coded by its own rows "pro" would be 1, not 2
     later = reference.parent / "churn_2026.parquet"
     features = kept["features"]
@@ -82,8 +83,7 @@ TINY_GPT = (
 def test_the_bpe_gpt_example_trains_the_same_on_torch_and_tf(tmp_path: Path) -> None:
     settings = [item for setting in TINY_GPT for item in ("--set", setting)]
     plan = EXAMPLES / "stdlib_gpt_bpe.toml"
-    losses = [
-        step_losses(train(backend, plan, tmp_path / backend, 1, *settings, steps=4)) for backend in ("torch", "tf")
-    ]
+    runs = [train(backend, plan, tmp_path / backend, 1, *settings, steps=4) for backend in ("torch", "tf")]
+    losses = [step_losses(run) for run in runs]
     assert len(losses[0]) == 4 and losses[0][0] > 7.0  # about ln(4096): 4,096 classes
     assert np.max(np.abs(losses[1] - losses[0])) <= PARITY
