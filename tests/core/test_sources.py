@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from crosstrain.core.data import load_datasets, table_datasets
+from crosstrain.core.data import epoch_rows, load_datasets, table_datasets
 from crosstrain.core.errors import PlanError
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import write_data_statistics
 from crosstrain.core.sources import text
 from crosstrain.core.sources.table import STATISTICS_FILE, read_statistics
-from crosstrain.testing.plans import TABLE_PLAN, churn_columns, write_churn_tables
+from crosstrain.testing.plans import GPT_PLAN, TABLE_PLAN, churn_columns, write_churn_tables, write_tokens
 from tests.conftest import EXAMPLES
 
 BPE = EXAMPLES / "tokenizers" / "stdlib_bpe_4096.json"
@@ -216,3 +216,28 @@ def test_a_model_smaller_than_the_tokenizers_vocabulary_is_refused(
         load_datasets(plan)
     with pytest.raises(PlanError, match=r"data\.path: .*nothing\*\.txt holds no files"):
         load_datasets(load_plan(write_plan(TEXT_PLAN.replace("*.txt", "nothing*.txt"))))
+
+
+def test_window_offsets_are_a_hash_of_seed_epoch_and_row(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    rows = np.arange(4000)
+    offsets = text.window_offsets(7, 2, rows, 16)
+    assert offsets.min() == 0 and offsets.max() == 15 and len(np.unique(offsets)) == 16
+    # each row's draw is its own: any subset of rows (another replica's share) draws the same
+    assert np.array_equal(text.window_offsets(7, 2, rows[[3999, 5, 17]], 16), offsets[[3999, 5, 17]])
+    assert not np.array_equal(text.window_offsets(7, 3, rows, 16), offsets)  # anew every epoch
+    assert not np.array_equal(text.window_offsets(8, 2, rows, 16), offsets)
+    write_tokens(str(tmp_path / "tokens.npy"), count=1001)
+    plan = load_plan(write_plan(GPT_PLAN), ["data.augment.window_offset=true"])
+    train = load_datasets(plan).train
+    assert len(train) == 55  # 62 windows of 16, 6 held out, the last training one left out
+    moved = epoch_rows(train, plan, epoch=2)
+    shifts = text.window_offsets(plan.seed, 2, np.arange(55), 16)
+    tokens = np.load(tmp_path / "tokens.npy")
+    for row in (0, 54):
+        start = row * 16 + shifts[row]
+        assert np.array_equal(moved.x[np.array([row])][0], tokens[start : start + 16])
+        assert np.array_equal(moved.y[np.array([row])][0], tokens[start + 1 : start + 17])
+    assert 54 * 16 + shifts[54] + 16 < 56 * 16  # no target read from the eval windows
+    assert epoch_rows(train, load_plan(write_plan(GPT_PLAN)), epoch=2) is train

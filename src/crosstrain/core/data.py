@@ -408,7 +408,27 @@ def _token_datasets(plan: Plan) -> Datasets:
 
     train_windows = windows - eval_windows
     evaluation = part(train_windows, eval_windows) if eval_windows else None
-    return Datasets(train=part(0, train_windows), eval=evaluation)
+    # a window moved right by up to L-1 tokens would read into the next one: the last
+    # training window is left out, so no moved window reaches the eval text (or the end)
+    moved = 1 if spec.augment.window_offset else 0
+    if train_windows - moved < 1:
+        raise PlanError(
+            f"{len(tokens)} tokens make {windows} windows of {length}: too few to train on "
+            "with augment.window_offset (which leaves the last training window out)",
+            field="data.sequence_length",
+            source=plan.source,
+        )
+    return Datasets(train=part(0, train_windows - moved), eval=evaluation)
+
+
+def epoch_rows(dataset: ArrayDataset, plan: Plan, epoch: int) -> ArrayDataset:
+    """The training rows as epoch ``epoch`` reads them: with ``data.augment.window_offset``
+    each token window moved by its draw for the epoch; otherwise the rows themselves."""
+    if not plan.data.augment.window_offset or not isinstance(dataset.x, TokenWindows):
+        return dataset
+    assert isinstance(dataset.y, TokenWindows)
+    shifts = text.window_offsets(plan.seed, epoch, np.arange(len(dataset)), dataset.x.length)
+    return ArrayDataset(text.ShiftedWindows(dataset.x, shifts), text.ShiftedWindows(dataset.y, shifts))
 
 
 def _tokens(plan: Plan) -> np.ndarray:

@@ -27,6 +27,7 @@ from crosstrain.core.data import (
     Datasets,
     GlobalSampler,
     StepBatch,
+    epoch_rows,
     eval_batches,
     load_datasets,
     shard,
@@ -340,6 +341,7 @@ def _epoch_steps(
     plan, world = context.plan, context.world
     done_before = first_step - epoch * sampler.steps_per_epoch
     step = first_step
+    train = epoch_rows(datasets.train, plan, epoch)  # token windows moved by the epoch's draws
     for index, (indices, weight) in enumerate(sampler.epoch(epoch)):
         if index < done_before:
             continue
@@ -348,7 +350,7 @@ def _epoch_steps(
         yield (
             index,
             step_batch(
-                datasets.train,
+                train,
                 indices,
                 weight,
                 world.process_index,

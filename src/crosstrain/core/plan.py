@@ -144,6 +144,16 @@ class ModelSpec:
 
 
 @attrs.frozen
+class AugmentSpec:
+    """``[data.augment]``: random changes to the training rows, each draw a counter-based hash
+    of (seed, epoch, row), so the same on every backend, at every world size and after a
+    resume. ``window_offset`` (token sources): each window starts 0..sequence_length-1
+    tokens later, drawn anew every epoch (:func:`crosstrain.core.sources.text.window_offsets`)."""
+
+    window_offset: bool = False
+
+
+@attrs.frozen
 class DataSpec:
     """``source``: "digits" (scikit-learn's 8x8 handwritten digits, shipped, no download),
     "npz" (``path`` with arrays ``x_key``/``y_key``; ``eval_x_key``/``eval_y_key``: the eval
@@ -194,6 +204,7 @@ class DataSpec:
     standardize: bool = False
     #: text and python-stdlib: a Hugging Face ``tokenizers`` JSON file; none: bytes (vocabulary 256)
     tokenizer: str | None = None
+    augment: AugmentSpec = AugmentSpec()
 
     @property
     def scaling(self) -> InputScaling:
@@ -207,6 +218,8 @@ class DataSpec:
         if self.source == "npy" and (self.x_path is None or self.y_path is None):
             raise ValueError("source 'npy' needs data.x_path and data.y_path")
         self._check_table_fields()
+        if self.augment.window_offset and self.source not in ("tokens", "python-stdlib", "text"):
+            raise ValueError(f"augment.window_offset moves token windows; source {self.source!r} has none")
         if self.tokenizer is not None and self.source not in ("text", "python-stdlib"):
             raise ValueError(
                 f"tokenizer reads text (source 'text' or 'python-stdlib'), not source {self.source!r}"

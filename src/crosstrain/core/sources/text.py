@@ -25,8 +25,9 @@ from typing import Any
 import attrs
 import numpy as np
 
+from crosstrain.core.dropout import MASK32, mix
 from crosstrain.core.errors import InputError, PlanError
-from crosstrain.core.tokens import cache_dir, write_atomically
+from crosstrain.core.tokens import TokenWindows, cache_dir, write_atomically
 
 #: what a user without the tokenizers package is told
 INSTALL_HINT = "pip install 'crosstrain[text]'"
@@ -154,3 +155,50 @@ def _batches(files: Sequence[Path], where: Where) -> Iterator[list[str]]:
             batch, size = [], 0
     if batch:
         yield batch
+
+
+# --------------------------------------------------------------------------- window offsets
+
+#: keeps the window draws apart from every other hash of (seed, epoch, row)
+WINDOW_SALT = 0x57494E44
+
+
+def window_offsets(seed: int, epoch: int, rows: np.ndarray, length: int) -> np.ndarray:
+    """int64 [len(rows)]: how many tokens (0..length-1) each training window starts later in
+    ``epoch``: a counter-based hash of (seed, epoch, row) as dropout's (:func:`mix`), its 32
+    bits scaled to the range by a multiply and shift (no modulo bias). ``rows`` are rows of
+    the training set, not positions in a batch, so the draw is the same at any world size."""
+    state = mix(np.asarray(seed & MASK32, np.int64))
+    state = mix(state ^ np.int64(epoch & MASK32))
+    state = mix(state ^ np.int64(WINDOW_SALT))
+    hashed = mix(state ^ (np.asarray(rows, np.int64) & MASK32))
+    return np.asarray((hashed * np.int64(length)) >> 32, np.int64)
+
+
+class ShiftedWindows:
+    """Token windows read ``shifts[i]`` tokens later than row i of ``windows`` (one epoch's
+    draws). Not a :class:`TokenWindows`: a backend that places token windows on its device
+    gathers them without shifts, so these are read on the host."""
+
+    def __init__(self, windows: TokenWindows, shifts: np.ndarray) -> None:
+        self.windows = windows
+        self.shifts = shifts
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.windows.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.windows.dtype
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, indices: Any) -> np.ndarray:
+        windows = self.windows
+        rows = np.arange(windows.count)[indices]
+        flat = np.atleast_1d(rows)
+        starts = (windows.first + flat) * windows.length + windows.offset + self.shifts[flat]
+        window = windows.tokens[starts[:, None] + np.arange(windows.length)[None, :]].astype(windows.dtype)
+        return window if np.ndim(rows) else window[0]
