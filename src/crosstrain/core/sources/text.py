@@ -190,7 +190,8 @@ class ShiftedWindows:
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self.windows.dtype
+        dtype: np.dtype[Any] = self.windows.dtype
+        return dtype
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -200,5 +201,6 @@ class ShiftedWindows:
         rows = np.arange(windows.count)[indices]
         flat = np.atleast_1d(rows)
         starts = (windows.first + flat) * windows.length + windows.offset + self.shifts[flat]
-        window = windows.tokens[starts[:, None] + np.arange(windows.length)[None, :]].astype(windows.dtype)
-        return window if np.ndim(rows) else window[0]
+        positions = starts[:, None] + np.arange(windows.length)[None, :]
+        window = np.asarray(windows.tokens[positions], windows.dtype)
+        return window if np.ndim(rows) else np.asarray(window[0])
