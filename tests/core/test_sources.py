@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from crosstrain.core.data import epoch_rows, load_datasets, table_datasets
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import write_data_statistics
 from crosstrain.core.sources import text
@@ -241,3 +242,20 @@ def test_window_offsets_are_a_hash_of_seed_epoch_and_row(
         assert np.array_equal(moved.y[np.array([row])][0], tokens[start + 1 : start + 17])
     assert 54 * 16 + shifts[54] + 16 < 56 * 16  # no target read from the eval windows
     assert epoch_rows(train, load_plan(write_plan(GPT_PLAN)), epoch=2) is train
+
+
+@pytest.mark.parametrize(
+    ("module", "plan_text", "extra"),
+    [("pyarrow", TABLE_PLAN, "table"), ("tokenizers", TEXT_PLAN, "text")],
+)
+def test_a_missing_package_names_its_extra(
+    module: str,
+    plan_text: str,
+    extra: str,
+    corpus: Path,
+    write_plan: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if it were not installed
+    with pytest.raises(InputError, match=rf"pip install 'crosstrain\[{extra}\]'$"):
+        load_datasets(load_plan(write_plan(plan_text)))
