@@ -282,7 +282,12 @@ def read_codes(
     categories = {name: code_table(text_values(table.column(name), name, where)) for name in spec.categorical}
     label = table.column(spec.label)
     label_classes = None
-    if spec.classes and (pyarrow.types.is_string(label.type) or pyarrow.types.is_large_string(label.type)):
+    # text classes: strings, or a dictionary column (pandas's categorical, as Parquet keeps it)
+    text = any(
+        check(label.type)
+        for check in (pyarrow.types.is_string, pyarrow.types.is_large_string, pyarrow.types.is_dictionary)
+    )
+    if spec.classes and text:
         label_classes = code_table(text_values(label, spec.label, where))
     return categories, label_classes
 
