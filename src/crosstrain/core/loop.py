@@ -355,6 +355,7 @@ def _epoch_steps(
                 world.process_count,
                 plan.train.grad_accum_steps,
                 step=step,
+                epoch=epoch,
             ),
         )
         step += 1

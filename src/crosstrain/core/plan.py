@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
+from crosstrain.core.augment import Augmentation
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import Graph, build_graph
 from crosstrain.core.layers import DType, Layer, Shape
@@ -32,7 +33,7 @@ MetricName = Literal["loss", "accuracy", "top_k_accuracy", "perplexity"]
 OnNonFinite = Literal["stop", "skip"]
 #: a checkpoint's metric that ``output.keep_best`` may monitor
 KeepBest = Literal["eval.loss", "eval.accuracy"]
-DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
+DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib", "images"]
 Placement = Literal["auto", "device", "host"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
@@ -68,6 +69,11 @@ def _gt0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
 def _lt1(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if value >= 1:
         raise ValueError(f"'{attribute.name}' must be < 1, got {value}")
+
+
+def _positive_sizes(instance: Any, attribute: attrs.Attribute[Any], value: tuple[int, ...] | None) -> None:
+    if value is not None and any(size <= 0 for size in value):
+        raise ValueError(f"'{attribute.name}' must be positive sizes, got {list(value)}")
 
 
 @attrs.frozen(init=False)
@@ -152,7 +158,9 @@ class DataSpec:
     memory-mapped and read by row index, never loaded whole), "tokens" (``path``: a 1-D
     integer .npy, memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
     shifted by one) or "python-stdlib" (the bytes of this Python's standard library, as
-    tokens). The eval set is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
+    tokens) or "images" (``path``: a folder of class folders or a .csv/.parquet index,
+    decoded to ``image_size``, augmented as ``augment`` says: docs/data.md). The eval set
+    is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
     else ``x_key``/``y_key``), else the eval keys' arrays of ``path``, else a seeded
     ``eval_fraction`` of the rows (for tokens: the last windows). ``limit`` keeps the first
     rows."""
@@ -181,6 +189,10 @@ class DataSpec:
     scale: float = attrs.field(default=1.0, validator=_gt0)
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = attrs.field(default=(), validator=attrs.validators.deep_iterable(_gt0))
+    #: images: each decoded and resized to [height, width] (model.input_shape [h, w, 3])
+    image_size: tuple[int, int] | None = attrs.field(default=None, validator=_positive_sizes)
+    #: ``[data.augment]``: what training rows get (images; evaluation gets the centre box)
+    augment: Augmentation = attrs.field(factory=Augmentation)
 
     @property
     def scaling(self) -> InputScaling:
@@ -189,6 +201,10 @@ class DataSpec:
     def __attrs_post_init__(self) -> None:
         if self.source in ("npz", "tokens") and self.path is None:
             raise ValueError(f"source {self.source!r} needs data.path")
+        if self.source == "images":
+            _check_images(self)
+        elif not self.augment.is_identity:
+            raise ValueError("data.augment transforms images: it needs source 'images'")
         if self.source in ("tokens", "python-stdlib") and self.sequence_length is None:
             raise ValueError(f"source {self.source!r} needs data.sequence_length")
         if self.source == "npy" and (self.x_path is None or self.y_path is None):
@@ -202,6 +218,21 @@ class DataSpec:
                 f"eval_x_key and eval_y_key name arrays of an .npz file (source 'npz', or an "
                 f"eval_path), not of source {self.source!r}"
             )
+
+
+def _check_images(spec: DataSpec) -> None:
+    """An image source names its files and its size, and keeps its rows on the host."""
+    if spec.path is None:
+        raise ValueError(
+            "source 'images' needs data.path (a folder of class folders, or a .csv/.parquet index)"
+        )
+    if spec.image_size is None:
+        raise ValueError("source 'images' needs data.image_size = [height, width]")
+    if spec.placement == "device":
+        raise ValueError(
+            "placement 'device' keeps the whole data set on the device; image files are decoded "
+            "each step on the host: use 'host' (or 'auto')"
+        )
 
 
 @attrs.frozen

@@ -340,7 +340,11 @@ class _Prefetcher:
         take. Rows of an array torch has the dtype of are gathered straight into the buffer
         by parallel chunks; token windows are read by numpy, then staged."""
         source = batch.source
-        found = None if source is None else stored_rows(getattr(source.dataset, name), source.indices)
+        found = (
+            None
+            if source is None
+            else stored_rows(getattr(source.dataset, name), source.indices, source.epoch)
+        )
         if found is None:
             rows = getattr(batch, name)
             return self._stage(name, rows), rows.shape
