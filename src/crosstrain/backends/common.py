@@ -14,12 +14,11 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from crosstrain.core.data import ArrayDataset, Rows
+from crosstrain.core.data import ArrayDataset, Rows, image_rows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import ScaledRows
-from crosstrain.core.sources.images import ImageRows
 from crosstrain.core.tokens import TokenWindows
 
 #: threads a worker process computes with on a CPU (torch's, and each of TensorFlow's two
@@ -87,14 +86,10 @@ def should_place(
     if placement != "auto":
         return placement == "device"
     parts = list(parts)
-    if any(isinstance(_unscaled(part.x), ImageRows) for part in parts):
+    if any(image_rows(part.x) is not None for part in parts):
         return False  # image files are decoded each step, on the host
     free = free_device_bytes() if free_device_bytes is not None else None
     return free is not None and placed_bytes(parts, itemsize) <= AUTO_SHARE * free
-
-
-def _unscaled(rows: Rows) -> Rows:
-    return rows.raw if isinstance(rows, ScaledRows) else rows
 
 
 def placed_arrays(rows: Rows) -> list[np.ndarray]:

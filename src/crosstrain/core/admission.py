@@ -57,14 +57,13 @@ from crosstrain.core.checkpoint import (
     weights_file,
 )
 from crosstrain.core.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
-from crosstrain.core.data import Datasets, Rows, load_datasets
+from crosstrain.core.data import Datasets, image_rows, load_datasets
 from crosstrain.core.errors import BackendError, CheckpointError, InputError
 from crosstrain.core.loop import total_steps
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import check_request
-from crosstrain.core.scaling import ScaledRows
-from crosstrain.core.sources.images import ImageRows, check_image_headers
+from crosstrain.core.sources.images import check_image_headers
 from crosstrain.core.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 
@@ -121,13 +120,9 @@ def check_image_files(plan: Plan, datasets: Datasets) -> None:
         return
     eval_field = "data.eval_path" if plan.data.eval_path is not None else "data.path"
     for part, field in ((datasets.train, "data.path"), (datasets.eval, eval_field)):
-        rows = None if part is None else _unscaled(part.x)
-        if isinstance(rows, ImageRows):
+        rows = None if part is None else image_rows(part.x)
+        if rows is not None:
             check_image_headers([str(path) for path in rows.paths], field, plan.source)
-
-
-def _unscaled(rows: Rows) -> Rows:
-    return rows.raw if isinstance(rows, ScaledRows) else rows
 
 
 def check_framework(strategy: type[DistributedStrategy], backend: str) -> None:

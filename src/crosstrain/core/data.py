@@ -575,10 +575,10 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def read_rows(rows: Rows, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
     """``rows[indices]``, read in ``epoch`` (image rows: augmented as drawn for it)."""
-    stored = rows.raw if isinstance(rows, ScaledRows) else rows
-    if not isinstance(stored, ImageRows):
+    images = image_rows(rows)
+    if images is None:
         return np.asarray(rows[indices])
-    decoded = stored.read(indices, epoch)
+    decoded = images.read(indices, epoch)
     if isinstance(rows, ScaledRows):
         return rows.scaling.apply(decoded)
     return decoded.astype(rows.dtype)
@@ -605,6 +605,12 @@ def stored_rows(
     else:
         return None
     return found if found[0].dtype.itemsize <= rows.dtype.itemsize else None
+
+
+def image_rows(rows: Rows) -> ImageRows | None:
+    """The image files ``rows`` decode (scaled or not); None for rows of arrays."""
+    stored = rows.raw if isinstance(rows, ScaledRows) else rows
+    return stored if isinstance(stored, ImageRows) else None
 
 
 def input_scaling(rows: Rows) -> InputScaling | None:

@@ -203,16 +203,27 @@ def check_classes(train: Sequence[str], evaluation: Sequence[str], field: str, s
 # --------------------------------------------------------------------------- decoding
 
 
+#: the training processes on this machine, which share its cores (:func:`share_cores`)
+_PROCESSES_HERE = 1
+_POOL: ThreadPoolExecutor | None = None
+
+
+def share_cores(processes: int) -> None:
+    """This machine's cores are shared by ``processes`` training processes: each decodes
+    with its share (set before the first decode; the loop sets it from the world)."""
+    global _PROCESSES_HERE
+    _PROCESSES_HERE = max(1, processes)
+
+
 def decode_threads() -> int:
-    """The decoding pool's threads: ``CROSSTRAIN_DECODE_THREADS``, else one per core this
-    process may run on (Pillow releases the GIL while it decodes)."""
+    """The decoding pool's threads: ``CROSSTRAIN_DECODE_THREADS``, else this process's
+    share of the cores it may run on (Pillow releases the GIL while it decodes, so threads
+    decode in parallel: docs/data.md has the measurement)."""
     stated = os.environ.get("CROSSTRAIN_DECODE_THREADS")
     if stated:
         return max(1, int(stated))
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-_POOL: ThreadPoolExecutor | None = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // _PROCESSES_HERE)
 
 
 def decode_pool() -> ThreadPoolExecutor:
@@ -264,11 +275,15 @@ class ImageRows:
         """These rows, read with ``augmentation`` when read with an epoch."""
         return ImageRows(self.paths, self.image_size, augmentation, seed)
 
-    def read(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
-        """uint8 [len(indices), h, w, 3]: rows ``indices`` decoded by the pool's threads;
-        augmented as drawn for ``epoch`` when given (and this is a training set)."""
+    def read(
+        self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """uint8 [len(indices), h, w, 3]: rows ``indices`` decoded by the pool's threads
+        (into ``out`` when given: a backend's pinned buffer); augmented as drawn for
+        ``epoch`` when given (and this is a training set)."""
         indices = np.asarray(indices, np.int64)
-        out = np.empty((len(indices), *self.image_size, 3), np.uint8)
+        if out is None:
+            out = np.empty((len(indices), *self.image_size, 3), np.uint8)
         augmentation = self.augmentation if epoch is not None else None
         draws = None
         if augmentation is not None and not augmentation.is_identity:
