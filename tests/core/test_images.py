@@ -4,6 +4,8 @@ reference, the folder and index loaders, and each bad input's one line."""
 from __future__ import annotations
 
 import math
+import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +13,10 @@ import pytest
 from PIL import Image
 
 from crosstrain.core.admission import check_image_files
-from crosstrain.core.augment import crop_boxes, flips, pad_offsets, uniforms
+from crosstrain.core.augment import color_jitter, crop_boxes, flips, jitter_factors, pad_offsets, uniforms
 from crosstrain.core.convert import structure_plan
 from crosstrain.core.data import load_datasets, read_rows
-from crosstrain.core.errors import PlanError
+from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.plan import Plan
 from crosstrain.core.sources.images import ImageRows, read_image_index
 
@@ -81,6 +83,38 @@ def test_augmentation_draws_equal_a_plain_reference_bit_for_bit(seed: int, epoch
     assert pad_offsets(draws, 4).tolist() == offsets
 
 
+def _torchvision_jitter(image: np.ndarray, factors: list[float]) -> np.ndarray:
+    """torchvision's adjust_brightness, _contrast, _saturation on a uint8 image, in numpy:
+    each a blend, clamped, converted back to uint8."""
+
+    def blend(one: np.ndarray, other, ratio: float) -> np.ndarray:
+        ratio32 = np.float32(ratio)
+        mixed = ratio32 * one.astype(np.float32) + (np.float32(1) - ratio32) * other
+        return np.clip(mixed, 0, 255).astype(np.uint8)
+
+    def grey(rgb: np.ndarray) -> np.ndarray:
+        r, g, b = (rgb[..., k].astype(np.float32) for k in range(3))
+        return (np.float32(0.2989) * r + np.float32(0.587) * g + np.float32(0.114) * b).astype(np.uint8)
+
+    image = blend(image, np.float32(0), factors[0])
+    image = blend(image, np.float32(grey(image).astype(np.float32).mean(dtype=np.float32)), factors[1])
+    return blend(image, grey(image)[..., None].astype(np.float32), factors[2])
+
+
+def test_color_jitter_equals_torchvision_s_uint8_steps() -> None:
+    rows = np.arange(40, dtype=np.int64)
+    draws = uniforms(3, 2, rows)
+    factors = jitter_factors(draws, (0.4, 0.2, 0.6))
+    expected = [
+        [0.6 + 0.8 * _draw(3, 2, row, 25), 0.8 + 0.4 * _draw(3, 2, row, 26), 0.4 + 1.2 * _draw(3, 2, row, 27)]
+        for row in range(40)
+    ]
+    assert np.allclose(factors, expected, rtol=0, atol=1e-15)
+    images = np.random.default_rng(1).integers(0, 256, (40, 9, 7, 3), dtype=np.uint8)
+    for image, row_factors in zip(images, factors, strict=True):
+        assert np.array_equal(color_jitter(image, row_factors), _torchvision_jitter(image, list(row_factors)))
+
+
 # --------------------------------------------------------------------------- loaders
 
 
@@ -108,8 +142,6 @@ source = "images"
 image_size = [8, 8]
 {data}
 """
-    import tomllib
-
     return structure_plan(tomllib.loads(text), source="plan.toml", base_dir=tmp_path)
 
 
@@ -169,3 +201,48 @@ def test_an_unreadable_image_and_a_misfit_model_are_named(tmp_path: Path) -> Non
         check_image_files(plan, load_datasets(plan))
     with pytest.raises(PlanError, match=r"model\.input_shape: images of data\.image_size \[8, 8\]"):
         load_datasets(_plan(tmp_path, 'path = "photos"', input_shape="[64]"))
+
+
+@pytest.mark.parametrize(
+    ("data", "found"),
+    [
+        ('image_size = [8, 8]\nplacement = "device"', "data: data.placement 'device'"),
+        ('source = "digits"\n[data.augment]\nflip = true', "data.augment transforms images"),
+        ("[data.augment]\ncrop_scale = [0.5, 0.2]", "data.augment.crop_scale: must be [lo, hi]"),
+        ("[data.augment]\ncolor_jitter = [0.4, -1, 0]", "data.augment.color_jitter: must be"),
+        ("", "source 'images' needs data.image_size"),
+    ],
+)
+def test_a_plan_s_image_fields_are_checked_as_it_loads(data: str, found: str) -> None:
+    source = "" if "source" in data else 'source = "images"\npath = "p"\n'
+    text = f'[model]\ninput_shape = [8, 8, 3]\nlayers = [{{ type = "flatten" }}]\n[data]\n{source}{data}'
+    with pytest.raises(PlanError) as raised:
+        structure_plan(tomllib.loads(text), source="plan.toml")
+    assert found in str(raised.value)
+
+
+def test_a_parquet_index_needs_pyarrow_named_by_its_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "index.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(InputError, match=r"needs pyarrow: pip install 'crosstrain\[table\]'"):
+        read_image_index(str(tmp_path / "index.parquet"), "data.path", None)
+
+
+def test_a_parquet_index_lists_the_images(tmp_path: Path) -> None:
+    parquet = pytest.importorskip("pyarrow.parquet")
+    import pyarrow
+
+    root = _folder(tmp_path / "photos")
+    index = read_image_index(str(root), "data.path", None)
+    table = pyarrow.table(
+        {
+            "path": [str(Path(p).relative_to(tmp_path)) for p in index.paths],
+            "label": [Path(p).parent.name for p in index.paths],
+        }
+    )
+    parquet.write_table(table, tmp_path / "index.parquet")
+    listed = read_image_index(str(tmp_path / "index.parquet"), "data.path", None)
+    assert listed.paths == index.paths and np.array_equal(listed.labels, index.labels)

@@ -18,6 +18,10 @@ before the rows are copied: fewer bytes to move.
 - flip (``flip = true``): mirrored left-right when draw 22 < 1/2.
 - padded crop (``pad_crop = N``): zero-padded by N on every side, then the image's size
   cut at offsets floor(u * (2N + 1)) down (draw 23) and right (draw 24).
+- color jitter (``color_jitter = [b, c, s]``): brightness, contrast and saturation factors
+  uniform in [max(0, 1 - x), 1 + x] (draws 25, 26, 27), applied in that order on the host
+  as torchvision applies them to uint8 images (each a blend clamped to 0..255 and truncated
+  to uint8; contrast blends with the mean grey level, saturation with each pixel's grey).
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ CROP_DRAWS = tuple(range(2 * CROP_TRIES))  # (area, ratio) per try
 TOP_DRAW, LEFT_DRAW = 20, 21
 FLIP_DRAW = 22
 PAD_TOP_DRAW, PAD_LEFT_DRAW = 23, 24
-DRAWS = 25
+JITTER_DRAWS = (25, 26, 27)  # brightness, contrast, saturation
+DRAWS = 28
+#: ITU-R 601 luma weights of a grey level (torchvision's rgb_to_grayscale)
+LUMA = (0.2989, 0.587, 0.114)
 #: torchvision's aspect-ratio range of a random resized crop
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 UNIFORM_BITS = 24
@@ -48,6 +55,13 @@ def _check_crop_scale(
 ) -> None:
     if value is not None and not 0.0 < value[0] <= value[1] <= 1.0:
         raise ValueError(f"'crop_scale' must be [lo, hi] with 0 < lo <= hi <= 1, got {list(value)}")
+
+
+def _check_jitter(instance: Any, attribute: attrs.Attribute[Any], value: tuple[float, ...] | None) -> None:
+    if value is not None and (len(value) != 3 or any(strength < 0 for strength in value)):
+        raise ValueError(
+            f"'color_jitter' must be [brightness, contrast, saturation], each >= 0, got {list(value)}"
+        )
 
 
 def _check_pad(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -62,10 +76,12 @@ class Augmentation:
     crop_scale: tuple[float, float] | None = attrs.field(default=None, validator=_check_crop_scale)
     flip: bool = False
     pad_crop: int = attrs.field(default=0, validator=_check_pad)
+    color_jitter: tuple[float, ...] | None = attrs.field(default=None, validator=_check_jitter)
 
     @property
     def is_identity(self) -> bool:
-        return self.crop_scale is None and not self.flip and self.pad_crop == 0
+        jitters = self.color_jitter is not None and any(self.color_jitter)
+        return self.crop_scale is None and not self.flip and self.pad_crop == 0 and not jitters
 
 
 def uniforms(seed: int, epoch: int, rows: np.ndarray, count: int = DRAWS) -> np.ndarray:
@@ -140,3 +156,49 @@ def pad_crop(image: np.ndarray, pad: int, offset: np.ndarray) -> np.ndarray:
     padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
     top, left = int(offset[0]), int(offset[1])
     return padded[top : top + height, left : left + width]
+
+
+def jitter_factors(draws: np.ndarray, strengths: tuple[float, ...]) -> np.ndarray:
+    """float64 [rows, 3]: each row's brightness, contrast and saturation factors."""
+    columns = []
+    for draw, strength in zip(JITTER_DRAWS, strengths, strict=True):
+        low, high = max(0.0, 1.0 - strength), 1.0 + strength
+        columns.append(low + (high - low) * draws[:, draw])
+    return np.stack(columns, axis=1)
+
+
+def color_jitter(image: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    """A uint8 HWC image's brightness, contrast and saturation changed by ``factors``. Each
+    step is torchvision's on uint8 images, ``ratio * image + (1 - ratio) * other`` clamped to
+    0..255 and truncated; kept in float32 between the steps (their values are whole numbers:
+    the floor is the truncation), one pass of numpy each."""
+    brightness, contrast, saturation = (np.float32(factor) for factor in factors)
+    pixels = image.astype(np.float32)
+    pixels *= brightness
+    _clamp_and_truncate(pixels)
+    _blend(pixels, np.float32(grey(pixels).mean(dtype=np.float32)), contrast)
+    _blend(pixels, grey(pixels)[..., None], saturation)
+    return pixels.astype(np.uint8)
+
+
+def grey(pixels: np.ndarray) -> np.ndarray:
+    """float32 HW: each pixel's grey level, truncated (torchvision's rgb_to_grayscale)."""
+    values = pixels.astype(np.float32, copy=False)
+    weights = [np.float32(weight) for weight in LUMA]
+    level = weights[0] * values[..., 0]
+    level += weights[1] * values[..., 1]
+    level += weights[2] * values[..., 2]
+    np.floor(level, out=level)
+    return level
+
+
+def _blend(pixels: np.ndarray, other: np.ndarray | np.float32, ratio: np.float32) -> None:
+    """``pixels = ratio * pixels + (1 - ratio) * other``, clamped and truncated, in place."""
+    pixels *= ratio
+    pixels += (np.float32(1.0) - ratio) * other
+    _clamp_and_truncate(pixels)
+
+
+def _clamp_and_truncate(pixels: np.ndarray) -> None:
+    np.clip(pixels, 0.0, 255.0, out=pixels)
+    np.floor(pixels, out=pixels)

@@ -230,8 +230,8 @@ def _check_images(spec: DataSpec) -> None:
         raise ValueError("source 'images' needs data.image_size = [height, width]")
     if spec.placement == "device":
         raise ValueError(
-            "placement 'device' keeps the whole data set on the device; image files are decoded "
-            "each step on the host: use 'host' (or 'auto')"
+            "data.placement 'device' keeps the whole data set on the device; image files are "
+            "decoded each step on the host: use 'host' (or 'auto')"
         )
 
 

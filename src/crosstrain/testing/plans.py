@@ -401,6 +401,7 @@ std = [0.25]
 crop_scale = [0.35, 1.0]
 flip = true
 pad_crop = 2
+color_jitter = [0.4, 0.4, 0.4]
 [optimizer]
 name = "sgd"
 lr = 0.02

@@ -9,7 +9,8 @@ box is chosen (training: the random resized crop of :mod:`crosstrain.core.augmen
 the largest centred box of the output's aspect ratio), a JPEG is decoded at the smallest
 of its 1/1, 1/2, 1/4, 1/8 scales that still holds the box at the output size (Pillow's
 ``draft``: most of a large JPEG's decoding is skipped), the box resized to ``image_size``
-(bilinear, antialiased), then padded-cropped and flipped as drawn. Rows come out uint8,
+(bilinear, antialiased), then padded-cropped, flipped and colour-jittered as drawn (the
+jitter on the host too: docs/data.md says why). Rows come out uint8,
 channels-last: they stay uint8 until the backend casts and scales them where the model
 runs. Every backend reads rows through this one decoder, so torch, tf and jax see the same
 pixels.
@@ -33,8 +34,10 @@ import numpy as np
 from crosstrain.core.augment import (
     Augmentation,
     centre_box,
+    color_jitter,
     crop_boxes,
     flips,
+    jitter_factors,
     pad_crop,
     pad_offsets,
     uniforms,
@@ -339,6 +342,8 @@ def decode_image(
             )
         if augmentation.flip and flips(draws[None])[0]:
             pixels = pixels[:, ::-1]
+        if augmentation.color_jitter is not None and any(augmentation.color_jitter):
+            pixels = color_jitter(pixels, jitter_factors(draws[None], augmentation.color_jitter)[0])
     return pixels
 
 
