@@ -18,7 +18,7 @@ from crosstrain.core.convert import structure_plan
 from crosstrain.core.data import load_datasets, read_rows
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.plan import Plan
-from crosstrain.core.sources.images import ImageRows, read_image_index
+from crosstrain.core.sources.images import ImageRows, batches, check_image_headers, read_image_index
 
 # --------------------------------------------------------------------------- the draws, by hand
 
@@ -246,3 +246,19 @@ def test_a_parquet_index_lists_the_images(tmp_path: Path) -> None:
     parquet.write_table(table, tmp_path / "index.parquet")
     listed = read_image_index(str(tmp_path / "index.parquet"), "data.path", None)
     assert listed.paths == index.paths and np.array_equal(listed.labels, index.labels)
+
+
+def test_batches_read_ahead_give_what_each_read_gives(tmp_path: Path) -> None:
+    _folder(tmp_path / "photos")
+    plan = _plan(tmp_path, 'path = "photos"\neval_fraction = 0.0\n[data.augment]\ncrop_scale = [0.3, 1.0]')
+    rows = load_datasets(plan).train.x
+    assert isinstance(rows, ImageRows)
+    order = [np.array([4, 0, 8]), np.array([1, 2]), np.array([7, 3, 5, 6])]
+    for got, indices in zip(batches(rows, order, epoch=2, ahead=1), order, strict=True):
+        assert np.array_equal(got, rows.read(indices, 2))
+
+
+def test_no_pillow_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as if not installed
+    with pytest.raises(InputError, match=r"needs Pillow: pip install 'crosstrain\[images\]'"):
+        check_image_headers([str(tmp_path / "a.jpg")], "data.path", None)
