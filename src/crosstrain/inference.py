@@ -27,14 +27,22 @@ from crosstrain.core.checkpoint import (
     load_checkpoint,
     step_folder,
 )
-from crosstrain.core.data import ArrayDataset, TargetMisfit, fit_targets, load_datasets, read_table_rows
-from crosstrain.core.errors import BackendError, InputError
+from crosstrain.core.data import (
+    ArrayDataset,
+    TargetMisfit,
+    fit_targets,
+    image_classes,
+    load_datasets,
+    read_table_rows,
+)
+from crosstrain.core.errors import BackendError, InputError, PlanError
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
-from crosstrain.core.runfolder import read_run_plan, run_plan_source
+from crosstrain.core.runfolder import read_classes, read_run_plan, run_plan_source
 from crosstrain.core.scaling import InputScaling, ScaledRows
+from crosstrain.core.sources.images import IMAGE_SUFFIXES, ImageRows, check_image_headers
 from crosstrain.core.sources.table import STATISTICS_FILE, TABLE_FORMATS, read_statistics
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
@@ -196,6 +204,7 @@ def _eval_set(model: TrainedModel, data: str | Path | None, labels: str | Path |
     if data is not None and labels is not None:
         x = read_rows(data, model.plan, run_scaling(model))
         return ArrayDataset(x, read_labels(labels, len(x), data, model.plan))
+    _check_run_classes(model)
     datasets = load_datasets(model.plan, model.run_dir)
     if datasets.eval is None:
         raise InputError(
@@ -220,6 +229,20 @@ def _table_plan(model: TrainedModel, data: str | Path) -> Plan:
     return model.plan
 
 
+def _check_run_classes(model: TrainedModel) -> None:
+    """An image run's classes (its ``classes.json``) are still its files' classes: a label
+    means the class it meant in training."""
+    kept = read_classes(model.run_dir)
+    if model.plan.data.source != "images" or kept is None:
+        return
+    found = image_classes(model.plan)
+    if found != kept:
+        raise InputError(
+            f"{model.plan.data.path}: its classes ({', '.join(found)}) are no longer the run's "
+            f"({', '.join(kept)}, {model.run_dir / 'classes.json'})"
+        )
+
+
 def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np.ndarray:
     """The targets of ``rows`` rows from a ``.npy`` file, checked against the model's
     output as training checks its data's."""
@@ -241,8 +264,12 @@ def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np
 def read_rows(path: str | Path, plan: Plan, scaling: InputScaling | None = None) -> np.ndarray:
     """Rows from a ``.npy`` file, checked against the model's input and scaled as in
     training (``scaling``, by default ``data.scale``/``mean``/``std``): float32, or int32
-    token ids."""
+    token ids. An image run also reads an image file, or a folder's images (every
+    .jpg/.jpeg/.png under it, sorted by path), decoded as its evaluation decodes them
+    (the centre box)."""
     path = Path(path)
+    if plan.data.source == "images" and (path.is_dir() or path.suffix.lower() in IMAGE_SUFFIXES):
+        return _read_images(path, plan)
     raw = _open_npy(path, "--data")
     shape = tuple(plan.model.input_shape)
     # as in training: rows of the input's shape, or of its size (flat rows are reshaped)
@@ -276,6 +303,24 @@ def run_scaling(model: TrainedModel) -> InputScaling:
             )
         return statistics.scaling()
     return model.plan.data.scaling
+
+
+def _read_images(path: Path, plan: Plan) -> np.ndarray:
+    """The images ``path`` is or holds, as the model's rows."""
+    assert plan.data.image_size is not None
+    files = (
+        sorted(str(file) for file in path.rglob("*") if file.suffix.lower() in IMAGE_SUFFIXES)
+        if path.is_dir()
+        else [str(path)]
+    )
+    if not files:
+        raise InputError(f"--data {path}: no images ({', '.join(IMAGE_SUFFIXES)})")
+    try:
+        check_image_headers(files, "--data", None)
+    except PlanError as error:
+        raise InputError(f"--data {error.message}") from None
+    rows = ImageRows(np.asarray(files), plan.data.image_size)
+    return plan.data.scaling.apply(rows.read(np.arange(len(files))))
 
 
 def _open_npy(path: Path, flag: str) -> np.ndarray:

@@ -19,7 +19,17 @@ FRAMEWORK_EXTRAS = {"torch": "torch", "tf": "tensorflow", "tf-cpu": "tensorflow-
 # extras a CI env may install: the small CPU wheels only, never `tf` or `all` (GPU tensorflow)
 CI_EXTRAS = {"test", "lint", "torch", "tf-cpu", "plot", "tensorboard"}
 # what CI installs that has a large or CUDA-carrying wheel: each pinned exactly
-CI_PINNED = ("torch", "tensorflow-cpu", "tensorboard", "jax", "jaxlib", "matplotlib", "pyarrow", "tokenizers")
+CI_PINNED = (
+    "torch",
+    "tensorflow-cpu",
+    "tensorboard",
+    "jax",
+    "jaxlib",
+    "matplotlib",
+    "pyarrow",
+    "tokenizers",
+    "pillow",
+)
 
 
 def extras() -> dict[str, list[Requirement]]:
@@ -60,7 +70,7 @@ def test_all_brings_both_frameworks_the_plot_tensorboard_and_the_data_sources() 
     (requirement,) = extras()["all"]
     assert requirement.name == "crosstrain"
     # GPU tensorflow for `pip install crosstrain[all]` on a GPU machine; tf-cpu is chosen by hand
-    assert requirement.extras == {"torch", "tf", "plot", "tensorboard", "table", "text"}
+    assert requirement.extras == {"torch", "tf", "plot", "tensorboard", "images", "table", "text"}
 
 
 def test_tox_envs_install_only_cpu_wheels_under_the_pins() -> None:

@@ -214,3 +214,22 @@ def test_a_step_replayed_as_one_cuda_graph_trains_like_its_launched_kernels(
     assert_same_eval(
         summary(graphed)["eval"], summary(launched)["eval"], loss_tolerance=WORLD_TOLERANCE, flips=1
     )
+
+
+def test_an_image_folder_decoded_into_pinned_buffers_trains_as_on_the_cpu(tmp_path: Path) -> None:
+    """On a GPU the next step's images are decoded straight into the prefetcher's pinned
+    buffers and copied on a side stream ("auto" placement stays on the host for files):
+    the same pixels as the CPU run decodes in its step, so the same losses within the
+    world tolerance (cuDNN's convolutions are not bit-reproducible)."""
+    from crosstrain.testing.conformance import WORLD_TOLERANCE
+    from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.runs import max_relative_difference
+
+    plan = write_plan(tmp_path, "image_folder")
+    on_gpu = _run_on_gpu(plan, tmp_path / "gpu", "train.max_steps=30")
+    on_cpu = run_cli(
+        "run", str(plan), "--device", "cpu", "--out", str(tmp_path / "cpu"), "--set", "train.max_steps=30"
+    )  # fmt: skip
+    assert on_cpu.returncode == 0, on_cpu.stderr
+    assert summary(on_gpu)["device"].startswith("cuda") and len(step_losses(on_gpu)) == 30
+    assert max_relative_difference(step_losses(on_gpu), step_losses(tmp_path / "cpu")) <= WORLD_TOLERANCE

@@ -27,6 +27,7 @@ from crosstrain.core.plan import CLASS_LOSSES, DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.sources import table as tables
 from crosstrain.core.sources import text
+from crosstrain.core.sources.images import ImageRows, check_classes, read_image_index
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens, stdlib_files
 
 
@@ -66,7 +67,7 @@ class ArrayDataset:
 
 
 def _take(rows: Rows, indices: np.ndarray) -> Rows:
-    return rows.take(indices) if isinstance(rows, MappedRows | ScaledRows) else rows[indices]
+    return rows.take(indices) if isinstance(rows, MappedRows | ScaledRows | ImageRows) else rows[indices]
 
 
 @attrs.frozen(eq=False)
@@ -77,10 +78,12 @@ class Datasets:
 
 @attrs.frozen(eq=False)
 class RowSource:
-    """Where a batch's rows live: the data set and the row indices to read from it."""
+    """Where a batch's rows live: the data set and the row indices to read from it, and the
+    epoch they are read in (what a training image's augmentation draws hash; None: none)."""
 
     dataset: ArrayDataset
     indices: np.ndarray
+    epoch: int | None = None
 
 
 @attrs.define(eq=False)
@@ -105,9 +108,14 @@ class Batch:
 
     @classmethod
     def of_rows(
-        cls, dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, rows: np.ndarray
+        cls,
+        dataset: ArrayDataset,
+        indices: np.ndarray,
+        weight: np.ndarray,
+        rows: np.ndarray,
+        epoch: int | None = None,
     ) -> Batch:
-        return cls(None, None, weight, rows, source=RowSource(dataset, indices))
+        return cls(None, None, weight, rows, source=RowSource(dataset, indices, epoch))
 
     @property
     def x(self) -> np.ndarray:
@@ -129,7 +137,7 @@ class Batch:
         quarter of the bytes of float32 ones for uint8 images."""
         source, found = self.source, None
         if self._x is None and source is not None:
-            found = stored_rows(source.dataset.x, source.indices)
+            found = stored_rows(source.dataset.x, source.indices, source.epoch)
         if found is None:
             return self.x, self.x.dtype, None
         assert source is not None
@@ -139,7 +147,7 @@ class Batch:
 
     def _gather(self, name: str) -> np.ndarray:
         assert self.source is not None, "a batch holds either arrays or a row source"
-        return np.asarray(getattr(self.source.dataset, name)[self.source.indices])
+        return read_rows(getattr(self.source.dataset, name), self.source.indices, self.source.epoch)
 
     @property
     def real_rows(self) -> int:
@@ -193,6 +201,8 @@ def _load_raw_datasets(plan: Plan) -> Datasets:
     spec = plan.data
     if spec.source in ("tokens", "python-stdlib", "text"):
         return _token_datasets(plan)
+    if spec.source == "images":
+        return _image_datasets(plan)
     if spec.source == "npy":
         return _npy_datasets(plan)
     x, y = _load_arrays(spec, spec.path, plan.source)
@@ -473,6 +483,56 @@ def _check_vocabulary(plan: Plan, vocabulary: int) -> None:
         )
 
 
+def _image_datasets(plan: Plan) -> Datasets:
+    """Image files listed (not decoded: a step decodes its rows), labelled by their
+    classes sorted by name; training rows augmented as ``data.augment`` says."""
+    spec = plan.data
+    assert spec.path is not None and spec.image_size is not None  # DataSpec refuses images without
+    _check_image_model(plan)
+    index = read_image_index(spec.path, "data.path", plan.source)
+    full = ArrayDataset(ImageRows(np.asarray(index.paths), spec.image_size), _targets(index.labels, plan))
+    if spec.limit is not None:
+        full = full.take(np.arange(min(spec.limit, len(full))))
+    if spec.eval_path is not None:
+        held_out = read_image_index(spec.eval_path, "data.eval_path", plan.source)
+        check_classes(index.classes, held_out.classes, "data.eval_path", plan.source)
+        label_of = {name: label for label, name in enumerate(index.classes)}
+        labels = np.asarray([label_of[held_out.classes[label]] for label in held_out.labels], np.int64)
+        rows = ImageRows(np.asarray(held_out.paths), spec.image_size)
+        datasets = Datasets(train=full, eval=ArrayDataset(rows, _targets(labels, plan)))
+    else:
+        datasets = _split(full, spec.eval_fraction, plan.seed)
+    train = datasets.train
+    assert isinstance(train.x, ImageRows)
+    augmented = ArrayDataset(train.x.augmented(spec.augment, plan.seed), train.y)
+    return _nonempty(Datasets(train=augmented, eval=datasets.eval), plan)
+
+
+def _check_image_model(plan: Plan) -> None:
+    """Images come as [h, w, 3] float rows: the model's input must be that."""
+    assert plan.data.image_size is not None
+    needed = (*plan.data.image_size, 3)
+    if tuple(plan.model.input_shape) != needed:
+        raise PlanError(
+            f"images of data.image_size {list(plan.data.image_size)} are rows {list(needed)}, "
+            f"but model.input_shape is {list(plan.model.input_shape)}",
+            field="model.input_shape",
+            source=plan.source,
+        )
+    if plan.model.input_dtype != "float32":
+        raise PlanError(
+            "images are float inputs: model.input_dtype must be 'float32'",
+            field="model.input_dtype",
+            source=plan.source,
+        )
+
+
+def image_classes(plan: Plan) -> tuple[str, ...]:
+    """The class names of an image plan's training files, label i the i-th."""
+    assert plan.data.path is not None
+    return read_image_index(plan.data.path, "data.path", plan.source).classes
+
+
 def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
     field = "data.path" if plan.data.source in ("tokens", "text") else "data.source"
     if plan.model.input_shape != (length,):
@@ -681,11 +741,25 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     return padded, weight
 
 
-def stored_rows(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
+def read_rows(rows: Rows, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+    """``rows[indices]``, read in ``epoch`` (image rows: augmented as drawn for it)."""
+    images = image_rows(rows)
+    if images is None:
+        return np.asarray(rows[indices])
+    decoded = images.read(indices, epoch)
+    if isinstance(rows, ScaledRows):
+        return rows.scaling.apply(decoded)
+    return decoded.astype(rows.dtype)
+
+
+def stored_rows(
+    rows: Rows, indices: np.ndarray, epoch: int | None = None
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
     """Where ``rows[indices]`` are read from, before any conversion: the array as stored (a
     memory-mapped file in its own dtype), the indices into its first axis, and the shape
     of the rows read. Cast to ``rows.dtype`` and scaled by :func:`input_scaling`,
-    ``array[indices]`` is ``rows[indices]``. None for rows that are more than a gather
+    ``array[indices]`` is ``rows[indices]``. Image rows are decoded here (as uint8, in
+    ``epoch``: augmented as drawn for it), the array their batch. None for rows that are more than a gather
     (token windows), and for a stored dtype wider than ``rows.dtype`` (float64 read as
     float32: narrowed on the host, there are fewer bytes to copy)."""
     stored = rows.raw if isinstance(rows, ScaledRows) else rows
@@ -693,9 +767,18 @@ def stored_rows(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray
         found = stored, indices, (len(indices), *stored.shape[1:])
     elif isinstance(stored, MappedRows):
         found = stored.array, np.asarray(stored.file_rows(indices)), (len(indices), *stored.row_shape)
+    elif isinstance(stored, ImageRows):
+        decoded = stored.read(indices, epoch)
+        found = decoded, np.arange(len(indices)), decoded.shape
     else:
         return None
     return found if found[0].dtype.itemsize <= rows.dtype.itemsize else None
+
+
+def image_rows(rows: Rows) -> ImageRows | None:
+    """The image files ``rows`` decode (scaled or not); None for rows of arrays."""
+    stored = rows.raw if isinstance(rows, ScaledRows) else rows
+    return stored if isinstance(stored, ImageRows) else None
 
 
 def input_scaling(rows: Rows) -> InputScaling | None:
@@ -726,12 +809,20 @@ def eval_batches(dataset: ArrayDataset, global_batch_size: int) -> Iterator[tupl
     return GlobalSampler(len(dataset), global_batch_size, seed=0, shuffle=False).epoch(0)
 
 
-def shard(dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, part: int, parts: int) -> Batch:
-    """Contiguous slice ``part`` of ``parts`` of a global batch, as a Batch."""
+def shard(
+    dataset: ArrayDataset,
+    indices: np.ndarray,
+    weight: np.ndarray,
+    part: int,
+    parts: int,
+    epoch: int | None = None,
+) -> Batch:
+    """Contiguous slice ``part`` of ``parts`` of a global batch, as a Batch (read in
+    ``epoch``: training rows are; evaluation rows are not)."""
     size = len(indices) // parts
     rows = slice(part * size, (part + 1) * size)
     positions = np.arange(part * size, (part + 1) * size, dtype=np.int64)
-    return Batch.of_rows(dataset, indices[rows], weight[rows], positions)
+    return Batch.of_rows(dataset, indices[rows], weight[rows], positions, epoch)
 
 
 def step_batch(
@@ -742,13 +833,15 @@ def step_batch(
     process_count: int,
     grad_accum_steps: int,
     step: int = 0,
+    epoch: int | None = None,
 ) -> StepBatch:
     """This process's share of one optimizer step.
 
     The global batch is cut into ``grad_accum_steps`` contiguous micro-batches, and each
     micro-batch into ``process_count`` contiguous slices; a process with several local
     replicas splits its slice among them, again contiguously. Each row keeps its position
-    in the whole global batch (``Batch.rows``).
+    in the whole global batch (``Batch.rows``). ``epoch``: the one the rows are read in
+    (what an image's augmentation draws hash).
     """
     micro = len(indices) // grad_accum_steps
     batches = []
@@ -759,6 +852,7 @@ def step_batch(
             weight[m * micro : (m + 1) * micro],
             process_index,
             process_count,
+            epoch,
         )
         part.rows = part.rows + m * micro
         batches.append(part)

@@ -37,6 +37,7 @@ from crosstrain.core.heartbeat import Heartbeat
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
 from crosstrain.core.schedule import LearningRateSchedule
+from crosstrain.core.sources.images import share_cores
 from crosstrain.core.strategy import (
     DistributedStrategy,
     Job,
@@ -121,6 +122,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
+    share_cores(world.process_count // max(job.nnodes, 1))  # image decoding's threads
     datasets = load_datasets(plan, job.out_dir)  # the run folder's table statistics
     sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
     checkpoint = resume.find_resume_point(job)
@@ -357,6 +359,7 @@ def _epoch_steps(
                 world.process_count,
                 plan.train.grad_accum_steps,
                 step=step,
+                epoch=epoch,
             ),
         )
         step += 1

@@ -17,6 +17,7 @@ from crosstrain.testing.plans import (
     DROPOUT_MLP_PLAN,
     GPT2_PLAN,
     GPT_PLAN,
+    IMAGE_FOLDER_PLAN,
     LLAMA_PLAN,
     MULTILABEL_PLAN,
     RESNET_PLAN,
@@ -24,6 +25,7 @@ from crosstrain.testing.plans import (
     TABLE_PLAN,
     VISION_PLAN,
     write_churn_tables,
+    write_image_folder,
     write_images,
     write_multilabel_data,
     write_tokens,
@@ -45,8 +47,14 @@ PLAN_SETTINGS: dict[str, tuple[str, ...]] = {name: model.small for name, model i
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: plans of one feature each, trained only by the tests that name them (not every backend's
-#: conformance suite): GPT-2's tied output, binary cross-entropy, a table of text and numbers
-FEATURE_PLANS = {"gpt2": GPT2_PLAN, "multilabel": MULTILABEL_PLAN, "table": TABLE_PLAN}
+#: conformance suite): GPT-2's tied output, binary cross-entropy, a table of text and numbers,
+#: an image folder with augmentation
+FEATURE_PLANS = {
+    "gpt2": GPT2_PLAN,
+    "multilabel": MULTILABEL_PLAN,
+    "table": TABLE_PLAN,
+    "image_folder": IMAGE_FOLDER_PLAN,
+}
 #: the steps of every run a check compares (``train.max_steps``)
 STEPS = 12
 
@@ -81,6 +89,8 @@ def write_plan(directory: Path, name: str) -> Path:
         write_tokens(str(directory / "tokens.npy"))
     if name == "scaled_images":
         write_images(str(directory))
+    if name == "image_folder":
+        write_image_folder(str(directory))
     if name == "multilabel":
         write_multilabel_data(str(directory / "multilabel.npz"))
     if name == "table":

@@ -443,6 +443,60 @@ def write_images(directory: str, rows: int = 320, seed: int = 0) -> None:
     np.save(os.path.join(directory, "labels.npy"), labels)
 
 
+IMAGE_FOLDER_PLAN = """
+name = "image_folder"
+seed = 4
+[model]
+input_shape = [16, 16, 3]
+layers = [
+  { type = "conv2d", filters = 4, kernel_size = 3, padding = "same" },
+  { type = "relu" },
+  { type = "flatten" },
+  { type = "dense", units = 10 },
+]
+[data]
+source = "images"
+path = "digits_images"
+image_size = [16, 16]
+eval_fraction = 0.1
+scale = 0.00392156862745098  # 1 / 255: uint8 pixels, scaled where the model runs
+mean = [0.5]
+std = [0.25]
+[data.augment]
+crop_scale = [0.35, 1.0]
+flip = true
+pad_crop = 2
+color_jitter = [0.4, 0.4, 0.4]
+[optimizer]
+name = "sgd"
+lr = 0.02
+momentum = 0.9
+[train]
+global_batch_size = 16
+epochs = 2
+"""
+
+
+def write_image_folder(directory: str, rows: int = 360) -> None:
+    """A folder of class folders for IMAGE_FOLDER_PLAN (``digits_images/<digit>/``): the
+    first ``rows`` scikit-learn digits, 8x8 upscaled to 16x16 RGB, PNG and JPEG in turn."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from crosstrain.core.data import load_digits_arrays
+
+    pixels, labels = load_digits_arrays()
+    for row in range(rows):
+        gray = np.kron((pixels[row].reshape(8, 8) * 240).astype(np.uint8), np.ones((2, 2), np.uint8))
+        rgb = np.stack([gray, gray[::-1], 255 - gray], axis=-1)
+        folder = os.path.join(directory, "digits_images", str(labels[row]))
+        os.makedirs(folder, exist_ok=True)
+        name = os.path.join(folder, f"{row:04d}." + ("png" if row % 2 else "jpg"))
+        Image.fromarray(rgb).save(name, quality=90)
+
+
 NAN_ROW_PLAN = """
 name = "nan_row_mlp"
 seed = 4
