@@ -4,6 +4,8 @@ in one invocation, on the same model and the same data.
     python benchmarks/bench_e2e.py [--configs mlp1024-fp32,mlp1024-bf16,mlp4096-bf16,cnn-bf16]
                                    [--device cuda] [--epochs 4] [--out DIR]
     python benchmarks/bench_e2e.py --device cpu --backend torch|tf --configs cpu-mlp256,cpu-cnn
+    python benchmarks/bench_e2e.py --configs gpt2-small-compile,resnet50-bf16 [--peak-tflops 989]
+    python benchmarks/bench_e2e.py --device cpu --tiny --configs gpt2-small-compile,resnet50-bf16
 
 Per config it writes the data set once as .npy files and trains, each for the same epochs:
 
@@ -18,7 +20,13 @@ Per config it writes the data set once as .npy files and trains, each for the sa
   ``setup``/``prepare`` and ``backward``.
 
 The native sides skip their first epoch (warm-up) and time the rest. Prints samples/s per
-side and crosstrain's ratio to each. Speed is measured here, never asserted in tests.
+side and crosstrain's ratio to each; for token configs also tokens/s and, on a GPU, MFU. Speed
+is measured here, never asserted in tests.
+
+Issue 26's configs train GPT-2 small (tied output, vocabulary 50,304) and the zoo's ResNet-50
+against native twins written as their communities write them (nanoGPT's model; torchvision's
+resnet50 in channels-last), each with its own optimizer and its loss inside the compiled
+module. ``--tiny`` runs those configs' sides at a CPU's size: a smoke run, not a figure.
 
 ``--backend tf`` (CPU only) runs ``crosstrain run --backend tf`` against the same two native
 loops written in TensorFlow 2: a ``tf.function`` step with a ``GradientTape`` over Keras
