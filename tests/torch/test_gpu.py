@@ -328,7 +328,8 @@ SMALL_RESNET50 = tuple(
 )
 
 #: compiled against eager, both bf16, over 20 steps of the tied GPT-2. Measured on a CPU
-#: (the same plan, torch 2.13, inductor): 1.4e-4 at most (bf16 against fp32: 2.4e-4). On the
+#: (the same plan, torch 2.13, inductor): 1.4e-4 at most, the held-out loss 1.1e-4 (bf16
+#: against fp32: 2.4e-4). On the
 #: GPU the kernels differ more (flash attention, fused elementwise kernels keeping fp32
 #: where eager rounds to bf16; Adam turns the sign of a tiny gradient into a whole step), so
 #: 35x that; a fault moves far more: these losses fall 3-6 % a step, so a tie the compiled
@@ -340,37 +341,49 @@ def test_a_compiled_tied_gpt2_trains_like_eager_in_bf16(tmp_path: Path) -> None:
     """train.compile (inductor, its forward and backward replayed as CUDA graphs) on a
     model whose output dense reads the embedding's table: both uses' gradients reach the
     one table, as eager computes them."""
+    from crosstrain.testing.runs import max_relative_difference
+
     plan = write_tied_gpt2(tmp_path)
     eager = _run_on_gpu(plan, tmp_path / "eager", "train.max_steps=20")
     compiled = _run_on_gpu(plan, tmp_path / "compiled", "train.max_steps=20", "train.compile=true")
-    from crosstrain.testing.runs import max_relative_difference
-
     losses = step_losses(compiled)
     assert len(losses) == len(step_losses(eager)) == 20
     assert max_relative_difference(losses, step_losses(eager)) <= BF16_COMPILED_TOLERANCE
     assert losses[-5:].mean() < 0.7 * losses[:5].mean()  # it learns the pattern
+    held_out, expected_held_out = summary(compiled)["eval"]["loss"], summary(eager)["eval"]["loss"]
+    assert abs(held_out - expected_held_out) <= BF16_COMPILED_TOLERANCE * expected_held_out
 
 
-#: the small ResNet-50 compiled in bf16 against the same steps eager (replayed as one CUDA
-#: graph) in bf16, over 10 steps; measured on a CPU: see RESNET_TOLERANCE_NOTE
-BF16_RESNET_TOLERANCE = 2e-2
+#: the small ResNet-50 compiled in bf16 against the same steps eager in bf16. Measured on a
+#: CPU (torch 2.13, inductor): the first two steps' losses 1.5e-4 and 7.7e-4 apart (the
+#: forward, then one update: a wrong gradient or a batch-norm statistic gone wrong moves
+#: these by far more), then rounding grows through batch norm over 32 rows at 1x1 maps as
+#: docs/zoo.md measured, to 1.8e-2 by step 7 (bf16 against fp32 eager: 2.9e-2). So: the
+#: first two steps within 5e-3, all 10 and the held-out loss within 6e-2, twice the spread
+#: bf16 itself makes
+BF16_RESNET_FIRST_STEPS_TOLERANCE = 5e-3
+BF16_RESNET_TOLERANCE = 6e-2
 
 
 def test_a_small_resnet50_compiled_in_bf16_trains_like_eager(tmp_path: Path) -> None:
     """The zoo's ResNet-50 at its small size (every kind of bottleneck once): its images
     reach the convolutions as NHWC memory seen as NCHW (channels-last, no copy), in bf16,
-    compiled or eager; batch norm's running statistics update inside the compiled graphs."""
+    compiled or eager (replayed as one CUDA graph); batch norm's running statistics, updated
+    inside the compiled graphs, give the held-out loss."""
     from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.runs import max_relative_difference
 
     plan = write_plan(tmp_path, "resnet50")
     settings = (*SMALL_RESNET50, "train.precision='bf16'", "train.max_steps=10")
     eager = _run_on_gpu(plan, tmp_path / "eager", *settings)
     compiled = _run_on_gpu(plan, tmp_path / "compiled", *settings, "train.compile=true")
-    from crosstrain.testing.runs import max_relative_difference
-
     assert summary(eager)["ranks"][0]["cuda_graph_steps"] > 0  # eager: one graph a step
-    assert len(step_losses(compiled)) == len(step_losses(eager)) == 10
-    assert max_relative_difference(step_losses(compiled), step_losses(eager)) <= BF16_RESNET_TOLERANCE
+    expected, losses = step_losses(eager), step_losses(compiled)
+    assert len(losses) == len(expected) == 10
+    assert max_relative_difference(losses[:2], expected[:2]) <= BF16_RESNET_FIRST_STEPS_TOLERANCE
+    assert max_relative_difference(losses, expected) <= BF16_RESNET_TOLERANCE
+    held_out, expected_held_out = summary(compiled)["eval"]["loss"], summary(eager)["eval"]["loss"]
+    assert abs(held_out - expected_held_out) <= BF16_RESNET_TOLERANCE * expected_held_out
 
 
 def _capturable(plan: Path) -> Path:
@@ -401,7 +414,7 @@ def test_issue_26s_layers_replayed_as_one_cuda_graph_train_like_their_launched_k
         plan = _capturable(write_plan(tmp_path, "vision"))
     else:
         plan = _capturable(write_sequence_classifier(tmp_path))
-    steps = ("train.max_steps=40",)
+    steps = ("train.max_steps=24",)
     launched = _run_on_gpu(plan, tmp_path / "launched", "train.cuda_graph=false", *steps)
     graphed = _run_on_gpu(plan, tmp_path / "graphed", *steps)
     assert summary(launched)["ranks"][0]["cuda_graph_steps"] == 0
