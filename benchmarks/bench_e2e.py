@@ -324,16 +324,14 @@ layers = [
 
 #: torchvision's ResNet-50 recipe: SGD at 0.1 with momentum 0.9, decay 1e-4 on every weight
 RESNET_OPTIMIZER = 'name = "sgd"\nlr = 0.1\nmomentum = 0.9\nweight_decay = 0.0001'
-#: what the tiny ResNet-50 sets (the zoo's small version, docs/zoo.md): its width and
-#: images scaled down, one bottleneck of each kind
-TINY_RESNET_SETTINGS = (
-    "model.width=0.0625",
-    "model.input_shape=[32, 32, 3]",
-    "model.layers[7].repeat=1",
-    "model.layers[9].repeat=0",
-    "model.layers[11].repeat=0",
-    "model.layers[13].repeat=0",
-)
+
+
+def _tiny_resnet_settings() -> tuple[str, ...]:
+    """What the tiny ResNet-50 sets: the model settings of the zoo's small version
+    (docs/zoo.md: the width and the images scaled down, one bottleneck of each kind)."""
+    from crosstrain.testing.zoo import ZOO
+
+    return tuple(setting for setting in ZOO["resnet50"].small if setting.startswith("model."))
 
 
 def resnet50(batch: int, rows: int, tiny: bool = False) -> dict[str, Any]:
@@ -358,7 +356,7 @@ def resnet50(batch: int, rows: int, tiny: bool = False) -> dict[str, Any]:
     return {
         "input_shape": [side, side, 3],
         "model_text": _zoo_model_text("resnet50"),
-        "settings": TINY_RESNET_SETTINGS if tiny else (),
+        "settings": _tiny_resnet_settings() if tiny else (),
         "batch": batch,
         "precision": "bf16",
         "rows": rows,
