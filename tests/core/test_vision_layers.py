@@ -28,8 +28,8 @@ from crosstrain.core.layers import (
     Transpose,
     UpSample2D,
     ZeroPad2D,
-    same_padding,
 )
+from crosstrain.core.layers.convolutions import same_padding
 from crosstrain.core.planfile import load_plan
 
 

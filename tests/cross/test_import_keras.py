@@ -31,7 +31,7 @@ pytest.importorskip("torch")
 pytest.importorskip("tensorflow")
 
 from crosstrain import import_keras  # noqa: E402 (after the frameworks are known present)
-from crosstrain.importers.keras import ImportRefused  # noqa: E402
+from crosstrain.importers.keras_calls import ImportRefused  # noqa: E402
 
 pytestmark = pytest.mark.cross
 

@@ -15,7 +15,8 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
 from crosstrain.core.errors import PlanError, did_you_mean
-from crosstrain.core.layers import LAYER_TYPES, Layer, as_padding2d
+from crosstrain.core.layers import LAYER_TYPES, Layer
+from crosstrain.core.layers.convolutions import as_padding2d
 from crosstrain.core.plan import DataSpec, LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
 
 

@@ -19,7 +19,8 @@ from tomlkit.items import Array, InlineTable
 from crosstrain.core.admission import check_init_from
 from crosstrain.core.checkpoint import save_checkpoint
 from crosstrain.core.errors import InputError, PlanError
-from crosstrain.core.layers import DType, Layer, Shape, as_padding2d, as_pair
+from crosstrain.core.layers import DType, Layer, Shape, as_pair
+from crosstrain.core.layers.convolutions import as_padding2d
 from crosstrain.core.plan import ModelSpec, Plan, validate_plan
 from crosstrain.core.planfile import load_plan
 

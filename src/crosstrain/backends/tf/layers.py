@@ -25,7 +25,6 @@ from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.errors import InputError
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
-    ATTENTION_PROJECTIONS,
     GELU,
     Add,
     Attention,
@@ -63,8 +62,8 @@ from crosstrain.core.layers import (
     Transpose,
     UpSample2D,
     ZeroPad2D,
-    rotary_tables,
 )
+from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
 
 
 @attrs.frozen

@@ -31,7 +31,6 @@ from torch import nn
 from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
-    ATTENTION_PROJECTIONS,
     GELU,
     Add,
     Attention,
@@ -69,8 +68,8 @@ from crosstrain.core.layers import (
     Transpose,
     UpSample2D,
     ZeroPad2D,
-    rotary_tables,
 )
+from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
 
 
 class ForwardContext(NamedTuple):
