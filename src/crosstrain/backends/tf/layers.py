@@ -35,6 +35,7 @@ from crosstrain.core.layers import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     Dropout,
     Embedding,
@@ -54,6 +55,7 @@ from crosstrain.core.layers import (
     Rescale,
     Reshape,
     RMSNorm,
+    Scale,
     Sigmoid,
     SiLU,
     Softmax,
@@ -349,6 +351,17 @@ class RootMeanSquareNorm(keras.layers.Layer):  # type: ignore[misc]
         return tf.cast(normed * self.scale, self.compute_dtype)
 
 
+class FeatureScale(keras.layers.Layer):  # type: ignore[misc]
+    """``x * scale`` over the last axis, as Keras's LayerScale computes it (the scale in the
+    compute dtype)."""
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="ones", name="scale")  # type: ignore[arg-type]
+
+    def call(self, inputs: Any) -> Any:
+        return inputs * tf.cast(self.scale, inputs.dtype)
+
+
 class ClassTokenLayer(keras.layers.Layer):  # type: ignore[misc]
     """The learned token [1, units] before each row's sequence."""
 
@@ -629,6 +642,11 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
         lambda layer, node, options: keras.layers.ZeroPadding2D(layer.padding, **_named(node, options)),
         AS_BUILT,
     ),
+    Crop2D: NodeSpec(
+        lambda layer, node, options: keras.layers.Cropping2D(layer.cropping, **_named(node, options)),
+        AS_BUILT,
+    ),
+    Scale: NodeSpec(_keras(FeatureScale), None, _same(("scale",))),
     Sigmoid: NodeSpec(_keras(keras.layers.Activation, "sigmoid"), AS_BUILT),
     SiLU: NodeSpec(_keras(keras.layers.Activation, "silu"), AS_BUILT),
     Softmax: NodeSpec(_keras(keras.layers.Softmax, axis=-1), AS_BUILT),

@@ -37,12 +37,13 @@ from crosstrain.core.layers.convolutions import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     GlobalAvgPool2D,
     MaxPool2D,
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.layers.dense import Dense, Dropout, Rescale
+from crosstrain.core.layers.dense import Dense, Dropout, Rescale, Scale
 from crosstrain.core.layers.merges import Add, Block, Concat, Multiply
 from crosstrain.core.layers.norms import BatchNorm, LayerNorm, RMSNorm
 from crosstrain.core.layers.sequences import Attention, ClassToken, Embedding, PaddingMask, PositionEmbedding
@@ -64,6 +65,8 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         Conv2DTranspose,
         UpSample2D,
         ZeroPad2D,
+        Crop2D,
+        Scale,
         Sigmoid,
         SiLU,
         Softmax,
@@ -109,6 +112,7 @@ __all__ = [
     "Conv1D",
     "Conv2D",
     "Conv2DTranspose",
+    "Crop2D",
     "Dense",
     "Dropout",
     "Embedding",
@@ -128,6 +132,7 @@ __all__ = [
     "ReLU6",
     "Rescale",
     "Reshape",
+    "Scale",
     "SiLU",
     "Sigmoid",
     "Softmax",

@@ -53,10 +53,12 @@ class WeightSpec:
     (batch norm's running statistics are weights too, updated by the forward pass)."""
 
     shape: Shape
-    init: Literal["glorot", "zeros", "ones", "normal"]
+    init: Literal["glorot", "zeros", "ones", "normal", "constant"]
     fan_in: int = 0
     fan_out: int = 0
     stddev: float = 0.02
+    #: every entry's start under ``init = "constant"`` (a learned scale's start, ConvNeXt's 1e-6)
+    value: float = 0.0
     trainable: bool = True
     #: a matrix or convolution kernel: what ``optimizer.decay = "kernels"`` decays (biases,
     #: norm scales and offsets, embedding and position tables are not kernels)
@@ -70,6 +72,8 @@ class WeightSpec:
             return (rng.standard_normal(size=self.shape) * self.stddev).astype(np.float32)
         if self.init == "ones":
             return np.ones(self.shape, np.float32)
+        if self.init == "constant":
+            return np.full(self.shape, self.value, np.float32)
         return np.zeros(self.shape, np.float32)
 
 

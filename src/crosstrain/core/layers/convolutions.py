@@ -396,3 +396,26 @@ class ZeroPad2D(Layer):
         height, width, channels = input_shape
         (top, bottom), (left, right) = self.padding
         return (height + top + bottom, width + left + right, channels)
+
+
+@attrs.frozen
+class Crop2D(Layer):
+    """Keras's Cropping2D: rows removed above and below, columns left and right of an NHWC
+    image (NASNet aligns its two branches with it); ``cropping`` is an int, [h, w] or
+    [[top, bottom], [left, right]], as zero_pad2d's ``padding``."""
+
+    type: ClassVar[str] = "crop2d"
+    cropping: tuple[Pair, Pair] = attrs.field(
+        default=((1, 1), (1, 1)), converter=as_padding2d, validator=_not_negative_padding
+    )
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        expect_image(self, input_shape)
+        height, width, channels = input_shape
+        (top, bottom), (left, right) = self.cropping
+        if top + bottom >= height or left + right >= width:
+            raise ValueError(
+                f"cropping {[list(pair) for pair in self.cropping]} leaves nothing of input shape "
+                f"{list(input_shape)}"
+            )
+        return (height - top - bottom, width - left - right, channels)

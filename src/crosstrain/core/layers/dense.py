@@ -81,6 +81,23 @@ class Rescale(Layer):
         return isinstance(self.scale, tuple) or isinstance(self.offset, tuple)
 
 
+@attrs.frozen
+class Scale(Layer):
+    """A learned multiplier per feature of the last axis, ``x * scale`` (ConvNeXt's and
+    CaiT's layer scale, Keras's ``LayerScale``): scale [features] starts at ``initial``."""
+
+    type: ClassVar[str] = "scale"
+    initial: float = 1.0
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if not input_shape:
+            raise ValueError("scale needs at least one feature axis")
+        return input_shape
+
+    def weight_specs(self, input_shape: Shape) -> dict[str, WeightSpec]:
+        return {"scale": WeightSpec((input_shape[-1],), "constant", value=self.initial)}
+
+
 def split_activation(layer: Layer) -> tuple[Layer, Layer | None]:
     """A layer with ``activation`` as the layer without it and the activation layer after
     it; any other layer as itself and None."""
