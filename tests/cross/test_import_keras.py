@@ -102,6 +102,8 @@ APPLICATIONS: dict[str, Callable[[], Any]] = {
     "EfficientNetB0": lambda: keras.applications.EfficientNetB0(
         weights=None, input_shape=(32, 32, 3), classes=5
     ),
+    # Cropping2D aligns its cells' branches; 'same' pools
+    "NASNetMobile": lambda: keras.applications.NASNetMobile(weights=None, input_shape=(32, 32, 3), classes=5),
 }
 
 
@@ -199,6 +201,43 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
     assert len(layers["normalize_channels"].scale) == 3 and layers["rescale_channels"].offset == 0.1
     assert names[names.index("drop") + 1 : names.index("flat")] == ["get_item"]
     assert (layers["get_item"].type, layers["get_item"].index) == ("take", -1)
+
+
+def convnext_pieces() -> Any:
+    """What ConvNeXt adds to the converters above, small: a Sequential stem and a Functional
+    block used as layers (opened into the plan), keras.applications' LayerScale, and
+    NASNet's Cropping2D."""
+    from keras.src.applications.convnext import LayerScale
+
+    layers = keras.layers
+    stem = keras.Sequential(
+        [layers.Conv2D(8, 2, strides=2, name="stem_conv"), layers.LayerNormalization(name="stem_norm")],
+        name="stem",
+    )
+    features = keras.Input((5, 5, 8), name="block_in")
+    hidden = layers.Dense(16, activation="gelu", name="block_expand")(features)
+    block = keras.Model(features, layers.Dense(8, name="block_project")(hidden), name="block")
+    pixels = keras.Input((10, 10, 3), name="pixels")
+    x = stem(pixels)
+    branch = LayerScale(0.1, 8, name="layer_scale")(block(x))
+    x = layers.Add(name="residual")([x, branch])
+    x = layers.Cropping2D(((1, 0), (0, 2)), name="crop")(x)
+    x = layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(pixels, layers.Dense(3, name="out")(x), name="convnext_pieces")
+
+
+def test_nested_models_layer_scale_and_cropping_import_with_their_forward(tmp_path: Path) -> None:
+    model = moved_off_start(convnext_pieces())
+    plan_file = assert_imports_with_its_forward(model, tmp_path, _images((10, 10, 3), rows=4))
+    written = load_plan(plan_file).model.layers
+    names = [layer.name for layer in written]
+    # the nested models' layers in place, under their own names; theirs are left out
+    assert names[:4] == ["stem_conv", "stem_norm", "block_expand", "block_project"]
+    assert "stem" not in names and "block" not in names
+    layers = {layer.name: layer for layer in written}
+    assert layers["residual"].inputs == ("stem_norm", "layer_scale")
+    assert (layers["layer_scale"].type, layers["layer_scale"].initial) == ("scale", 0.1)
+    assert (layers["crop"].type, layers["crop"].cropping) == ("crop2d", ((1, 0), (0, 2)))
 
 
 def test_a_dropout_of_whole_channels_is_refused() -> None:

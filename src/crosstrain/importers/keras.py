@@ -72,12 +72,7 @@ def convert_model(model: Any) -> ImportedModel:
             f"a plan has one of each"
         )
     input_shape, input_dtype = _model_input(model, graph)
-    operations = {operation.name: operation for operation in graph.operations}
-    calls = [
-        _call(entry, operations[entry["name"]])
-        for entry in config["layers"]
-        if entry["class_name"] != "InputLayer"
-    ]
+    calls = _calls(graph, config)
     output = outputs[0][0]
     calls = _ancestors(calls, output)
     notes: list[str] = []
@@ -93,6 +88,64 @@ def convert_model(model: Any) -> ImportedModel:
         weights=assembled.weights,
         origin=f"the Keras model {model.name!r} (Keras {keras.__version__})",
         notes=tuple(notes),
+    )
+
+
+def _calls(graph: Any, config: Mapping[str, Any]) -> list[Call]:
+    """The graph's calls in its config's order, a model used as a layer opened in place."""
+    operations = {operation.name: operation for operation in graph.operations}
+    calls: list[Call] = []
+    for entry in config["layers"]:
+        if entry["class_name"] == "InputLayer":
+            continue
+        call = _call(entry, operations[entry["name"]])
+        calls.extend(_inlined(call) if isinstance(call.operation, keras.Model) else [call])
+    return calls
+
+
+def _inlined(call: Call) -> list[Call]:
+    """A Sequential or Functional model called as a layer (ConvNeXt's stem), as its own
+    calls: those that read its input read what the call reads, and its name then stands for
+    its output (an identity call after them, which the plan leaves out)."""
+    if len(call.inputs) != 1:
+        raise call.refuse(
+            f"a model inside the model called on {len(call.inputs)} tensors; a plan layer reads one"
+        )
+    try:
+        inner = _functional(call.operation)
+    except InputError as error:
+        raise call.refuse(f"a model inside the model: {error}") from None
+    config = inner.get_config()
+    inputs, outputs = _ends(config["input_layers"]), _ends(config["output_layers"])
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise call.refuse(
+            f"a model inside the model with {len(inputs)} inputs and {len(outputs)} outputs; "
+            f"a plan layer reads one tensor and gives one"
+        )
+    outer = call.inputs[0]
+    calls = [_reading(inner_call, inputs[0][0], outer) for inner_call in _calls(inner, config)]
+    inner_output = TensorRef(outputs[0][0], tuple(inner.outputs[0].shape[1:]))
+    passes_through = Call(
+        name=call.name,
+        class_name="keras.layers.Identity",
+        config={},
+        operation=call.operation,
+        arguments=(inner_output,),
+        kwargs={},
+    )
+    return [*calls, passes_through]
+
+
+def _reading(call: Call, inner_input: str, outer: TensorRef) -> Call:
+    """``call`` with its reads of a nested model's input made reads of what feeds the model."""
+
+    def moved(argument: Any) -> Any:
+        return outer if isinstance(argument, TensorRef) and argument.source == inner_input else argument
+
+    return attrs.evolve(
+        call,
+        arguments=tuple(moved(argument) for argument in call.arguments),
+        kwargs={key: moved(value) for key, value in call.kwargs.items()},
     )
 
 

@@ -18,6 +18,7 @@ from crosstrain.core.layers import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     Dropout,
     Flatten,
@@ -31,6 +32,7 @@ from crosstrain.core.layers import (
     ReLU6,
     Rescale,
     Reshape,
+    Scale,
     Sigmoid,
     SiLU,
     Softmax,
@@ -295,6 +297,19 @@ def _zero_pad(call: Call) -> Conversion:
     _channels_last(call)
     (top, bottom), (left, right) = call.config["padding"]
     return (Piece(ZeroPad2D(padding=((top, bottom), (left, right)))),)
+
+
+def _crop(call: Call) -> Conversion:
+    _channels_last(call)
+    (top, bottom), (left, right) = call.config["cropping"]
+    return (Piece(Crop2D(cropping=((top, bottom), (left, right)))),)
+
+
+def _layer_scale(call: Call) -> Conversion:
+    """keras.applications' ConvNeXt LayerScale, ``x * gamma`` over the last axis: a scale
+    starting where the Keras layer started (``init_values``)."""
+    (gamma,) = call.operation.weights
+    return (Piece(Scale(initial=float(call.config["init_values"])), {"scale": _array(gamma)}),)
 
 
 def _upsample(call: Call) -> Conversion:

@@ -29,12 +29,14 @@ from crosstrain.importers.keras_converters import (
     _conv1d,
     _conv2d,
     _conv2d_transpose,
+    _crop,
     _dense,
     _depthwise_conv,
     _dropout,
     _flatten,
     _global_avg_pool,
     _last_axis,
+    _layer_scale,
     _leaky_relu,
     _no_lora,
     _normalization,
@@ -213,6 +215,7 @@ CONVERTERS: dict[str, Converter] = {
     "keras.layers.Reshape": Converter(_reshape),
     "keras.layers.Permute": Converter(_permute),
     "keras.layers.ZeroPadding2D": Converter(_zero_pad),
+    "keras.layers.Cropping2D": Converter(_crop),
     "keras.layers.UpSampling2D": Converter(_upsample),
     "keras.layers.Rescaling": Converter(_rescaling),
     "keras.layers.Normalization": Converter(_normalization),
@@ -231,6 +234,8 @@ CONVERTERS: dict[str, Converter] = {
     "keras.layers.Multiply": Converter(_merge(Multiply)),
     "keras.layers.Concatenate": Converter(_merge(Concat)),
     "keras.layers.Identity": Converter(_identity),
+    # ConvNeXt's own layer (keras.applications.convnext), by its module: no other LayerScale
+    "keras.src.applications.convnext.LayerScale": Converter(_layer_scale),
     "keras.src.ops.numpy.Add": Converter(_op_with_scalar("add")),
     "keras.src.ops.numpy.Subtract": Converter(_op_with_scalar("subtract")),
     "keras.src.ops.numpy.Multiply": Converter(_op_with_scalar("multiply")),
@@ -240,12 +245,9 @@ CONVERTERS: dict[str, Converter] = {
 
 #: why some Keras classes have no plan equivalent (any other class: it has none)
 NO_EQUIVALENT: dict[str, str] = {
-    "Functional": "a model inside the model: import the inner model, or build one flat model",
-    "Sequential": "a model inside the model: import the inner model, or build one flat model",
     "Lambda": "runs Python code the plan cannot describe",
     "GlobalMaxPooling2D": "the plan has no maximum over positions",
     "GlobalMaxPooling1D": "the plan has no maximum over positions",
-    "Cropping2D": "the plan has no cropping layer",
     "SpatialDropout2D": "the plan's dropout drops single values, not whole channels",
     "GroupNormalization": "the plan has no group normalization",
 }
