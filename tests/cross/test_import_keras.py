@@ -177,6 +177,7 @@ def every_other_converter() -> Any:
     x = layers.Reshape((81, 16), name="sequence")(x)
     x = layers.Conv1D(8, 3, strides=2, padding="same", activation="swish", name="conv1d")(x)
     x = layers.Permute((2, 1), name="swap")(x)
+    x = layers.MultiHeadAttention(1, 41, use_bias=False, name="unbiased")(x, x)
     x = layers.LayerNormalization(name="norm")(x)
     x = layers.Identity(name="same")(x)
     x = layers.Dropout(0.3, name="drop")(x)
@@ -238,6 +239,45 @@ def test_nested_models_layer_scale_and_cropping_import_with_their_forward(tmp_pa
     assert layers["residual"].inputs == ("stem_norm", "layer_scale")
     assert (layers["layer_scale"].type, layers["layer_scale"].initial) == ("scale", 0.1)
     assert (layers["crop"].type, layers["crop"].cropping) == ("crop2d", ((1, 0), (0, 2)))
+
+
+def _attention_refusal(call: Callable[[Any, Any], Any]) -> str:
+    """The refusal of a MultiHeadAttention named 'mha' called by ``call(layers, x)`` on a
+    [6, 8] sequence."""
+    sequence = keras.Input((6, 8), name="sequence")
+    with pytest.raises(ImportRefused) as refused:
+        import_keras(keras.Model(sequence, call(keras.layers, sequence)), Path("unused.toml"))
+    return str(refused.value)
+
+
+ATTENTION_REFUSALS = {
+    "cross-attention": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, name="mha")(x, layers.Dense(8, name="other")(x)),
+        "query, value and key come from ['other', 'sequence']: the plan's attention is self-attention",
+    ),
+    "value_dim": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, value_dim=8, name="mha")(x, x),
+        "value_dim=8: the plan's attention gives values the keys' width",
+    ),
+    "dropout": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, dropout=0.1, name="mha")(x, x),
+        "dropout=0.1: the plan's attention drops no attention weights (add a dropout after it)",
+    ),
+    "a mask": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, name="mha")(
+            x, x, attention_mask=keras.ops.ones((1, 6, 6), dtype="bool")
+        ),
+        "called with attention_mask: the plan's attention takes no mask but causal (use_causal_mask=True) "
+        "and a padding mask of token ids (not imported from Keras)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_REFUSALS))
+def test_attention_the_plan_cannot_compute_is_refused_in_one_line(case: str) -> None:
+    build, reason = ATTENTION_REFUSALS[case]
+    message = _attention_refusal(build)
+    assert re.fullmatch(r"keras layer 'mha' \(MultiHeadAttention\): " + re.escape(reason), message), message
 
 
 def test_a_dropout_of_whole_channels_is_refused() -> None:

@@ -87,6 +87,10 @@ def _embedding(call: Call) -> Conversion:
     return (Piece(table, {"table": _array(call.operation.embeddings)}),)
 
 
+#: MultiHeadAttention's mask arguments: read by its converter only to refuse them by name
+MASKS = ("attention_mask", "query_mask", "value_mask", "key_mask")
+
+
 def _attention(call: Call) -> Conversion:
     """Self-attention whose heads split the features (``num_heads * key_dim`` = features):
     Keras's [features, heads, key_dim] projections are the plan's [features, features]."""
@@ -105,10 +109,15 @@ def _attention(call: Call) -> Conversion:
             f"num_heads={heads} x key_dim={key_dim} = {heads * key_dim} differs from the {features} "
             f"input features: the plan's attention splits the features into its heads"
         )
-    call.option("value_dim", (key_dim, None), "the plan's values have the keys' width")
-    call.option("use_bias", True, "the plan's attention has biases")
+    call.option("value_dim", (key_dim, None), "the plan's attention gives values the keys' width")
     call.option("output_shape", None, "the plan's attention keeps the input's width")
-    call.option("dropout", 0.0, "the plan's attention drops no attention weights")
+    call.option("dropout", 0.0, "the plan's attention drops no attention weights (add a dropout after it)")
+    masks = [key for key in MASKS if call.kwargs.get(key) is not None]
+    if masks:
+        raise call.refuse(
+            f"called with {masks[0]}: the plan's attention takes no mask but causal "
+            f"(use_causal_mask=True) and a padding mask of token ids (not imported from Keras)"
+        )
     call.option("attention_axes", (None, [1], [-2]), "the plan attends over the sequence axis")
     call.option("use_gate", False, "the plan's attention has no gate")
     call.option("sliding_window", None, "the plan's attention sees every position")
@@ -121,12 +130,15 @@ def _attention(call: Call) -> Conversion:
         "value": layer.value_dense,
         "output": layer.output_dense,
     }
+    use_bias = bool(config.get("use_bias", True))
     weights: Weights = {}
     for name, dense in projections.items():
         kernel = _array(dense.kernel)
         weights[f"{name}_kernel"] = kernel.reshape(features, features)
-        weights[f"{name}_bias"] = _array(dense.bias).reshape(features)
-    attention = Attention(heads=heads, causal=bool(call.kwargs.get("use_causal_mask", False)))
+        if use_bias:
+            weights[f"{name}_bias"] = _array(dense.bias).reshape(features)
+    causal = bool(call.kwargs.get("use_causal_mask", False))
+    attention = Attention(heads=heads, causal=causal, use_bias=use_bias)
     return (Piece(attention, weights),)
 
 
@@ -228,7 +240,7 @@ CONVERTERS: dict[str, Converter] = {
     "keras.layers.LayerNormalization": Converter(_layernorm),
     "keras.layers.Embedding": Converter(_embedding),
     "keras.layers.MultiHeadAttention": Converter(
-        _attention, frozenset({"key", "use_causal_mask", "return_attention_scores"})
+        _attention, frozenset({"key", "use_causal_mask", "return_attention_scores", *MASKS})
     ),
     "keras.layers.Add": Converter(_merge(Add)),
     "keras.layers.Multiply": Converter(_merge(Multiply)),
