@@ -48,7 +48,7 @@ from crosstrain.core.layers import (
     Shape,
 )
 from crosstrain.importers.common import Conversion, ImportedModel, ImportResult, Weights, write_import
-from crosstrain.importers.torch_converters import _flatten_order
+from crosstrain.importers.torch_converters import _channels_last, _flatten_order
 from crosstrain.importers.torch_steps import Converter, ImportRefused, Step, Value
 from crosstrain.importers.torch_table import CONVERTERS, NO_EQUIVALENT
 
@@ -202,6 +202,9 @@ class _Assembly:
             raise step.refuse(
                 f"{NO_EQUIVALENT.get(step.shown, 'has no plan equivalent')} (what imports: docs/import.md)"
             )
+        if converter.sizes is not None:
+            self.values[step.node] = converter.sizes(step)
+            return
         if (
             any(isinstance(value, Value) and value.is_pair for value in step.inputs)
             and _key(step) is not operator.getitem
@@ -218,7 +221,8 @@ class _Assembly:
         order = next((value.order for value in step.inputs if value.order is not None), None)
         if order is None or converter.carries_order:
             pieces = converter.convert(step)
-            return pieces, _flatten_order(step.inputs[0]) if converter.flattens else order
+            flattened = converter.flattens and len(step.shape) == 2  # to [batch, features]
+            return pieces, _flatten_order(step.inputs[0]) if flattened else order
         if converter.reads_order is None:
             raise step.refuse(
                 "reads an image's features flattened in torch's C, H, W order; only a Linear "
@@ -300,13 +304,6 @@ _ORDER_NOTE = (
     "The Linear {name!r} reads an image's features flattened by torch as C, H, W; the plan "
     "flattens H, W, C, so its kernel's rows are permuted to match (same outputs)."
 )
-
-
-def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
-    if len(shape) == 3:
-        channels, height, width = shape
-        return (height, width, channels)
-    return shape
 
 
 def _key(step: Step) -> Any:

@@ -5,6 +5,7 @@ record of the table.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,15 @@ from torch import fx, nn
 
 from crosstrain.core.errors import InputError
 from crosstrain.importers.common import Conversion
+
+
+class Batch(enum.Enum):
+    """What ``x.size(0)`` gives: the batch, known only at run time (a view may read it)."""
+
+    SIZE = "x.size(0)"
+
+
+BATCH = Batch.SIZE
 
 
 class ImportRefused(InputError):
@@ -113,6 +123,8 @@ class Converter:
     reads_order: Callable[[Step, np.ndarray], Conversion] | None = None
     #: it flattens: its output's features are in torch's order (:func:`_flatten_order`)
     flattens: bool = False
+    #: it gives sizes, not a tensor (``x.size(0)``): its value is what this returns
+    sizes: Callable[[Step], Any] | None = None
 
 
 def _flat(arguments: Sequence[Any]) -> list[Any]:

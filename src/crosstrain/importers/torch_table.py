@@ -39,8 +39,11 @@ from crosstrain.core.layers import (
 from crosstrain.importers.common import Conversion, Piece, Weights
 from crosstrain.importers.torch_converters import (
     _adaptive_avg_pool,
+    _channels_first,
     _concat,
+    _conv1d,
     _conv2d,
+    _conv_transpose2d,
     _flatten_call,
     _flatten_module,
     _linear,
@@ -50,6 +53,9 @@ from crosstrain.importers.torch_converters import (
     _module_weights,
     _neutral,
     _pool,
+    _size,
+    _take,
+    _view,
 )
 from crosstrain.importers.torch_steps import Converter, Step
 
@@ -88,6 +94,11 @@ def _dropout(step: Step) -> Conversion:
 
 
 def _identity(step: Step) -> Conversion:
+    return ()
+
+
+def _no_layers(step: Step) -> Conversion:
+    """For a converter whose node gives sizes, not a tensor (:attr:`Converter.sizes`)."""
     return ()
 
 
@@ -130,21 +141,21 @@ def _position_embedding(step: Step, table: torch.Tensor) -> Conversion:
 
 
 def _getitem(step: Step) -> Conversion:
-    """Item 0 of MultiheadAttention's (output, weights): its output."""
-    if not step.inputs or not step.inputs[0].is_pair or step.constants != (0,):
+    """Item 0 of MultiheadAttention's (output, weights): its output; ``x[:, i]`` of a
+    sequence: a take."""
+    if not step.inputs:
+        raise step.refuse("indexes no tensor")
+    if not step.inputs[0].is_pair:
+        return _take(step)
+    if step.constants != (0,):
         raise step.refuse(
-            "indexing a tensor: the plan has no slicing (item 0 of MultiheadAttention's pair only)"
+            "reads MultiheadAttention's attention weights: the plan's attention gives its output only"
         )
     return ()
 
 
 def _batchnorm(step: Step) -> Conversion:
     norm = _module(step)
-    if len(step.inputs[0].shape) == 3:
-        raise step.refuse(
-            f"on {list(step.inputs[0].shape[1:])}: torch normalises axis 1 of [batch, C, L], the plan's "
-            f"batchnorm the last axis"
-        )
     step.option("affine", norm.affine, True, "the plan's batchnorm trains its scale and offset")
     step.option(
         "track_running_stats", norm.track_running_stats, True, "the plan's batchnorm keeps moving statistics"
@@ -161,7 +172,9 @@ def _batchnorm(step: Step) -> Conversion:
     }
     # torch's momentum weighs the new batch; the plan's (Keras's) weighs the old statistics
     layer = BatchNorm(momentum=1.0 - float(norm.momentum), epsilon=float(norm.eps))
-    return (Piece(layer, _module_weights(BatchNorm, norm, names)),)
+    piece = Piece(layer, _module_weights(BatchNorm, norm, names))
+    # [batch, C, L]: torch normalises axis 1, the plan's batchnorm the last axis
+    return _channels_first(step, (piece,)) if len(step.inputs[0].shape) == 3 else (piece,)
 
 
 def _layernorm(step: Step) -> Conversion:
@@ -207,13 +220,9 @@ def _attention(step: Step) -> Conversion:
         raise step.refuse("kdim/vdim: the plan's keys and values have the input's width")
     if attention.bias_k is not None or attention.add_zero_attn:
         raise step.refuse("add_bias_kv/add_zero_attn: the plan attends to the sequence only")
-    for key in ("key_padding_mask", "attn_mask"):
-        if step.argument(3 if key == "key_padding_mask" else 5, key, None) is not None:
-            raise step.refuse(f"{key}: the plan's attention takes no mask from a torch module")
-    if step.argument(7, "is_causal", False):
-        raise step.refuse(
-            "is_causal: torch's is a hint for an attn_mask; the plan's attention takes no mask here"
-        )
+    if step.argument(3, "key_padding_mask", None) is not None:
+        raise step.refuse("key_padding_mask: the plan's attention takes no padding mask from a torch module")
+    causal = _is_causal(step)
     sources = {value.source for value in step.inputs[:3]}
     if len(step.inputs) != 3 or len(sources) != 1:
         raise step.refuse("query, key and value differ: the plan's attention is self-attention")
@@ -229,7 +238,30 @@ def _attention(step: Step) -> Conversion:
     weights["output_kernel"] = _neutral(Attention, "output_kernel", attention.out_proj.weight)
     if attention.out_proj.bias is not None:
         weights["output_bias"] = _neutral(Attention, "output_bias", attention.out_proj.bias)
-    return (Piece(Attention(heads=attention.num_heads, use_bias=use_bias), weights),)
+    return (Piece(Attention(heads=attention.num_heads, causal=causal, use_bias=use_bias), weights),)
+
+
+def _is_causal(step: Step) -> bool:
+    """Whether MultiheadAttention masks later positions: its ``attn_mask`` is a parameter or
+    buffer that holds the causal mask (True, or -inf, above the diagonal; ``is_causal=True``
+    is torch's hint that it is), or there is none."""
+    mask = step.argument(5, "attn_mask", None)
+    if mask is None:
+        if step.argument(7, "is_causal", False):
+            raise step.refuse("is_causal=True without attn_mask: torch asks for the causal mask too")
+        return False
+    length = step.inputs[0].shape[1]
+    later = torch.ones(length, length, dtype=torch.bool).triu(1)
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (length, length):
+        raise step.refuse(f"attn_mask: the plan's attention takes a causal mask [{length}, {length}] only")
+    mask = mask.detach().cpu()
+    if mask.dtype == torch.bool:
+        causal = bool(torch.equal(mask, later))
+    else:
+        causal = bool((mask[later] == float("-inf")).all() and (mask[~later] == 0).all())
+    if not causal:
+        raise step.refuse("attn_mask: not the causal mask; the plan's attention masks later positions only")
+    return True
 
 
 _ELEMENTWISE: dict[Any, Layer] = {
@@ -257,12 +289,18 @@ CONVERTERS: dict[Any, Converter] = {
     **{key: Converter(_fixed(layer), carries_order=True) for key, layer in _ELEMENTWISE.items()},
     nn.Linear: Converter(_linear, reads_order=_linear_reading_order),
     nn.Conv2d: Converter(_conv2d),
+    nn.Conv1d: Converter(_conv1d),
+    nn.ConvTranspose2d: Converter(_conv_transpose2d),
     nn.MaxPool2d: Converter(_pool(MaxPool2D)),
     nn.AvgPool2d: Converter(_pool(AvgPool2D)),
     nn.AdaptiveAvgPool2d: Converter(_adaptive_avg_pool),
     nn.Flatten: Converter(_flatten_module, flattens=True),
     torch.flatten: Converter(_flatten_call, flattens=True),
     "Tensor.flatten": Converter(_flatten_call, flattens=True),
+    "Tensor.view": Converter(_view, flattens=True),
+    "Tensor.reshape": Converter(_view, flattens=True),
+    torch.reshape: Converter(_view, flattens=True),
+    "Tensor.size": Converter(_no_layers, sizes=_size),
     torch.mean: Converter(_mean_call),
     "Tensor.mean": Converter(_mean_call),
     torch.cat: Converter(_concat),
@@ -291,7 +329,8 @@ CONVERTERS: dict[Any, Converter] = {
 NO_EQUIVALENT: dict[str, str] = {
     "AdaptiveMaxPool2d": "the plan has no maximum over positions",
     "GroupNorm": "the plan has no group normalization",
-    "Tensor.view": "a view's sizes come from the batch at run time: use flatten",
-    "Tensor.reshape": "a reshape's sizes come from the batch at run time: use flatten",
-    "Tensor.size": "the plan's shapes are fixed: use flatten rather than sizes read at run time",
+    "torch._C._nn.scaled_dot_product_attention": (
+        "attention from your own projections: the plan's attention is one layer with its "
+        "projections; use nn.MultiheadAttention"
+    ),
 }
