@@ -108,11 +108,10 @@ def _conv2d(step: Step) -> Conversion:
     return (Piece(pad, suffix="pad"), Piece(Conv2D(padding="valid", **options), weights))
 
 
-def _channels_first(step: Step, pieces: Conversion) -> Conversion:
-    """``pieces`` that read and give the plan's [length, channels], between transposes from
-    and to torch's [channels, length], the layout the plan keeps for a 3-D tensor; the
+def _channels_first(piece: Piece) -> Conversion:
+    """``piece``, which reads and gives the plan's [length, channels], between transposes
+    from and to torch's [channels, length], the layout the plan keeps for a 3-D tensor; the
     module's own layer keeps its name (and weights), the last transpose's name its output."""
-    (piece,) = pieces
     swap = Transpose(perm=(1, 0))
     return (Piece(swap, suffix="length_first"), piece, Piece(swap, suffix="channels_first"))
 
@@ -144,7 +143,7 @@ def _conv1d(step: Step) -> Conversion:
         use_bias=conv.bias is not None,
     )
     weights = _module_weights(Conv1D, conv, {"kernel": "weight", "bias": "bias"})
-    return _channels_first(step, (Piece(layer, weights),))
+    return _channels_first(Piece(layer, weights))
 
 
 def _conv_transpose2d(step: Step) -> Conversion:

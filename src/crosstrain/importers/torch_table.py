@@ -174,7 +174,7 @@ def _batchnorm(step: Step) -> Conversion:
     layer = BatchNorm(momentum=1.0 - float(norm.momentum), epsilon=float(norm.eps))
     piece = Piece(layer, _module_weights(BatchNorm, norm, names))
     # [batch, C, L]: torch normalises axis 1, the plan's batchnorm the last axis
-    return _channels_first(step, (piece,)) if len(step.inputs[0].shape) == 3 else (piece,)
+    return _channels_first(piece) if len(step.inputs[0].shape) == 3 else (piece,)
 
 
 def _layernorm(step: Step) -> Conversion:
