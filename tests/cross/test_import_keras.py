@@ -206,9 +206,10 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
 
 def convnext_pieces() -> Any:
     """What ConvNeXt adds to the converters above, small: a Sequential stem and a Functional
-    block used as layers (opened into the plan), keras.applications' LayerScale, and
-    NASNet's Cropping2D."""
+    block used as layers (opened into the plan), keras.applications' LayerScale; NASNet's
+    Cropping2D, InceptionResNetV2's CustomScaleLayer (a residual sum with the branch scaled)."""
     from keras.src.applications.convnext import LayerScale
+    from keras.src.applications.inception_resnet_v2 import CustomScaleLayer
 
     layers = keras.layers
     stem = keras.Sequential(
@@ -221,13 +222,13 @@ def convnext_pieces() -> Any:
     pixels = keras.Input((10, 10, 3), name="pixels")
     x = stem(pixels)
     branch = LayerScale(0.1, 8, name="layer_scale")(block(x))
-    x = layers.Add(name="residual")([x, branch])
+    x = CustomScaleLayer(0.17, name="residual")([x, branch])
     x = layers.Cropping2D(((1, 0), (0, 2)), name="crop")(x)
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     return keras.Model(pixels, layers.Dense(3, name="out")(x), name="convnext_pieces")
 
 
-def test_nested_models_layer_scale_and_cropping_import_with_their_forward(tmp_path: Path) -> None:
+def test_nested_models_and_keras_applications_own_layers_import_with_their_forward(tmp_path: Path) -> None:
     model = moved_off_start(convnext_pieces())
     plan_file = assert_imports_with_its_forward(model, tmp_path, _images((10, 10, 3), rows=4))
     written = load_plan(plan_file).model.layers
@@ -236,7 +237,8 @@ def test_nested_models_layer_scale_and_cropping_import_with_their_forward(tmp_pa
     assert names[:4] == ["stem_conv", "stem_norm", "block_expand", "block_project"]
     assert "stem" not in names and "block" not in names
     layers = {layer.name: layer for layer in written}
-    assert layers["residual"].inputs == ("stem_norm", "layer_scale")
+    assert (layers["residual_scaled"].scale, layers["residual_scaled"].inputs) == (0.17, None)
+    assert (layers["residual"].type, layers["residual"].inputs) == ("add", ("stem_norm", "residual_scaled"))
     assert (layers["layer_scale"].type, layers["layer_scale"].initial) == ("scale", 0.1)
     assert (layers["crop"].type, layers["crop"].cropping) == ("crop2d", ((1, 0), (0, 2)))
 

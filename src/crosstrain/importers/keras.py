@@ -31,7 +31,14 @@ from crosstrain.core.layers import (
     Layer,
     Shape,
 )
-from crosstrain.importers.common import Conversion, ImportedModel, ImportResult, Weights, write_import
+from crosstrain.importers.common import (
+    PREVIOUS,
+    Conversion,
+    ImportedModel,
+    ImportResult,
+    Weights,
+    write_import,
+)
 from crosstrain.importers.keras_calls import Call, ImportRefused, TensorRef
 from crosstrain.importers.keras_table import CONVERTERS, NO_EQUIVALENT
 
@@ -310,14 +317,17 @@ class _Assembly:
             raise call.refuse(
                 f"the name {INPUT_NAME!r} is the plan's name of the model input; rename the layer"
             )
-        if pieces[0].layer.arity == 1:  # self-attention's query, value (and key): one tensor
-            if len(set(sources)) != 1:
+        call_sources = sources
+        if pieces[0].layer.arity == 1 and pieces[0].reads is None:  # self-attention's query,
+            if len(set(sources)) != 1:  # value (and key): one tensor
                 raise call.refuse(f"reads {len(set(sources))} tensors; its plan layer reads one")
             sources = sources[:1]
         for piece in pieces:
             name = f"{call.name}_{piece.suffix}" if piece.suffix else call.name
             if any(layer.name == name for layer in self.layers):
                 raise call.refuse(f"its plan layer would be named {name!r}, which another layer has")
+            if piece.reads is not None:
+                sources = [sources[0] if read == PREVIOUS else call_sources[read] for read in piece.reads]
             inputs = self._inputs(sources)
             self.layers.append(attrs.evolve(piece.layer, name=name, inputs=inputs))
             self.weights.update({f"{name}.{param}": value for param, value in piece.weights.items()})

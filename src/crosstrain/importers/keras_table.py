@@ -21,7 +21,7 @@ from crosstrain.core.layers import (
     Rescale,
     Take,
 )
-from crosstrain.importers.common import Conversion, Piece, Weights
+from crosstrain.importers.common import PREVIOUS, Conversion, Piece, Weights
 from crosstrain.importers.keras_calls import Call, Converter, TensorRef
 from crosstrain.importers.keras_converters import (
     _activation,
@@ -151,6 +151,15 @@ def _merge(kind: type[Add] | type[Multiply] | type[Concat]) -> Callable[[Call], 
     return convert
 
 
+def _scaled_sum(call: Call) -> Conversion:
+    """InceptionResNetV2's CustomScaleLayer, ``inputs[0] + inputs[1] * scale``: a rescale of
+    the second input, then an add."""
+    if len(call.inputs) != 2:
+        raise call.refuse(f"reads {len(call.inputs)} tensors; the layer adds two")
+    scaled = Piece(Rescale(scale=float(call.config["scale"])), suffix="scaled", reads=(1,))
+    return (scaled, Piece(Add(), reads=(0, PREVIOUS)))
+
+
 def _identity(call: Call) -> Conversion:
     return ()
 
@@ -246,7 +255,8 @@ CONVERTERS: dict[str, Converter] = {
     "keras.layers.Multiply": Converter(_merge(Multiply)),
     "keras.layers.Concatenate": Converter(_merge(Concat)),
     "keras.layers.Identity": Converter(_identity),
-    # ConvNeXt's own layer (keras.applications.convnext), by its module: no other LayerScale
+    # keras.applications' own layers, by their module: no other class of those names
+    "keras.src.applications.inception_resnet_v2.CustomScaleLayer": Converter(_scaled_sum),
     "keras.src.applications.convnext.LayerScale": Converter(_layer_scale),
     "keras.src.ops.numpy.Add": Converter(_op_with_scalar("add")),
     "keras.src.ops.numpy.Subtract": Converter(_op_with_scalar("subtract")),
