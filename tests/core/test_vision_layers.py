@@ -21,11 +21,11 @@ from crosstrain.core.layers import (
     Dense,
     HardSwish,
     Layer,
+    LayerScale,
     Mean,
     Multiply,
     ReLU6,
     Reshape,
-    Scale,
     Sigmoid,
     SiLU,
     Transpose,
@@ -172,9 +172,9 @@ def test_crop2d_removes_rows_and_columns(write_plan: Callable[..., Path]) -> Non
 
 
 def test_scale_learns_one_multiplier_per_feature_from_its_start() -> None:
-    graph = build_graph((4, 4, 3), [Scale(initial=1e-6)])
+    graph = build_graph((4, 4, 3), [LayerScale(initial=1e-6)])
     assert graph.nodes[0].output_shape == (4, 4, 3)
-    spec = graph.weight_specs()["scale_0.scale"]
+    spec = graph.weight_specs()["layer_scale_0.scale"]
     assert (spec.shape, spec.trainable, spec.kernel) == ((3,), True, False)
     assert spec.initial(np.random.default_rng(0)).tolist() == [np.float32(1e-6)] * 3
 

@@ -239,7 +239,7 @@ def test_nested_models_and_keras_applications_own_layers_import_with_their_forwa
     layers = {layer.name: layer for layer in written}
     assert (layers["residual_scaled"].scale, layers["residual_scaled"].inputs) == (0.17, None)
     assert (layers["residual"].type, layers["residual"].inputs) == ("add", ("stem_norm", "residual_scaled"))
-    assert (layers["layer_scale"].type, layers["layer_scale"].initial) == ("scale", 0.1)
+    assert (layers["layer_scale"].type, layers["layer_scale"].initial) == ("layer_scale", 0.1)
     assert (layers["crop"].type, layers["crop"].cropping) == ("crop2d", ((1, 0), (0, 2)))
 
 

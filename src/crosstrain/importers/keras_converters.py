@@ -25,6 +25,7 @@ from crosstrain.core.layers import (
     GlobalAvgPool2D,
     HardSwish,
     Layer,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -32,7 +33,6 @@ from crosstrain.core.layers import (
     ReLU6,
     Rescale,
     Reshape,
-    Scale,
     Sigmoid,
     SiLU,
     Softmax,
@@ -309,7 +309,7 @@ def _layer_scale(call: Call) -> Conversion:
     """keras.applications' ConvNeXt LayerScale, ``x * gamma`` over the last axis: a scale
     starting where the Keras layer started (``init_values``)."""
     (gamma,) = call.operation.weights
-    return (Piece(Scale(initial=float(call.config["init_values"])), {"scale": _array(gamma)}),)
+    return (Piece(LayerScale(initial=float(call.config["init_values"])), {"scale": _array(gamma)}),)
 
 
 def _upsample(call: Call) -> Conversion:

@@ -40,6 +40,7 @@ from crosstrain.core.layers import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -51,7 +52,6 @@ from crosstrain.core.layers import (
     Rescale,
     Reshape,
     RMSNorm,
-    Scale,
     Sigmoid,
     SiLU,
     Softmax,
@@ -90,7 +90,7 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     # of an image torch holds NCHW (after a convolution)
     Crop2D: ((5, 6, 2), (Conv2D(filters=3, kernel_size=1), Crop2D(cropping=((1, 0), (2, 1))))),
     # on the channels of an image (torch's NCHW made NHWC first), from a start other than 1
-    Scale: ((4, 4, 3), (Conv2D(filters=3, kernel_size=1), Scale(initial=0.5))),
+    LayerScale: ((4, 4, 3), (Conv2D(filters=3, kernel_size=1), LayerScale(initial=0.5))),
     Sigmoid: ((10,), (Sigmoid(),)),
     SiLU: ((10,), (SiLU(),)),
     # on the channels of an image that torch holds NCHW (after a convolution)

@@ -47,6 +47,7 @@ from crosstrain import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -60,7 +61,6 @@ from crosstrain import (
     Rescale,
     Reshape,
     RMSNorm,
-    Scale,
     Sigmoid,
     SiLU,
     Softmax,
@@ -682,7 +682,7 @@ def _crop2d(node: Node) -> Apply:
     return apply
 
 
-def _scale(node: Node) -> Apply:
+def _layer_scale(node: Node) -> Apply:
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
         return x * env.param(f"{node.path}.scale").astype(x.dtype)
@@ -748,7 +748,7 @@ LAYERS: dict[type[Layer], Builder] = {
     UpSample2D: _upsample2d,
     ZeroPad2D: _zero_pad2d,
     Crop2D: _crop2d,
-    Scale: _scale,
+    LayerScale: _layer_scale,
     Sigmoid: _elementwise(jax.nn.sigmoid),
     SiLU: _elementwise(jax.nn.silu),
     Softmax: _elementwise(_softmax),

@@ -50,6 +50,7 @@ from crosstrain.core.layers import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -61,7 +62,6 @@ from crosstrain.core.layers import (
     Rescale,
     Reshape,
     RMSNorm,
-    Scale,
     Sigmoid,
     SiLU,
     Softmax,
@@ -277,11 +277,11 @@ def _crop(layer: Crop2D, node: Node, channels_first: bool) -> NodeModule:
     return _Unary(lambda x: x[:, :, top : height - bottom, left : width - right])  # NCHW
 
 
-class ScaleNode(NodeModule):
+class LayerScaleNode(NodeModule):
     """``x * scale`` over the last axis, the scale cast to the input's dtype (as Keras casts
     its LayerScale's weight to the compute dtype)."""
 
-    def __init__(self, layer: Scale, node: Node, channels_first: bool) -> None:
+    def __init__(self, layer: LayerScale, node: Node, channels_first: bool) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.ones(node.input_shape[-1]))
 
@@ -795,7 +795,7 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     UpSample2D: NodeSpec(UpSampleNode, Order.CHANNELS_FIRST),
     ZeroPad2D: NodeSpec(_zero_pad, Order.CHANNELS_FIRST),
     Crop2D: NodeSpec(_crop, Order.CHANNELS_FIRST),
-    Scale: NodeSpec(ScaleNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
+    LayerScale: NodeSpec(LayerScaleNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
     Sigmoid: NodeSpec(_unary(torch.sigmoid), Order.EITHER),
     SiLU: NodeSpec(_unary(F.silu), Order.EITHER),
     Softmax: NodeSpec(_softmax, Order.EITHER),  # over the channel axis of either order

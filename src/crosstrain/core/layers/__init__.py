@@ -43,7 +43,7 @@ from crosstrain.core.layers.convolutions import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.layers.dense import Dense, Dropout, Rescale, Scale
+from crosstrain.core.layers.dense import Dense, Dropout, LayerScale, Rescale
 from crosstrain.core.layers.merges import Add, Block, Concat, Multiply
 from crosstrain.core.layers.norms import BatchNorm, LayerNorm, RMSNorm
 from crosstrain.core.layers.sequences import Attention, ClassToken, Embedding, PaddingMask, PositionEmbedding
@@ -66,7 +66,7 @@ LAYER_TYPES: dict[str, type[Layer]] = {
         UpSample2D,
         ZeroPad2D,
         Crop2D,
-        Scale,
+        LayerScale,
         Sigmoid,
         SiLU,
         Softmax,
@@ -121,6 +121,7 @@ __all__ = [
     "HardSwish",
     "Layer",
     "LayerNorm",
+    "LayerScale",
     "LeakyReLU",
     "MaxPool2D",
     "Mean",
@@ -132,7 +133,6 @@ __all__ = [
     "ReLU6",
     "Rescale",
     "Reshape",
-    "Scale",
     "SiLU",
     "Sigmoid",
     "Softmax",

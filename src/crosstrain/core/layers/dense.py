@@ -82,11 +82,11 @@ class Rescale(Layer):
 
 
 @attrs.frozen
-class Scale(Layer):
+class LayerScale(Layer):
     """A learned multiplier per feature of the last axis, ``x * scale`` (ConvNeXt's and
     CaiT's layer scale, Keras's ``LayerScale``): scale [features] starts at ``initial``."""
 
-    type: ClassVar[str] = "scale"
+    type: ClassVar[str] = "layer_scale"
     initial: float = 1.0
 
     def output_shape(self, input_shape: Shape) -> Shape:
