@@ -62,6 +62,5 @@ def token_plan(write_plan: Callable[..., Path], tmp_path: Path) -> Path:
     noise = rng.integers(0, 32, size=pattern.size)
     tokens = np.where(rng.random(pattern.size) < 0.1, noise, pattern).astype(np.int32)
     np.save(tmp_path / "tokens.npy", tokens)
-    return write_plan(
-        TOKEN_PLAN.replace("TOKEN_FILE", str(tmp_path / "tokens.npy")), name="tokens.toml"
-    )
+    return write_plan(TOKEN_PLAN.replace("TOKEN_FILE", str(tmp_path / "tokens.npy")),
+                      name="tokens.toml")

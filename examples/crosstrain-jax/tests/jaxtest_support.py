@@ -10,14 +10,8 @@ from pathlib import Path
 from crosstrain.testing import max_relative_difference, step_losses, summary
 
 __all__ = [
-    "CNN_PLAN",
-    "EXAMPLES",
-    "MLP_PLAN",
-    "TOKEN_PLAN",
-    "max_relative_difference",
-    "run_cli",
-    "step_losses",
-    "summary",
+    "CNN_PLAN", "EXAMPLES", "MLP_PLAN", "TOKEN_PLAN", "max_relative_difference", "run_cli",
+    "step_losses", "summary",
 ]
 
 TESTS = Path(__file__).resolve().parent
@@ -128,16 +122,9 @@ grad_accum_steps = 2
 """
 
 
-def run_cli(
-    *args: str, timeout: float = 240, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 240, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The real `crosstrain` CLI in a subprocess, as a user runs it; output captured."""
     environment = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "crosstrain.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environment,
-        cwd=cwd,
-    )
+    return subprocess.run([sys.executable, "-m", "crosstrain.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=environment, cwd=cwd)

@@ -50,14 +50,10 @@ def _moved_weights(plan: Plan) -> dict[str, np.ndarray]:
     """Initial weights moved off their init values, as after some training (variances stay
     positive)."""
     rng = np.random.default_rng(11)
-    moved = {
-        name: (value + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
-        for name, value in initial_weights(plan).items()
-    }
-    return {
-        name: np.abs(value) if name.endswith(".moving_variance") else value
-        for name, value in moved.items()
-    }
+    moved = {name: (value + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
+             for name, value in initial_weights(plan).items()}
+    return {name: np.abs(value) if name.endswith(".moving_variance") else value
+            for name, value in moved.items()}
 
 
 def _evaluate_at(devices: int, plan: Plan, weights: dict[str, np.ndarray]) -> dict[str, float]:
@@ -83,16 +79,9 @@ def test_eval_at_world_2_equals_world_1(
             data = tmp_path / "regression.npz"
             np.savez(data, x=arrays["x"], y=arrays["x"][:, :10] * 0.5)
     metrics = "['loss']" if loss == "mse" else "['loss', 'accuracy']"
-    plan = prepare_plan(
-        write_plan(),
-        [
-            "data.source='npz'",
-            f"data.path='{data}'",
-            "train.global_batch_size=16",
-            f"loss.name='{loss}'",
-            f"metrics={metrics}",
-        ],
-    )
+    plan = prepare_plan(write_plan(), ["data.source='npz'", f"data.path='{data}'",
+                                       "train.global_batch_size=16", f"loss.name='{loss}'",
+                                       f"metrics={metrics}"])
     weights = _moved_weights(plan)
     one, two = _evaluate_at(1, plan, weights), _evaluate_at(2, plan, weights)
     assert one["count"] == 41  # 203 rows x 0.2: not a multiple of the batch of 16
@@ -115,9 +104,8 @@ def test_eval_of_every_layer_type_at_world_2_equals_world_1(
 
 def test_moving_statistics_follow_each_micro_batch_and_no_optimizer_touches_them() -> None:
     plan = Plan(
-        model=ModelSpec(
-            input_shape=(3,), layers=(BatchNorm(momentum=0.5, name="bn"), Dense(units=4))
-        ),
+        model=ModelSpec(input_shape=(3,), layers=(BatchNorm(momentum=0.5, name="bn"),
+                                                  Dense(units=4))),
         optimizer=OptimizerSpec(name="sgd", lr=0.5, momentum=0.9, weight_decay=0.5),
         train=TrainSpec(global_batch_size=8, grad_accum_steps=2, clip_grad_norm=0.1),
         metrics=("loss",),
@@ -130,10 +118,8 @@ def test_moving_statistics_follow_each_micro_batch_and_no_optimizer_touches_them
     rng = np.random.default_rng(5)
     x = rng.normal(1.0, 2.0, size=(8, 3)).astype(np.float32)
     weight = np.array([1, 1, 1, 1, 1, 0, 1, 0], np.float32)
-    micro = tuple(
-        Batch(x[half], np.zeros(4, np.int64), weight[half], np.arange(8)[half])
-        for half in (slice(0, 4), slice(4, 8))
-    )
+    micro = tuple(Batch(x[half], np.zeros(4, np.int64), weight[half], np.arange(8)[half])
+                  for half in (slice(0, 4), slice(4, 8)))
     strategy.train_step(state, StepBatch(micro, global_real_rows=6), lr=0.5)
 
     mean, variance = np.zeros(3), np.ones(3)
@@ -166,9 +152,8 @@ def test_state_dict_round_trips_neutral_names_and_layouts(write_plan: Callable[.
 _OPTIMIZERS = {
     "sgd": OptimizerSpec(name="sgd", lr=0.1),
     "sgd_momentum": OptimizerSpec(name="sgd", lr=0.1, momentum=0.9),
-    "sgd_nesterov_l2": OptimizerSpec(
-        name="sgd", lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01
-    ),
+    "sgd_nesterov_l2": OptimizerSpec(name="sgd", lr=0.1, momentum=0.9, nesterov=True,
+                                     weight_decay=0.01),
     "adam_l2": OptimizerSpec(name="adam", lr=0.01, weight_decay=0.01),
     "adamw": OptimizerSpec(name="adamw", lr=0.01, weight_decay=0.1, beta1=0.3),
 }
@@ -210,29 +195,14 @@ def test_optimizers_follow_torch_formulas(key: str) -> None:
         scalars = as_dtype(host_scalars(spec, lr, step), "float32")
         jax_params, state = jitted(jax_params, grads, state, scalars)
     for name, parameter in zip(shapes, torch_params, strict=True):
-        np.testing.assert_allclose(
-            np.asarray(jax_params[name]),
-            parameter.detach().numpy(),
-            rtol=2e-6,
-            atol=1e-7,
-            err_msg=name,
-        )
+        np.testing.assert_allclose(np.asarray(jax_params[name]), parameter.detach().numpy(),
+                                   rtol=2e-6, atol=1e-7, err_msg=name)
 
 
 def _torch_optimizer(torch: Any, spec: OptimizerSpec, params: list[Any]) -> Any:
     if spec.name == "sgd":
-        return torch.optim.SGD(
-            params,
-            lr=spec.lr,
-            momentum=spec.momentum,
-            nesterov=spec.nesterov,
-            weight_decay=spec.weight_decay,
-        )
+        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov,
+                               weight_decay=spec.weight_decay)
     kind = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
-    return kind(
-        params,
-        lr=spec.lr,
-        betas=(spec.beta1, spec.beta2),
-        eps=spec.eps,
-        weight_decay=spec.weight_decay,
-    )
+    return kind(params, lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,
+                weight_decay=spec.weight_decay)

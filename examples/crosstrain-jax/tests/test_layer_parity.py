@@ -46,11 +46,8 @@ def _jax_results(plan: Plan) -> CaseResults:
     params = {name: weights[name] for name in trainable}
     buffers = {name: value for name, value in weights.items() if name not in params}
     forward = build_forward(plan)
-    train = TrainInputs(
-        jnp.asarray(_uint32(STEP)),
-        jnp.asarray(_uint32(inputs["rows"])),
-        jnp.asarray(inputs["weight"], jnp.float32),
-    )
+    train = TrainInputs(jnp.asarray(_uint32(STEP)), jnp.asarray(_uint32(inputs["rows"])),
+                        jnp.asarray(inputs["weight"], jnp.float32))
     x = jnp.asarray(inputs["x"])
     float_input = jnp.issubdtype(x.dtype, jnp.floating)
 
@@ -61,16 +58,13 @@ def _jax_results(plan: Plan) -> CaseResults:
         return jnp.sum(outputs * inputs["upstream"]), (outputs, updates)
 
     argnums = (0, 1) if float_input else (0,)
-    gradients, (outputs, updates) = jax.jit(jax.grad(total, argnums=argnums, has_aux=True))(
-        params, x
-    )
+    gradients, (outputs, updates) = jax.jit(
+        jax.grad(total, argnums=argnums, has_aux=True))(params, x)
     input_gradient = np.asarray(gradients[1]) if float_input else None
     after = {name: np.asarray(value) for name, value in {**weights, **updates}.items()}
     return CaseResults(
-        np.asarray(outputs),
-        input_gradient,
-        {name: np.asarray(value) for name, value in gradients[0].items()},
-        after,
+        np.asarray(outputs), input_gradient,
+        {name: np.asarray(value) for name, value in gradients[0].items()}, after,
     )
 
 

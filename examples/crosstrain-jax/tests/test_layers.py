@@ -30,14 +30,12 @@ def _plan(input_shape: tuple[int, ...], *layers: Layer, seed: int = 0) -> Plan:
 
 def _train_inputs(step: int, rows: np.ndarray, weight: np.ndarray) -> TrainInputs:
     as_uint32 = (np.asarray(rows, np.int64) & reference.MASK32).astype(np.uint32)
-    return TrainInputs(
-        np.uint32(step & reference.MASK32), _sharded(as_uint32), _sharded(weight.astype(np.float32))
-    )
+    return TrainInputs(np.uint32(step & reference.MASK32), _sharded(as_uint32),
+                       _sharded(weight.astype(np.float32)))
 
 
-def _run(
-    plan: Plan, weights: Arrays, x: np.ndarray, train: TrainInputs | None
-) -> tuple[np.ndarray, Arrays]:
+def _run(plan: Plan, weights: Arrays, x: np.ndarray,
+         train: TrainInputs | None) -> tuple[np.ndarray, Arrays]:
     outputs, updates = jax.jit(build_forward(plan))(weights, _sharded(x), train)
     return np.asarray(outputs), {name: np.asarray(value) for name, value in updates.items()}
 
@@ -54,9 +52,8 @@ def test_dropout_masks_equal_the_reference_bit_for_bit(rate: float) -> None:
     as_uint32 = (rows & reference.MASK32).astype(np.uint32)
     for seed, step, layer in _COUNTERS:
         # step and rows traced, as in the compiled train step
-        compiled = jax.jit(
-            lambda step, rows, seed=seed, layer=layer: keep_mask(seed, step, layer, rows, 300, rate)
-        )
+        compiled = jax.jit(lambda step, rows, seed=seed, layer=layer: keep_mask(
+            seed, step, layer, rows, 300, rate))
         actual = np.asarray(compiled(np.uint32(step & reference.MASK32), as_uint32))
         expected = reference.keep_mask(seed, step, layer, rows, 300, rate)
         assert actual.dtype == expected.dtype == np.bool_
@@ -107,20 +104,16 @@ def test_batchnorm_uses_the_real_rows_of_the_global_batch_and_moves_its_statisti
     real_rows = weight == 1
     np.testing.assert_allclose(outputs[real_rows], expected[real_rows], rtol=1e-5, atol=1e-5)
     unbiased = real.var(axis=0, ddof=1)  # var * n / (n - 1)
-    np.testing.assert_allclose(
-        updates["bn.moving_mean"], 0.8 * weights["bn.moving_mean"] + 0.2 * mean, rtol=1e-5
-    )
-    np.testing.assert_allclose(
-        updates["bn.moving_variance"],
-        0.8 * weights["bn.moving_variance"] + 0.2 * unbiased,
-        rtol=1e-5,
-    )
+    np.testing.assert_allclose(updates["bn.moving_mean"],
+                               0.8 * weights["bn.moving_mean"] + 0.2 * mean, rtol=1e-5)
+    np.testing.assert_allclose(updates["bn.moving_variance"],
+                               0.8 * weights["bn.moving_variance"] + 0.2 * unbiased, rtol=1e-5)
 
     evaluated, moved = _run(plan, weights, x, None)  # evaluation: the moving statistics
     assert moved == {}
-    expected_eval = (x - weights["bn.moving_mean"]) / np.sqrt(
-        weights["bn.moving_variance"] + 1e-3
-    ) * weights["bn.scale"] + weights["bn.offset"]
+    expected_eval = ((x - weights["bn.moving_mean"])
+                     / np.sqrt(weights["bn.moving_variance"] + 1e-3)
+                     * weights["bn.scale"] + weights["bn.offset"])
     np.testing.assert_allclose(evaluated, expected_eval, rtol=1e-5, atol=1e-5)
 
 
@@ -165,10 +158,8 @@ def test_attention_follows_the_spec(causal: bool) -> None:
     plan = _plan((5, 8), layer)
     weights = plan.model.graph().init_weights(3)
     rng = np.random.default_rng(3)
-    weights = {
-        name: (value + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
-        for name, value in weights.items()
-    }  # biases too, not just zeros
+    weights = {name: (value + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
+               for name, value in weights.items()}  # biases too, not just zeros
     x = rng.normal(size=(4, 5, 8)).astype(np.float32)
     outputs, _ = _run(plan, weights, x, None)
     expected = _reference_attention(x, weights, heads=2, causal=causal)
@@ -183,9 +174,8 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _loss(
-    name: str, outputs: np.ndarray, targets: np.ndarray, smoothing: float = 0.0
-) -> np.ndarray:
+def _loss(name: str, outputs: np.ndarray, targets: np.ndarray, smoothing: float = 0.0
+          ) -> np.ndarray:
     function = LOSSES[name].row_loss
     return np.asarray(jax.jit(function, static_argnums=2)(outputs, targets, smoothing))
 
@@ -202,9 +192,8 @@ def test_cross_entropy_sums_over_a_rows_target_positions() -> None:
     targets = rng.integers(0, 6, size=(3, 4)).astype(np.int32)
     log_probs = _log_softmax(logits.astype(np.float64))
     picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
-    np.testing.assert_allclose(
-        _loss("cross_entropy", logits, targets), -picked.sum(axis=1), rtol=1e-6
-    )
+    np.testing.assert_allclose(_loss("cross_entropy", logits, targets), -picked.sum(axis=1),
+                               rtol=1e-6)
     # label smoothing 0.2: 0.8 on the label's log-probability, 0.2 on the classes' mean
     smoothed = -(0.8 * picked + 0.2 * log_probs.mean(axis=-1)).sum(axis=1)
     np.testing.assert_allclose(_loss("cross_entropy", logits, targets, 0.2), smoothed, rtol=1e-6)
@@ -222,9 +211,8 @@ def test_binary_cross_entropy_is_the_mean_of_each_outputs_sigmoid_loss() -> None
     targets = rng.integers(0, 2, size=(4, 3)).astype(np.float32)
     probability = 1 / (1 + np.exp(-logits.astype(np.float64)))
     each = -(targets * np.log(probability) + (1 - targets) * np.log1p(-probability))
-    np.testing.assert_allclose(
-        _loss("binary_cross_entropy", logits, targets), each.mean(axis=1), rtol=1e-5
-    )
+    np.testing.assert_allclose(_loss("binary_cross_entropy", logits, targets), each.mean(axis=1),
+                               rtol=1e-5)
     assert LOSSES["binary_cross_entropy"].targets_per_row((4, 3)) == 1
 
 

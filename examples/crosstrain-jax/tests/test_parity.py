@@ -44,12 +44,8 @@ def _parity(plan: Path, out: Path, *overrides: str) -> float:
 
 
 def test_sgd_momentum_on_the_digits_mlp_matches_torch(tmp_path: Path) -> None:
-    sgd = (
-        "train.max_steps=50",
-        "optimizer.name='sgd'",
-        "optimizer.lr=0.05",
-        "optimizer.momentum=0.9",
-    )
+    sgd = ("train.max_steps=50", "optimizer.name='sgd'", "optimizer.lr=0.05",
+           "optimizer.momentum=0.9")
     assert _parity(DIGITS, tmp_path, *sgd) <= 1e-6
 
 

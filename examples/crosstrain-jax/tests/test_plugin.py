@@ -30,9 +30,8 @@ def test_the_entry_point_and_strategy_import_without_jax() -> None:
         "entry = backend_registry(make_plugin_manager())['jax']\n"
         "print(entry.distribution, entry.strategy.__name__)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["crosstrain-jax", "JaxStrategy"]
 
@@ -50,21 +49,12 @@ def test_a_broken_jax_is_reported_not_raised(tmp_path: Path) -> None:
 def test_several_workers_are_refused_before_anything_starts(
     write_plan: Callable[..., Path], tmp_path: Path
 ) -> None:
-    result = run_cli(
-        "run",
-        str(write_plan()),
-        "--backend",
-        "jax",
-        "--nproc",
-        "2",
-        "--workers",
-        "2",
-        "--out",
-        str(tmp_path / "run"),
-    )
+    result = run_cli("run", str(write_plan()), "--backend", "jax", "--nproc", "2", "--workers", "2",
+                     "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "multi-process jax (jax.distributed) is not supported" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
 
 
 def test_several_machines_or_an_outside_launchers_group_are_refused_before_anything_starts(
@@ -73,30 +63,13 @@ def test_several_machines_or_an_outside_launchers_group_are_refused_before_anyth
     """The example backend runs on one machine: --nnodes 2, or two srun tasks that would
     otherwise train as two separate jobs, is one line and exit 2 (crosstrain's SpansNodes)."""
     plan, out = str(write_plan()), str(tmp_path / "run")
-    result = run_cli(
-        "run",
-        plan,
-        "--backend",
-        "jax",
-        "--nproc",
-        "2",
-        "--nnodes",
-        "2",
-        "--rdzv-endpoint",
-        "127.0.0.1:29400",
-        "--out",
-        out,
-    )
+    result = run_cli("run", plan, "--backend", "jax", "--nproc", "2", "--nnodes", "2",
+                     "--rdzv-endpoint", "127.0.0.1:29400", "--out", out)
     assert (result.returncode, result.stderr.strip().splitlines()[-1]) == (
-        2,
-        "crosstrain: error: --nnodes 2: the jax backend runs on one machine",
+        2, "crosstrain: error: --nnodes 2: the jax backend runs on one machine"
     )
-    slurm = {
-        "SLURM_NTASKS": "2",
-        "SLURM_PROCID": "0",
-        "SLURM_JOB_ID": "5",
-        "SLURM_JOB_NAME": "train",
-    }
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "5",
+             "SLURM_JOB_NAME": "train"}
     result = run_cli("run", plan, "--backend", "jax", "--out", out, env=slurm)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (

@@ -23,29 +23,25 @@ from jaxtest_support import run_cli
 def test_the_vocabulary_is_what_the_tables_hold() -> None:
     vocabulary = JaxStrategy.vocabulary()
     assert vocabulary == Vocabulary.of(
-        (layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES
-    )
+        (layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS,
+        DECAY_MODES)
     # every core layer type (block is core's structure, not a layer to build), every loss,
     # optimizer, counted metric and decay mode; fp16 would need a loss scaler, which this
     # example leaves out
     assert missing_names(vocabulary) == {"precisions": ["fp16"]}
     # the weights' dtype of each precision is crosstrain's, so checkpoints move between backends
     assert {name: str(compute.full) for name, compute in PRECISIONS.items()} == {
-        name: WEIGHT_DTYPES[name] for name in PRECISIONS
-    }
+        name: WEIGHT_DTYPES[name] for name in PRECISIONS}
 
 
 def test_asking_for_the_vocabulary_starts_no_jax_backend() -> None:
     # the launching process asks; a started backend would claim the GPUs' memory there
-    code = (
-        "from crosstrain_jax import JaxStrategy\n"
-        "JaxStrategy.vocabulary()\n"
-        "from jax._src import xla_bridge\n"
-        "print(xla_bridge.backends_are_initialized())\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
+    code = ("from crosstrain_jax import JaxStrategy\n"
+            "JaxStrategy.vocabulary()\n"
+            "from jax._src import xla_bridge\n"
+            "print(xla_bridge.backends_are_initialized())\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
 
@@ -53,23 +49,12 @@ def test_asking_for_the_vocabulary_starts_no_jax_backend() -> None:
 def test_fp16_is_refused_before_launch_with_the_field_named(
     write_plan: Callable[..., Path], tmp_path: Path
 ) -> None:
-    result = run_cli(
-        "-p",
-        "no:tf",
-        "run",
-        str(write_plan()),
-        "--backend",
-        "jax",
-        "--set",
-        "train.precision='fp16'",
-        "--out",
-        str(tmp_path / "run"),
-    )
+    result = run_cli("-p", "no:tf", "run", str(write_plan()), "--backend", "jax",
+                     "--set", "train.precision='fp16'", "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"crosstrain: error: {tmp_path / 'plan.toml'}: train.precision: "
-        "the jax backend has no precision 'fp16'"
-    ]
+        "the jax backend has no precision 'fp16'"]
     assert not (tmp_path / "run").exists()
 
 

@@ -173,9 +173,8 @@ def build_forward(plan: Plan) -> Forward:
     compute = PRECISIONS[plan.train.precision]
     steps = [(node, LAYERS[type(node.layer)](node)) for node in graph.nodes]
     float_input = graph.input_dtype == "float32"  # token ids stay int32 for the embedding
-    tied = {
-        node.index: table for node in graph.nodes if (table := graph.tied_table(node)) is not None
-    }
+    tied = {node.index: table for node in graph.nodes
+            if (table := graph.tied_table(node)) is not None}
 
     def forward(
         weights: Params, x: jax.Array, train: TrainInputs | None
@@ -227,13 +226,9 @@ def _conv2d(node: Node) -> Apply:
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         y = lax.conv_general_dilated(
-            _single(inputs),
-            env.param(f"{node.path}.kernel"),
-            window_strides=layer.strides,
-            padding=padding,
-            rhs_dilation=layer.dilation,
-            dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            feature_group_count=layer.groups,
+            _single(inputs), env.param(f"{node.path}.kernel"),
+            window_strides=layer.strides, padding=padding, rhs_dilation=layer.dilation,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=layer.groups,
             precision=env.compute.matmul,
         )
         return y + env.param(f"{node.path}.bias") if layer.use_bias else y
@@ -244,9 +239,8 @@ def _conv2d(node: Node) -> Apply:
 # --------------------------------------------------------------------------- pooling, reshaping
 
 
-def _window(
-    node: Node, layer: MaxPool2D | AvgPool2D
-) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, int]]]:
+def _window(node: Node, layer: MaxPool2D | AvgPool2D) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                                 list[tuple[int, int]]]:
     """NHWC reduce_window's window, strides and padding: the pool slides over height and
     width only; 'same' pads as TensorFlow (the extra row or column after)."""
     size, stride = layer.pool_size, layer.effective_strides
@@ -260,9 +254,8 @@ def _maxpool2d(node: Node) -> Apply:
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         # padded with the init value -inf: padding never wins
-        pooled: jax.Array = lax.reduce_window(
-            _single(inputs), -jnp.inf, lax.max, window, strides, padding
-        )
+        pooled: jax.Array = lax.reduce_window(_single(inputs), -jnp.inf, lax.max, window,
+                                              strides, padding)
         return pooled
 
     return apply
@@ -277,9 +270,8 @@ def _avgpool2d(node: Node) -> Apply:
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
         # a concrete (numpy) zero: only then does jax see a sum it can differentiate
-        summed: jax.Array = lax.reduce_window(
-            x, np.zeros((), x.dtype), lax.add, window, strides, padding
-        )
+        summed: jax.Array = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, window,
+                                              strides, padding)
         return summed / counts.astype(x.dtype)  # the window's sum, then one division (as torch)
 
     return apply
@@ -309,13 +301,9 @@ def _conv1d(node: Node) -> Apply:
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         y = lax.conv_general_dilated(
-            _single(inputs),
-            env.param(f"{node.path}.kernel"),
-            window_strides=(layer.strides,),
-            padding=padding,
-            rhs_dilation=(layer.dilation,),
-            dimension_numbers=("NWC", "WIO", "NWC"),
-            feature_group_count=layer.groups,
+            _single(inputs), env.param(f"{node.path}.kernel"),
+            window_strides=(layer.strides,), padding=padding, rhs_dilation=(layer.dilation,),
+            dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=layer.groups,
             precision=env.compute.matmul,
         )
         return y + env.param(f"{node.path}.bias") if layer.use_bias else y
@@ -333,24 +321,15 @@ def _conv2d_transpose(node: Node) -> Apply:
     padding = [
         (window - 1 - start, output - 1 - (size - 1) * stride + start)
         for (start, _), window, stride, size, output in zip(
-            layer.crops(node.input_shape),
-            layer.kernel_size,
-            layer.strides,
-            node.input_shape,
-            node.output_shape,
-            strict=False,
-        )
+            layer.crops(node.input_shape), layer.kernel_size, layer.strides, node.input_shape,
+            node.output_shape, strict=False)
     ]
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         # the neutral [kh, kw, out, in] is lax's HWIO of the convolution this transposes
         y = lax.conv_transpose(
-            _single(inputs),
-            env.param(f"{node.path}.kernel"),
-            layer.strides,
-            padding,
-            dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            transpose_kernel=True,
+            _single(inputs), env.param(f"{node.path}.kernel"), layer.strides, padding,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), transpose_kernel=True,
             precision=env.compute.matmul,
         )
         return y + env.param(f"{node.path}.bias") if layer.use_bias else y
@@ -554,10 +533,8 @@ def batch_moments(x: jax.Array, weight: jax.Array) -> tuple[jax.Array, jax.Array
 
 def _batchnorm(node: Node) -> Apply:
     layer = _layer(node, BatchNorm)
-    names = {
-        param: f"{node.path}.{param}"
-        for param in ("scale", "offset", "moving_mean", "moving_variance")
-    }
+    names = {param: f"{node.path}.{param}"
+             for param in ("scale", "offset", "moving_mean", "moving_variance")}
 
     def moved(old: jax.Array, batch: jax.Array, n: jax.Array) -> jax.Array:
         # A micro-batch of padding only (the tail of an epoch's last step) has no statistics
@@ -577,8 +554,7 @@ def _batchnorm(node: Node) -> Apply:
             unbiased = variance * n / jnp.maximum(n - 1, 1.0)
             env.updates[names["moving_mean"]] = moved(env.weights[names["moving_mean"]], mean, n)
             env.updates[names["moving_variance"]] = moved(
-                env.weights[names["moving_variance"]], unbiased, n
-            )
+                env.weights[names["moving_variance"]], unbiased, n)
         normed = (x32 - mean) / jnp.sqrt(variance + layer.epsilon)
         # scale and offset absent under Keras's scale=False / center=False
         y = normed * env.weights[names["scale"]] if layer.scale else normed
@@ -619,9 +595,8 @@ def _attention(node: Node) -> Apply:
         """[batch, length, heads, head units] turned by the tables (the half-split pairs)."""
         half = head_units // 2
         turned = jnp.concatenate([-value[..., half:], value[..., :half]], axis=-1)
-        return value * cos[:, None, :].astype(value.dtype) + turned * sin[:, None, :].astype(
-            value.dtype
-        )
+        return (value * cos[:, None, :].astype(value.dtype)
+                + turned * sin[:, None, :].astype(value.dtype))
 
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = inputs[0]
@@ -639,21 +614,15 @@ def _attention(node: Node) -> Apply:
             query, key = rotate(query), rotate(key)
         if groups > 1:  # key/value head j serves query heads j*groups .. j*groups+groups-1
             key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
-        scores = jnp.einsum(
-            "bqhd,bkhd->bhqk",
-            query,
-            key,
-            precision=env.compute.matmul,
-            preferred_element_type=env.compute.full,
-        ) / math.sqrt(head_units)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=env.compute.matmul,
+                            preferred_element_type=env.compute.full) / math.sqrt(head_units)
         if len(inputs) > 1:  # the padding mask: -1e9 on a padded key's scores
             scores = scores + ((inputs[1].astype(env.compute.full) - 1) * 1e9)[:, None, None, :]
         if visible is not None:
             scores = jnp.where(visible, scores, -jnp.inf)
         probabilities = jax.nn.softmax(scores, axis=-1).astype(x.dtype)  # softmax in fp32
-        joined = jnp.einsum(
-            "bhqk,bkhd->bqhd", probabilities, value, precision=env.compute.matmul
-        ).reshape(x.shape)
+        joined = jnp.einsum("bhqk,bkhd->bqhd", probabilities, value,
+                            precision=env.compute.matmul).reshape(x.shape)
         return project("output", joined)
 
     return apply
@@ -879,11 +848,7 @@ def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> C
     decayed = decayed_weights(plan.model.graph().weight_specs(), spec.decay)
 
     def micro_loss(
-        params: Params,
-        buffers: Params,
-        x: jax.Array,
-        y: jax.Array,
-        train: TrainInputs,
+        params: Params, buffers: Params, x: jax.Array, y: jax.Array, train: TrainInputs,
         scale: jax.Array,
     ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
         outputs, updates = forward({**params, **buffers}, x, train)
@@ -893,23 +858,15 @@ def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> C
     gradient = jax.grad(micro_loss, has_aux=True)
 
     def train_step(
-        params: Tree,
-        buffers: Tree,
-        optimizer_state: OptimizerState,
-        xs: jax.Array,
-        ys: jax.Array,
-        ws: jax.Array,
-        rows: jax.Array,
-        scale: jax.Array,
-        scalars: Mapping[str, jax.Array],
-        step: jax.Array,
+        params: Tree, buffers: Tree, optimizer_state: OptimizerState, xs: jax.Array,
+        ys: jax.Array, ws: jax.Array, rows: jax.Array, scale: jax.Array,
+        scalars: Mapping[str, jax.Array], step: jax.Array,
     ) -> tuple[Tree, Tree, OptimizerState, jax.Array]:
         def accumulate(carry: Carry, micro: tuple[jax.Array, ...]) -> tuple[Carry, jax.Array]:
             total, moving = carry
             x, y, weight, row = micro
             grads, (micro_sum, updates) = gradient(
-                params, moving, x, y, TrainInputs(step, row, weight), scale
-            )
+                params, moving, x, y, TrainInputs(step, row, weight), scale)
             summed = {name: total[name] + grads[name] for name in total}
             return (summed, {**moving, **updates}), micro_sum
 

@@ -56,12 +56,8 @@ def host_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
 
 
 def apply_update(
-    spec: OptimizerSpec,
-    params: Tree,
-    grads: Tree,
-    state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
-    decayed: frozenset[str] | None = None,
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str] | None = None,
 ) -> tuple[Tree, OptimizerState]:
     """One optimizer step on every trainable parameter (traced inside the compiled step);
     ``weight_decay`` applies to the names in ``decayed`` (None: to every one)."""
@@ -100,12 +96,8 @@ def _sgd_scalars(spec: OptimizerSpec, lr: float, step: int) -> Scalars:
 
 
 def _sgd(
-    spec: OptimizerSpec,
-    params: Tree,
-    grads: Tree,
-    state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
-    decayed: frozenset[str],
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     new_params, new_buffers = {}, {}
     for name, param in params.items():
@@ -149,13 +141,8 @@ def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
 
 
 def _adam_step(
-    decoupled: bool,
-    spec: OptimizerSpec,
-    params: Tree,
-    grads: Tree,
-    state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
-    decayed: frozenset[str],
+    decoupled: bool, spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     new_params, exp_avgs, exp_avg_sqs = {}, {}, {}
     for name, param in params.items():
@@ -176,24 +163,16 @@ def _adam_step(
 
 
 def _adam(
-    spec: OptimizerSpec,
-    params: Tree,
-    grads: Tree,
-    state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
-    decayed: frozenset[str],
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     """L2 weight decay added to the gradient (torch.optim.Adam)."""
     return _adam_step(False, spec, params, grads, state, scalars, decayed)
 
 
 def _adamw(
-    spec: OptimizerSpec,
-    params: Tree,
-    grads: Tree,
-    state: OptimizerState,
-    scalars: Mapping[str, jax.Array],
-    decayed: frozenset[str],
+    spec: OptimizerSpec, params: Tree, grads: Tree, state: OptimizerState,
+    scalars: Mapping[str, jax.Array], decayed: frozenset[str],
 ) -> tuple[Tree, OptimizerState]:
     """Decoupled weight decay (torch.optim.AdamW)."""
     return _adam_step(True, spec, params, grads, state, scalars, decayed)

@@ -94,14 +94,8 @@ class JaxStrategy:
         from crosstrain_jax.optimizer import OPTIMIZERS
 
         # every decay mode: the update decays the weights crosstrain's decayed_weights names
-        return Vocabulary.of(
-            (layer.type for layer in LAYERS),
-            LOSSES,
-            OPTIMIZERS,
-            PRECISIONS,
-            METRIC_COUNTS,
-            DECAY_MODES,
-        )
+        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS,
+                             METRIC_COUNTS, DECAY_MODES)
 
     def check_job(self, job: Job) -> None:
         from crosstrain_jax.launch import check_job
@@ -139,26 +133,17 @@ class JaxStrategy:
         trainable = _trainable_names(plan, names)
 
         def place(subset: Sequence[str]) -> dict[str, jax.Array]:
-            return {
-                name: jax.device_put(np.asarray(weights[name], dtype), replicated)
-                for name in subset
-            }
+            return {name: jax.device_put(np.asarray(weights[name], dtype), replicated)
+                    for name in subset}
 
         params = place(trainable)
-        train_fn = jax.jit(
-            make_train_step(plan, forward, trainable),
-            out_shardings=replicated,
-            donate_argnums=(0, 1, 2),
-        )
+        train_fn = jax.jit(make_train_step(plan, forward, trainable), out_shardings=replicated,
+                           donate_argnums=(0, 1, 2))
         return JaxState(
-            plan=plan,
-            names=names,
-            trainable=trainable,
-            params=params,
+            plan=plan, names=names, trainable=trainable, params=params,
             buffers=place([name for name in names if name not in params]),
             optimizer_state=jax.device_put(init_state(plan.optimizer, params), replicated),
-            train_fn=train_fn,
-            eval_fn=jax.jit(make_eval_step(plan, forward)),
+            train_fn=train_fn, eval_fn=jax.jit(make_eval_step(plan, forward)),
             replicated=replicated,
             rows=_sharding(mesh, "data"),
             micro_rows=_sharding(mesh, None, "data"),
@@ -174,12 +159,10 @@ class JaxStrategy:
         micro = step.micro_batches
         xs, ys, ws, rows = (
             jax.device_put(np.stack(arrays), state.micro_rows)
-            for arrays in (
-                [batch.x for batch in micro],
-                [_targets(batch, state.plan) for batch in micro],
-                [batch.weight for batch in micro],
-                [_uint32(batch.rows) for batch in micro],
-            )
+            for arrays in ([batch.x for batch in micro],
+                           [_targets(batch, state.plan) for batch in micro],
+                           [batch.weight for batch in micro],
+                           [_uint32(batch.rows) for batch in micro])
         )
         state.optimizer_steps += 1
         dtype = state.plan.train.weight_dtype
@@ -188,15 +171,7 @@ class JaxStrategy:
         # the real target positions (rows for a label or a regression, rows x length for tokens)
         scale = np.dtype(dtype).type(1.0 / step.global_real_targets)
         state.params, state.buffers, state.optimizer_state, micro_sums = state.train_fn(
-            state.params,
-            state.buffers,
-            state.optimizer_state,
-            xs,
-            ys,
-            ws,
-            rows,
-            scale,
-            scalars,
+            state.params, state.buffers, state.optimizer_state, xs, ys, ws, rows, scale, scalars,
             _uint32(step.step),
         )
         loss_sum = float(np.asarray(micro_sums, np.float64).sum())
@@ -260,24 +235,18 @@ class JaxStrategy:
         current = {**state.params, **state.buffers}
         missing, unexpected = set(state.names) - set(tensors), set(tensors) - set(state.names)
         if missing or unexpected:
-            raise PlanError(
-                f"weights do not match the model: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
+            raise PlanError(f"weights do not match the model: missing {sorted(missing)}, "
+                            f"unexpected {sorted(unexpected)}")
         for name in state.names:
             expected = current[name].shape
             if tuple(tensors[name].shape) != expected:
-                raise PlanError(
-                    f"weight {name!r} has shape {list(tensors[name].shape)}, "
-                    f"the model expects {list(expected)}"
-                )
+                raise PlanError(f"weight {name!r} has shape {list(tensors[name].shape)}, "
+                                f"the model expects {list(expected)}")
 
         def place(subset: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
             dtype = state.plan.train.weight_dtype  # float32 and float64 weights load into either
-            return {
-                name: jax.device_put(np.asarray(tensors[name], dtype), state.replicated)
-                for name in subset
-            }
+            return {name: jax.device_put(np.asarray(tensors[name], dtype), state.replicated)
+                    for name in subset}
 
         state.params, state.buffers = place(state.params), place(state.buffers)
 
@@ -288,39 +257,32 @@ class JaxStrategy:
 
         host = jax.device_get(state.optimizer_state)
         dtype = state.plan.train.weight_dtype
-        tensors = {
-            f"optimizer.{name}.{slot}": np.array(value, dtype=dtype)
-            for slot, tree in host.items()
-            for name, value in tree.items()
-        }
+        tensors = {f"optimizer.{name}.{slot}": np.array(value, dtype=dtype)
+                   for slot, tree in host.items() for name, value in tree.items()}
         tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
         return tensors
 
     def load_optimizer_state(self, state: JaxState, tensors: Mapping[str, np.ndarray]) -> None:
         import jax
 
-        known = {
-            f"optimizer.{name}.{slot}"
-            for slot, tree in state.optimizer_state.items()
-            for name in tree
-        }
-        given = {
-            name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"
-        }
+        known = {f"optimizer.{name}.{slot}" for slot, tree in state.optimizer_state.items()
+                 for name in tree}
+        given = {name for name in tensors
+                 if name.startswith("optimizer.") and name != "optimizer.step"}
         if given - known:
             raise PlanError(f"optimizer slots that this model has not: {sorted(given - known)}")
 
         def slot_value(key: str, like: jax.Array) -> jax.Array:
             # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
             value, dtype = tensors.get(key), state.plan.train.weight_dtype
-            array = np.zeros(like.shape, dtype) if value is None else np.asarray(value, dtype)
+            array = (np.zeros(like.shape, dtype) if value is None
+                     else np.asarray(value, dtype))
             placed: jax.Array = jax.device_put(array, state.replicated)
             return placed
 
         state.optimizer_state = {
-            slot: {
-                name: slot_value(f"optimizer.{name}.{slot}", value) for name, value in tree.items()
-            }
+            slot: {name: slot_value(f"optimizer.{name}.{slot}", value)
+                   for name, value in tree.items()}
             for slot, tree in state.optimizer_state.items()
         }
         state.optimizer_steps = int(np.asarray(tensors.get("optimizer.step", 0)))
@@ -368,9 +330,8 @@ def _probe_framework() -> FrameworkStatus:
     if importlib.util.find_spec("jax") is None:
         return FrameworkStatus(importable=False, problem="No module named 'jax' (pip install jax)")
     try:
-        completed = subprocess.run(
-            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False
-        )
+        completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                                   timeout=120, check=False)
     except (OSError, subprocess.SubprocessError) as error:
         return FrameworkStatus(importable=False, problem=f"{type(error).__name__}: {error}")
     if completed.returncode != 0:
@@ -380,8 +341,5 @@ def _probe_framework() -> FrameworkStatus:
         found = json.loads(completed.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         return FrameworkStatus(importable=False, problem="the jax probe printed no answer")
-    return FrameworkStatus(
-        importable=True,
-        version=str(found["version"]),
-        devices=tuple(str(device) for device in found["devices"]),
-    )
+    return FrameworkStatus(importable=True, version=str(found["version"]),
+                           devices=tuple(str(device) for device in found["devices"]))
