@@ -20,7 +20,7 @@ from crosstrain.core.errors import (
 )
 from crosstrain.core.graph import MODEL_INPUT, Graph, Node
 from crosstrain.core.layers import *  # noqa: F403 (the layer types, named once in core.layers.__all__)
-from crosstrain.core.layers import rotary_tables
+from crosstrain.core.layers.sequences import rotary_tables
 from crosstrain.core.optimizers import DECAY_MODES, decayed_weights
 from crosstrain.core.plan import (
     DataSpec,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from crosstrain.core.convert import structure_plan, unstructure_plan
@@ -16,9 +17,11 @@ from crosstrain.core.layers import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     HardSwish,
     Layer,
+    LayerScale,
     Mean,
     Multiply,
     ReLU6,
@@ -28,8 +31,8 @@ from crosstrain.core.layers import (
     Transpose,
     UpSample2D,
     ZeroPad2D,
-    same_padding,
 )
+from crosstrain.core.layers.convolutions import same_padding
 from crosstrain.core.planfile import load_plan
 
 
@@ -154,6 +157,26 @@ def test_upsample_and_zero_padding(write_plan: Callable[..., Path]) -> None:
         load_plan(write_plan(model('{ type = "upsample2d", interpolation = "cubic" }')))
     with pytest.raises(PlanError, match=r"model.layers\[0\].*padding.*must be >= 0"):
         load_plan(write_plan(model('{ type = "zero_pad2d", padding = [1, -1] }')))
+
+
+def test_crop2d_removes_rows_and_columns(write_plan: Callable[..., Path]) -> None:
+    assert shapes((5, 6, 2), Crop2D(cropping=((1, 0), (2, 1)))) == [(4, 3, 2)]
+    plan = load_plan(write_plan(model('{ type = "crop2d", cropping = [[0, 1], [1, 0]] }')))
+    assert plan.model.layers[0] == Crop2D(cropping=((0, 1), (1, 0)))
+    assert plan.model.graph().nodes[0].output_shape == (7, 7, 4)
+    assert structure_plan(unstructure_plan(plan)) == plan
+    with pytest.raises(
+        PlanError, match=r"cropping \[\[4, 4\], \[1, 1\]\] leaves nothing of input shape \[8, 8, 4\]"
+    ):
+        load_plan(write_plan(model('{ type = "crop2d", cropping = [4, 1] }')))
+
+
+def test_scale_learns_one_multiplier_per_feature_from_its_start() -> None:
+    graph = build_graph((4, 4, 3), [LayerScale(initial=1e-6)])
+    assert graph.nodes[0].output_shape == (4, 4, 3)
+    spec = graph.weight_specs()["layer_scale_0.scale"]
+    assert (spec.shape, spec.trainable, spec.kernel) == ((3,), True, False)
+    assert spec.initial(np.random.default_rng(0)).tolist() == [np.float32(1e-6)] * 3
 
 
 def test_multiply_broadcasts_sizes_of_1_only() -> None:

@@ -31,7 +31,7 @@ pytest.importorskip("torch")
 pytest.importorskip("tensorflow")
 
 from crosstrain import import_keras  # noqa: E402 (after the frameworks are known present)
-from crosstrain.importers.keras import ImportRefused  # noqa: E402
+from crosstrain.importers.keras_calls import ImportRefused  # noqa: E402
 
 pytestmark = pytest.mark.cross
 
@@ -102,6 +102,8 @@ APPLICATIONS: dict[str, Callable[[], Any]] = {
     "EfficientNetB0": lambda: keras.applications.EfficientNetB0(
         weights=None, input_shape=(32, 32, 3), classes=5
     ),
+    # Cropping2D aligns its cells' branches; 'same' pools
+    "NASNetMobile": lambda: keras.applications.NASNetMobile(weights=None, input_shape=(32, 32, 3), classes=5),
 }
 
 
@@ -175,6 +177,7 @@ def every_other_converter() -> Any:
     x = layers.Reshape((81, 16), name="sequence")(x)
     x = layers.Conv1D(8, 3, strides=2, padding="same", activation="swish", name="conv1d")(x)
     x = layers.Permute((2, 1), name="swap")(x)
+    x = layers.MultiHeadAttention(1, 41, use_bias=False, name="unbiased")(x, x)
     x = layers.LayerNormalization(name="norm")(x)
     x = layers.Identity(name="same")(x)
     x = layers.Dropout(0.3, name="drop")(x)
@@ -199,6 +202,84 @@ def test_every_other_converter_imports_with_its_forward(tmp_path: Path) -> None:
     assert len(layers["normalize_channels"].scale) == 3 and layers["rescale_channels"].offset == 0.1
     assert names[names.index("drop") + 1 : names.index("flat")] == ["get_item"]
     assert (layers["get_item"].type, layers["get_item"].index) == ("take", -1)
+
+
+def convnext_pieces() -> Any:
+    """What ConvNeXt adds to the converters above, small: a Sequential stem and a Functional
+    block used as layers (opened into the plan), keras.applications' LayerScale; NASNet's
+    Cropping2D, InceptionResNetV2's CustomScaleLayer (a residual sum with the branch scaled)."""
+    from keras.src.applications.convnext import LayerScale
+    from keras.src.applications.inception_resnet_v2 import CustomScaleLayer
+
+    layers = keras.layers
+    stem = keras.Sequential(
+        [layers.Conv2D(8, 2, strides=2, name="stem_conv"), layers.LayerNormalization(name="stem_norm")],
+        name="stem",
+    )
+    features = keras.Input((5, 5, 8), name="block_in")
+    hidden = layers.Dense(16, activation="gelu", name="block_expand")(features)
+    block = keras.Model(features, layers.Dense(8, name="block_project")(hidden), name="block")
+    pixels = keras.Input((10, 10, 3), name="pixels")
+    x = stem(pixels)
+    branch = LayerScale(0.1, 8, name="layer_scale")(block(x))
+    x = CustomScaleLayer(0.17, name="residual")([x, branch])
+    x = layers.Cropping2D(((1, 0), (0, 2)), name="crop")(x)
+    x = layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(pixels, layers.Dense(3, name="out")(x), name="convnext_pieces")
+
+
+def test_nested_models_and_keras_applications_own_layers_import_with_their_forward(tmp_path: Path) -> None:
+    model = moved_off_start(convnext_pieces())
+    plan_file = assert_imports_with_its_forward(model, tmp_path, _images((10, 10, 3), rows=4))
+    written = load_plan(plan_file).model.layers
+    names = [layer.name for layer in written]
+    # the nested models' layers in place, under their own names; theirs are left out
+    assert names[:4] == ["stem_conv", "stem_norm", "block_expand", "block_project"]
+    assert "stem" not in names and "block" not in names
+    layers = {layer.name: layer for layer in written}
+    assert (layers["residual_scaled"].scale, layers["residual_scaled"].inputs) == (0.17, None)
+    assert (layers["residual"].type, layers["residual"].inputs) == ("add", ("stem_norm", "residual_scaled"))
+    assert (layers["layer_scale"].type, layers["layer_scale"].initial) == ("layer_scale", 0.1)
+    assert (layers["crop"].type, layers["crop"].cropping) == ("crop2d", ((1, 0), (0, 2)))
+
+
+def _attention_refusal(call: Callable[[Any, Any], Any]) -> str:
+    """The refusal of a MultiHeadAttention named 'mha' called by ``call(layers, x)`` on a
+    [6, 8] sequence."""
+    sequence = keras.Input((6, 8), name="sequence")
+    with pytest.raises(ImportRefused) as refused:
+        import_keras(keras.Model(sequence, call(keras.layers, sequence)), Path("unused.toml"))
+    return str(refused.value)
+
+
+ATTENTION_REFUSALS = {
+    "cross-attention": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, name="mha")(x, layers.Dense(8, name="other")(x)),
+        "query, value and key come from ['other', 'sequence']: the plan's attention is self-attention",
+    ),
+    "value_dim": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, value_dim=8, name="mha")(x, x),
+        "value_dim=8: the plan's attention gives values the keys' width",
+    ),
+    "dropout": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, dropout=0.1, name="mha")(x, x),
+        "dropout=0.1: the plan's attention drops no attention weights (add a dropout after it)",
+    ),
+    "a mask": (
+        lambda layers, x: layers.MultiHeadAttention(2, 4, name="mha")(
+            x, x, attention_mask=keras.ops.ones((1, 6, 6), dtype="bool")
+        ),
+        "called with attention_mask: the plan's attention takes no mask but causal (use_causal_mask=True) "
+        "and a padding mask of token ids (not imported from Keras)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_REFUSALS))
+def test_attention_the_plan_cannot_compute_is_refused_in_one_line(case: str) -> None:
+    build, reason = ATTENTION_REFUSALS[case]
+    message = _attention_refusal(build)
+    assert re.fullmatch(r"keras layer 'mha' \(MultiHeadAttention\): " + re.escape(reason), message), message
 
 
 def test_a_dropout_of_whole_channels_is_refused() -> None:

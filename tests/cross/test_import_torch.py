@@ -34,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402 (after torch is known present)
 from torch import nn  # noqa: E402
 
 from crosstrain import import_torch  # noqa: E402
+from crosstrain.importers.torch_steps import ImportRefused  # noqa: E402
 
 pytestmark = pytest.mark.cross
 
@@ -158,18 +159,142 @@ def test_a_transformer_style_module_imports_with_its_forward(tmp_path: Path) -> 
     _check_forward(module, torch.from_numpy(ids).long(), ids, result.plan)
 
 
-class Reshaped(nn.Module):
+class Shapes(nn.Module):
+    """Transposed convolutions (torch's k=4 s=2 p=1, Keras's 'same'; k=3 s=2 p=1 with
+    output_padding 1, a full one cropped), Conv1d and BatchNorm1d on [batch, C, L] (a
+    sequence torch holds channels-first), flatten from axis 2, views and reshapes with the
+    batch first (image to image, image to sequence, to a vector), and ``x[:, 0]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(3, 4, 4, stride=2, padding=1)
+        self.up_cropped = nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1)
+        self.down = nn.Conv2d(4, 4, 4, stride=4)
+        self.conv1d = nn.Conv1d(4, 6, 3, padding=1)
+        self.bn1d = nn.BatchNorm1d(6)
+        self.conv1d_strided = nn.Conv1d(6, 6, 3, stride=2, bias=False)
+        self.head = nn.Linear(6 * 7 + 7, 5)
+        self.image_head = nn.Linear(64, 5)
+
+    def forward(self, x: Any) -> Any:
+        x = self.down(torch.relu(self.up_cropped(torch.relu(self.up(x)))))  # [b, 4, 4, 4]
+        image = x.reshape(x.size(0), 4, 2, 8)  # an image of other sizes, in torch's order
+        sequence = self.bn1d(self.conv1d(x.flatten(2)))  # [b, 6, 16]
+        sequence = torch.relu(self.conv1d_strided(sequence))  # [b, 6, 7]
+        first = sequence[:, 0]  # [b, 7]
+        flat = sequence.view(sequence.size(0), -1)  # [b, 42]
+        return self.head(torch.cat([flat, first], dim=1)) + self.image_head(image.view(-1, 64))
+
+
+def test_shapes_and_one_dimensional_convolutions_import_with_their_forward(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = moved_off_start(Shapes())
+    notes: list[str] = []
+    result = import_torch(module, (4, 4, 3), tmp_path / "plan.toml", say=notes.append)
+    layers = {layer.name: layer for layer in load_plan(result.plan).model.layers}
+    assert layers["up"].padding == "same"  # k=4 s=2 p=1: Keras's 'same'
+    assert layers["up_cropped"].cropping == ((1, 0), (1, 0))  # the full 9x9 output, from 1, 8 long
+    assert [layers[f"conv1d_{side}"].perm for side in ("length_first", "channels_first")] == [(1, 0)] * 2
+    assert (layers["getitem"].type, layers["getitem"].index) == ("take", 0)
+    # the image read as a vector: flattened H, W, C, the Linear's kernel rows permuted to match
+    assert notes == [
+        "The Linear 'image_head' reads an image's features flattened by torch as C, H, W; the plan flattens "
+        "H, W, C, so its kernel's rows are permuted to match (same outputs)."
+    ]
+    images = np.random.default_rng(1).normal(size=(3, 4, 4, 3)).astype(np.float32)
+    _check_forward(module, torch.from_numpy(images.transpose(0, 3, 1, 2).copy()), images, result.plan)
+
+
+class Unsupported(nn.Module):
+    def __init__(self, call: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.call = call
+
+    def forward(self, x: Any) -> Any:
+        return self.call(x)
+
+
+def _causal(x: Any) -> Any:
+    return F.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+
+TORCH_REFUSALS = {
+    "a view without the batch first": (
+        lambda x: x.view(-1, 4),
+        (8, 2),
+        "fx node 'view' (Tensor.view): sizes [-1, 4]: the plan reshapes each row; the first size must be "
+        "the batch (x.size(0), or -1 followed by the row's sizes)",
+    ),
+    "a slice": (
+        lambda x: x[:, 1:3],
+        (8, 2),
+        "fx node 'getitem' (operator.getitem): index (slice(None, None, None), slice(1, 3, None)): the plan "
+        "takes one position of a sequence, x[:, i] on [batch, length, ...]",
+    ),
+    "scaled_dot_product_attention": (
+        _causal,
+        (8, 4),
+        "fx node 'scaled_dot_product_attention' (torch._C._nn.scaled_dot_product_attention): attention from "
+        "your own projections: the plan's attention is one layer with its projections; use "
+        "nn.MultiheadAttention (what imports: docs/import.md)",
+    ),
+    "a transposed convolution past its full output": (
+        nn.ConvTranspose2d(2, 2, 2, stride=2, output_padding=1),
+        (3, 3, 2),
+        "fx node 'call' (ConvTranspose2d): padding=(0, 0) output_padding=(1, 1): torch's output runs past "
+        "the full transposed convolution; the plan's conv2d_transpose and crop2d keep part of it",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_REFUSALS))
+def test_what_the_plan_cannot_compute_is_refused_in_one_line(case: str) -> None:
+    call, shape, message = TORCH_REFUSALS[case]
+    with pytest.raises(ImportRefused) as refused:
+        import_torch(Unsupported(call), shape, Path("unused.toml"))
+    assert str(refused.value) == message
+
+
+class CausalAttention(nn.Module):
+    def __init__(self, mask: Any) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: Any) -> Any:
+        return self.attention(x, x, x, attn_mask=self.mask, is_causal=True, need_weights=False)[0]
+
+
+def test_causal_multihead_attention_imports_with_its_forward(tmp_path: Path) -> None:
+    """``attn_mask`` the causal mask (``is_causal=True``, torch's hint that it is): the plan's
+    ``causal = true``; any other mask is refused (here one of zeros)."""
+    torch.manual_seed(0)
+    later = torch.ones(8, 8, dtype=torch.bool).triu(1)  # True: not attended to (bool: left as it is)
+    module = moved_off_start(CausalAttention(later))
+    result = import_torch(module, (8, 4), tmp_path / "plan.toml", say=lambda line: None)
+    assert load_plan(result.plan).model.layers[0].causal
+    rows = np.random.default_rng(1).normal(size=(3, 8, 4)).astype(np.float32)
+    _check_forward(module, torch.from_numpy(rows), rows, result.plan)
+    with pytest.raises(ImportRefused) as refused:
+        import_torch(CausalAttention(torch.zeros(8, 8)), (8, 4), tmp_path / "other.toml")
+    assert str(refused.value) == (
+        "fx node 'attention' (MultiheadAttention): attn_mask: not the causal mask; the plan's attention "
+        "masks later positions only"
+    )
+
+
+class Peaks(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(1, 2, 3)
-        self.out = nn.Linear(72, 10)
+        self.peak = nn.AdaptiveMaxPool2d(1)
 
     def forward(self, x: Any) -> Any:
-        return self.out(self.conv(x).view(-1, 72))
+        return self.peak(self.conv(x))
 
 
 def reshaped() -> nn.Module:
-    return Reshaped()
+    return Peaks()
 
 
 def test_a_call_without_a_plan_equivalent_is_refused_in_one_line(
@@ -182,8 +307,8 @@ def test_a_call_without_a_plan_equivalent_is_refused_in_one_line(
     )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "crosstrain: error: fx node 'view' (Tensor.view): a view's sizes come from the batch at run time: "
-        "use flatten (what imports: docs/import.md)"
+        "crosstrain: error: fx node 'peak' (AdaptiveMaxPool2d): the plan has no maximum over positions "
+        "(what imports: docs/import.md)"
     ]
     assert not list(tmp_path.iterdir())  # nothing written
     missing = cli_in_process("import", factory, "--framework", "torch", "--out", str(plan_file))

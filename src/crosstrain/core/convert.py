@@ -16,7 +16,8 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from crosstrain.core.augment import Augmentation
 from crosstrain.core.errors import PlanError, did_you_mean
-from crosstrain.core.layers import LAYER_TYPES, Layer, as_padding2d
+from crosstrain.core.layers import LAYER_TYPES, Layer
+from crosstrain.core.layers.convolutions import as_padding2d
 from crosstrain.core.plan import DataSpec, LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
 
 

@@ -29,8 +29,8 @@ from crosstrain.core.layers import (
     Weights,
     WeightSpec,
     layer_name,
-    split_activation,
 )
+from crosstrain.core.layers.dense import split_activation
 
 #: the node index that stands for the model's input
 MODEL_INPUT = -1

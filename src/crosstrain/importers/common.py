@@ -19,7 +19,8 @@ from tomlkit.items import Array, InlineTable
 from crosstrain.core.admission import check_init_from
 from crosstrain.core.checkpoint import save_checkpoint
 from crosstrain.core.errors import InputError, PlanError
-from crosstrain.core.layers import DType, Layer, Shape, as_padding2d, as_pair
+from crosstrain.core.layers import DType, Layer, Shape, as_pair
+from crosstrain.core.layers.convolutions import as_padding2d
 from crosstrain.core.plan import ModelSpec, Plan, validate_plan
 from crosstrain.core.planfile import load_plan
 
@@ -38,6 +39,14 @@ class Piece:
     layer: Layer
     weights: Weights = attrs.field(factory=dict)
     suffix: str = ""
+    #: what it reads when not the piece before it (the first: the source layer's inputs):
+    #: the source layer's inputs by position, ``PREVIOUS`` the piece before's output
+    #: (InceptionResNetV2's ``a + b * scale``: a rescale of input 1, then an add)
+    reads: tuple[int, ...] | None = None
+
+
+#: in :attr:`Piece.reads`: the output of the piece before
+PREVIOUS = -1
 
 
 #: a converter's answer: the pieces, run in order, the last one's output being the source

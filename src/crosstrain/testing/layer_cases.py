@@ -30,6 +30,7 @@ from crosstrain.core.layers import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     Dropout,
     DType,
@@ -39,6 +40,7 @@ from crosstrain.core.layers import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -85,6 +87,10 @@ CASES: dict[type[Layer], tuple[tuple[int, ...], tuple[Layer, ...]]] = {
     ),
     UpSample2D: ((3, 4, 2), (UpSample2D(size=(2, 3), interpolation="bilinear"),)),
     ZeroPad2D: ((3, 4, 2), (ZeroPad2D(padding=((1, 0), (2, 1))),)),
+    # of an image torch holds NCHW (after a convolution)
+    Crop2D: ((5, 6, 2), (Conv2D(filters=3, kernel_size=1), Crop2D(cropping=((1, 0), (2, 1))))),
+    # on the channels of an image (torch's NCHW made NHWC first), from a start other than 1
+    LayerScale: ((4, 4, 3), (Conv2D(filters=3, kernel_size=1), LayerScale(initial=0.5))),
     Sigmoid: ((10,), (Sigmoid(),)),
     SiLU: ((10,), (SiLU(),)),
     # on the channels of an image that torch holds NCHW (after a convolution)

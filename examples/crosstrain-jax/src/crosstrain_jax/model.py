@@ -38,6 +38,7 @@ from crosstrain import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     Dropout,
     Embedding,
@@ -46,6 +47,7 @@ from crosstrain import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -639,6 +641,24 @@ def _rmsnorm(node: Node) -> Apply:
     return apply
 
 
+def _crop2d(node: Node) -> Apply:
+    (top, bottom), (left, right) = _layer(node, Crop2D).cropping
+    height, width, _ = node.input_shape
+
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        return _single(inputs)[:, top : height - bottom, left : width - right]
+
+    return apply
+
+
+def _layer_scale(node: Node) -> Apply:
+    def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
+        x = _single(inputs)
+        return x * env.param(f"{node.path}.scale").astype(x.dtype)
+
+    return apply
+
+
 def _class_token(node: Node) -> Apply:
     def apply(env: Env, inputs: Sequence[jax.Array]) -> jax.Array:
         x = _single(inputs)
@@ -696,6 +716,8 @@ LAYERS: dict[type[Layer], Builder] = {
     Conv2DTranspose: _conv2d_transpose,
     UpSample2D: _upsample2d,
     ZeroPad2D: _zero_pad2d,
+    Crop2D: _crop2d,
+    LayerScale: _layer_scale,
     Sigmoid: _elementwise(jax.nn.sigmoid),
     SiLU: _elementwise(jax.nn.silu),
     Softmax: _elementwise(_softmax),

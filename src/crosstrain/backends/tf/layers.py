@@ -25,7 +25,6 @@ from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.errors import InputError
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
-    ATTENTION_PROJECTIONS,
     GELU,
     Add,
     Attention,
@@ -36,6 +35,7 @@ from crosstrain.core.layers import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     Dropout,
     Embedding,
@@ -44,6 +44,7 @@ from crosstrain.core.layers import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -63,8 +64,8 @@ from crosstrain.core.layers import (
     Transpose,
     UpSample2D,
     ZeroPad2D,
-    rotary_tables,
 )
+from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
 
 
 @attrs.frozen
@@ -350,6 +351,17 @@ class RootMeanSquareNorm(keras.layers.Layer):  # type: ignore[misc]
         return tf.cast(normed * self.scale, self.compute_dtype)
 
 
+class FeatureScale(keras.layers.Layer):  # type: ignore[misc]
+    """``x * scale`` over the last axis, as Keras's LayerScale computes it (the scale in the
+    compute dtype)."""
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="ones", name="scale")  # type: ignore[arg-type]
+
+    def call(self, inputs: Any) -> Any:
+        return inputs * tf.cast(self.scale, inputs.dtype)
+
+
 class ClassTokenLayer(keras.layers.Layer):  # type: ignore[misc]
     """The learned token [1, units] before each row's sequence."""
 
@@ -630,6 +642,11 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
         lambda layer, node, options: keras.layers.ZeroPadding2D(layer.padding, **_named(node, options)),
         AS_BUILT,
     ),
+    Crop2D: NodeSpec(
+        lambda layer, node, options: keras.layers.Cropping2D(layer.cropping, **_named(node, options)),
+        AS_BUILT,
+    ),
+    LayerScale: NodeSpec(_keras(FeatureScale), None, _same(("scale",))),
     Sigmoid: NodeSpec(_keras(keras.layers.Activation, "sigmoid"), AS_BUILT),
     SiLU: NodeSpec(_keras(keras.layers.Activation, "silu"), AS_BUILT),
     Softmax: NodeSpec(_keras(keras.layers.Softmax, axis=-1), AS_BUILT),

@@ -31,7 +31,6 @@ from torch import nn
 from crosstrain.core import dropout as neutral_dropout
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
-    ATTENTION_PROJECTIONS,
     GELU,
     Add,
     Attention,
@@ -42,6 +41,7 @@ from crosstrain.core.layers import (
     Conv1D,
     Conv2D,
     Conv2DTranspose,
+    Crop2D,
     Dense,
     Dropout,
     Embedding,
@@ -50,6 +50,7 @@ from crosstrain.core.layers import (
     HardSwish,
     Layer,
     LayerNorm,
+    LayerScale,
     LeakyReLU,
     MaxPool2D,
     Mean,
@@ -69,8 +70,8 @@ from crosstrain.core.layers import (
     Transpose,
     UpSample2D,
     ZeroPad2D,
-    rotary_tables,
 )
+from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
 
 
 class ForwardContext(NamedTuple):
@@ -268,6 +269,24 @@ class UpSampleNode(NodeModule):
 def _zero_pad(layer: ZeroPad2D, node: Node, channels_first: bool) -> NodeModule:
     (top, bottom), (left, right) = layer.padding
     return _Unary(partial(F.pad, pad=(left, right, top, bottom)))  # NCHW: width's pair first
+
+
+def _crop(layer: Crop2D, node: Node, channels_first: bool) -> NodeModule:
+    (top, bottom), (left, right) = layer.cropping
+    height, width, _ = node.input_shape
+    return _Unary(lambda x: x[:, :, top : height - bottom, left : width - right])  # NCHW
+
+
+class LayerScaleNode(NodeModule):
+    """``x * scale`` over the last axis, the scale cast to the input's dtype (as Keras casts
+    its LayerScale's weight to the compute dtype)."""
+
+    def __init__(self, layer: LayerScale, node: Node, channels_first: bool) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(node.input_shape[-1]))
+
+    def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
+        return inputs[0] * self.scale.to(inputs[0].dtype)
 
 
 def _hard_swish(x: torch.Tensor) -> torch.Tensor:
@@ -775,6 +794,8 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
     ),
     UpSample2D: NodeSpec(UpSampleNode, Order.CHANNELS_FIRST),
     ZeroPad2D: NodeSpec(_zero_pad, Order.CHANNELS_FIRST),
+    Crop2D: NodeSpec(_crop, Order.CHANNELS_FIRST),
+    LayerScale: NodeSpec(LayerScaleNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
     Sigmoid: NodeSpec(_unary(torch.sigmoid), Order.EITHER),
     SiLU: NodeSpec(_unary(F.silu), Order.EITHER),
     Softmax: NodeSpec(_softmax, Order.EITHER),  # over the channel axis of either order
