@@ -407,20 +407,27 @@ def _add_inference_commands(commands: Any) -> None:
     evaluate.add_argument(
         "--data",
         default=None,
-        metavar="X.npy",
-        help="rows to evaluate on instead (raw, scaled as in training)",
+        metavar="X",
+        help="rows to evaluate on instead: a .npy (raw, scaled as in training, with --labels) or, "
+        "for a table run, a .csv/.parquet table with its label column",
     )
     evaluate.add_argument("--labels", default=None, metavar="Y.npy", help="their labels (or targets)")
     evaluate.add_argument("--json", action="store_true", help="print JSON instead of a table")
     evaluate.set_defaults(handler=_evaluate)
     predict = commands.add_parser(
         "predict",
-        help="a run's model outputs (logits) for the rows of a .npy file",
+        help="a run's model outputs (logits) for the rows of a file",
         description=f"Rows scaled as in training; outputs written with np.save; {_IN_PROCESS}.",
     )
     _add_model_arguments(predict)
     _add_backend_arguments(predict)
-    predict.add_argument("--data", required=True, metavar="FILE.npy", help="rows of model.input_shape")
+    predict.add_argument(
+        "--data",
+        required=True,
+        metavar="X",
+        help="rows of model.input_shape (.npy); for runs that trained on them, an image, a folder of "
+        "images or a .csv/.parquet table",
+    )
     predict.add_argument("--out", required=True, metavar="PRED.npy", help="where the outputs go")
     predict.set_defaults(handler=_predict)
     export = commands.add_parser(
