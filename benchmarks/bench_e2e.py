@@ -4,6 +4,8 @@ in one invocation, on the same model and the same data.
     python benchmarks/bench_e2e.py [--configs mlp1024-fp32,mlp1024-bf16,mlp4096-bf16,cnn-bf16]
                                    [--device cuda] [--epochs 4] [--out DIR]
     python benchmarks/bench_e2e.py --device cpu --backend torch|tf --configs cpu-mlp256,cpu-cnn
+    python benchmarks/bench_e2e.py --configs gpt2-small-compile,resnet50-bf16 [--peak-tflops 989]
+    python benchmarks/bench_e2e.py --device cpu --tiny --configs gpt2-small-compile,resnet50-bf16
 
 Per config it writes the data set once as .npy files and trains, each for the same epochs:
 
@@ -18,7 +20,13 @@ Per config it writes the data set once as .npy files and trains, each for the sa
   ``setup``/``prepare`` and ``backward``.
 
 The native sides skip their first epoch (warm-up) and time the rest. Prints samples/s per
-side and crosstrain's ratio to each. Speed is measured here, never asserted in tests.
+side and crosstrain's ratio to each; for token configs also tokens/s and, on a GPU, MFU. Speed
+is measured here, never asserted in tests.
+
+Issue 26's configs train GPT-2 small (tied output, vocabulary 50,304) and the zoo's ResNet-50
+against native twins written as their communities write them (nanoGPT's model; torchvision's
+resnet50 in channels-last), each with its own optimizer and its loss inside the compiled
+module. ``--tiny`` runs those configs' sides at a CPU's size: a smoke run, not a figure.
 
 ``--backend tf`` (CPU only) runs ``crosstrain run --backend tf`` against the same two native
 loops written in TensorFlow 2: a ``tf.function`` step with a ``GradientTape`` over Keras
@@ -33,6 +41,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -210,6 +219,214 @@ layers = [
     }
 
 
+#: AdamW as GPT-2 and nanoGPT train: decay on the matrices only (core's decay = "kernels")
+GPT2_OPTIMIZER = 'name = "adamw"\nlr = 0.0006\nweight_decay = 0.1\ndecay = "kernels"'
+
+
+def gpt2(
+    batch: int,
+    rows: int,
+    vocab: int = 50304,
+    width: int = 768,
+    depth: int = 12,
+    heads: int = 12,
+    length: int = 1024,
+) -> dict[str, Any]:
+    """GPT-2 small (vocabulary 50,304: 50,257 padded to a multiple of 64, as nanoGPT and
+    llm.c pad it): learned positions, pre-norm blocks with biases, GELU MLP, the output dense
+    tied to the token embedding without a bias of its own; AdamW decaying kernels only.
+    The native twin is nanoGPT's model in plain torch: fused QKV, SDPA (causal), the tied
+    head, its loss inside the compiled module, fused AdamW over the same two groups."""
+    layers = f"""[
+  {{ type = "embedding", vocab_size = {vocab}, units = {width}, name = "tokens" }},
+  {{ type = "position_embedding" }},
+  {{ type = "block", block = "decoder", repeat = {depth} }},
+  {{ type = "layernorm" }}, {{ type = "dense", units = {vocab}, use_bias = false, tie = "tokens" }},
+]
+[model.blocks.decoder]
+layers = [
+  {{ type = "layernorm" }}, {{ type = "attention", heads = {heads}, causal = true, name = "att" }},
+  {{ type = "add", inputs = ["input", "att"], name = "mid" }},
+  {{ type = "layernorm" }}, {{ type = "dense", units = {4 * width}, activation = "gelu" }},
+  {{ type = "dense", units = {width}, name = "mlp" }}, {{ type = "add", inputs = ["mid", "mlp"] }},
+]"""
+
+    def native() -> nn.Module:
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+
+        head_units = width // heads
+
+        class Block(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+                self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+                self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                batch, length, _ = x.shape
+                qkv = self.qkv(self.norm1(x)).view(batch, length, 3, heads, head_units)
+                q, k, v = qkv.permute(2, 0, 3, 1, 4)
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, width))
+                return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+        class NativeGPT2(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(vocab, width)
+                self.position = nn.Parameter(torch.zeros(length, width))
+                self.blocks = nn.ModuleList(Block() for _ in range(depth))
+                self.norm = nn.LayerNorm(width)
+                self.head = nn.Linear(width, vocab, bias=False)
+                self.head.weight = self.embed.weight  # tied: one parameter
+
+            def forward(self, ids: torch.Tensor) -> torch.Tensor:
+                hidden = self.embed(ids) + self.position
+                for block in self.blocks:
+                    hidden = block(hidden)
+                return self.head(self.norm(hidden))  # type: ignore[no-any-return]
+
+        return NativeGPT2()
+
+    def optimizer(model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+        """Fused AdamW; decay on the linear layers' matrices only (the tied table, the
+        positions, the norms and the biases undecayed), as crosstrain's decay = "kernels"."""
+        import torch
+
+        decayed = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.ndim == 2]
+        tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        decayed = [p for p in decayed if id(p) not in tied]
+        chosen = {id(p) for p in decayed}
+        rest = [p for p in model.parameters() if id(p) not in chosen]
+        groups = [{"params": decayed, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=6e-4, fused=fused or None)
+
+    return {
+        "input_shape": [length],
+        "input_dtype": "int32",
+        "layers": layers,
+        "batch": batch,
+        "precision": "bf16",
+        "rows": rows,
+        "tokens": True,
+        "vocab": vocab,
+        "native": native,
+        "native_optimizer": optimizer,
+        "optimizer": GPT2_OPTIMIZER,
+        "loss_inside": True,
+        "width": width,
+        "depth": depth,
+    }
+
+
+#: torchvision's ResNet-50 recipe: SGD at 0.1 with momentum 0.9, decay 1e-4 on every weight
+RESNET_OPTIMIZER = 'name = "sgd"\nlr = 0.1\nmomentum = 0.9\nweight_decay = 0.0001'
+
+
+def _tiny_resnet_settings() -> tuple[str, ...]:
+    """What the tiny ResNet-50 sets: the model settings of the zoo's small version
+    (docs/zoo.md: the width and the images scaled down, one bottleneck of each kind)."""
+    from crosstrain.testing.zoo import ZOO
+
+    return tuple(setting for setting in ZOO["resnet50"].small if setting.startswith("model."))
+
+
+def resnet50(batch: int, rows: int, tiny: bool = False) -> dict[str, Any]:
+    """ResNet-50 at 224x224x3, 1000 classes: crosstrain trains the zoo's plan
+    (examples/zoo/resnet50.toml, its model as shipped) on uint8 images it scales; the native
+    twin is torchvision's resnet50 in channels-last, its images already scaled on the GPU.
+    ``tiny``: the zoo's small version on 32x32 images (a CPU smoke run); its native twin is
+    torchvision's ResNet with one bottleneck per stage, or, where torchvision is missing, a
+    plain-torch stand-in (said on the output), so the loop itself runs on any CPU."""
+    side = 32 if tiny else 224
+
+    def native() -> nn.Module:
+        return _from_nhwc(_torchvision_resnet(tiny) if not tiny or _available("torchvision") else _stand_in())
+
+    def optimizer(model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+        import torch
+
+        return torch.optim.SGD(
+            model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, fused=fused or None
+        )
+
+    return {
+        "input_shape": [side, side, 3],
+        "model_text": _zoo_model_text("resnet50"),
+        "settings": _tiny_resnet_settings() if tiny else (),
+        "batch": batch,
+        "precision": "bf16",
+        "rows": rows,
+        "images": True,
+        "classes": 1000,
+        "native": native,
+        "native_optimizer": optimizer,
+        "optimizer": RESNET_OPTIMIZER,
+        "loss_inside": True,
+        "channels_last": True,
+        "needs": "torchvision" if not tiny else None,
+    }
+
+
+def _zoo_model_text(name: str) -> str:
+    """A zoo plan's name, seed and [model] tables (what comes before its [data]), the
+    metrics cut to the loss: the bench writes the rest. Read from the installed package
+    (crosstrain.testing's copy of examples/zoo), so a wheel install finds it."""
+    from crosstrain.testing.zoo import ZOO
+
+    head = ZOO[name].text.split("\n[data]\n")[0]
+    return re.sub(r"(?m)^metrics = .*$", 'metrics = ["loss"]', head)
+
+
+def _torchvision_resnet(tiny: bool) -> nn.Module:
+    try:
+        from torchvision.models import resnet
+    except ImportError as error:  # the full-size config checks this before anything starts
+        raise SystemExit(
+            f"the native ResNet-50 is torchvision's: pip install torchvision ({error})"
+        ) from None
+    if tiny:
+        return resnet.ResNet(resnet.Bottleneck, [1, 1, 1, 1], num_classes=1000)
+    return resnet.resnet50()
+
+
+def _stand_in() -> nn.Module:
+    """torchvision is missing (a CPU smoke run only): a stem, one bottleneck, the head."""
+    from torch import nn
+
+    print("torchvision is not installed: the tiny native ResNet is a plain-torch stand-in", flush=True)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 1000),
+    )  # fmt: skip
+
+
+def _from_nhwc(model: nn.Module) -> nn.Module:
+    """``model`` fed the NHWC rows crosstrain's data holds, seen as NCHW in channels-last
+    memory (a view, no copy), as crosstrain's convolutions see them."""
+    from torch import nn
+
+    class NHWCInput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x.permute(0, 3, 1, 2))  # type: ignore[no-any-return]
+
+    return NHWCInput()
+
+
+#: ``train.compile`` against the native twin compiled once, for its ideal loop only (a large
+#: model's compile is most of a config's time; the loss read each step costs a 50 ms step
+#: nothing measurable)
+COMPILED_TWIN: dict[str, Any] = {"compile": True, "native_kinds": ("ideal",)}
 CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "mlp1024-fp32": lambda: mlp(1024, 256, "fp32", 65536),
     "mlp1024-bf16": lambda: mlp(1024, 256, "bf16", 65536),
@@ -233,6 +450,26 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     # a step that is almost all host overhead (~0.75 ms native): on a CPU, what bounds the
     # GPU's batch-256 MLPs, the per-step Python of the loop, the feed and the step
     "cpu-mlp16": lambda: mlp(16, 256, "fp32", 65536, features=16),
+    # issue 26's figures of record (docs/performance.md), each compiled side against the
+    # native twin compiled (torch.compile, mode "reduce-overhead", fused optimizer); the
+    # tokens and rows keep every side of a config under ~4 minutes on one H100, compiling included
+    "gpt2-small-compile": lambda: gpt2(16, 1536) | COMPILED_TWIN,
+    "gpt2-small-b32-compile": lambda: gpt2(32, 1536) | COMPILED_TWIN,
+    "resnet50-bf16": lambda: resnet50(256, 8192),
+    "resnet50-bf16-compile": lambda: resnet50(256, 8192) | COMPILED_TWIN,
+}
+#: ``--tiny``: the same sides at a size a CPU runs in seconds (a smoke run of every path,
+#: not a figure): GPT-2's shape at 2 blocks of 64, vocabulary 512, sequence 64; the zoo's
+#: small ResNet-50 on 32x32 images
+TINY_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
+    "gpt2-small-compile": lambda: (
+        gpt2(4, 64, vocab=512, width=64, depth=2, heads=4, length=64) | COMPILED_TWIN
+    ),
+    "gpt2-small-b32-compile": lambda: (
+        gpt2(8, 64, vocab=512, width=64, depth=2, heads=4, length=64) | COMPILED_TWIN
+    ),
+    "resnet50-bf16": lambda: resnet50(8, 64, tiny=True),
+    "resnet50-bf16-compile": lambda: resnet50(8, 64, tiny=True) | COMPILED_TWIN,
 }
 #: what an ``images`` config's plan asks of its uint8 pixels (ImageNet's per-channel statistics)
 IMAGE_SCALING = InputScaling(1 / 255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -251,19 +488,24 @@ def plan_text(name: str, config: dict[str, Any], epochs: int, directory: Path) -
     if config.get("images"):
         data += f"\nscale = {IMAGE_SCALING.scale!r}\nmean = {list(IMAGE_SCALING.mean)}"
         data += f"\nstd = {list(IMAGE_SCALING.std)}"
-    return f"""
+    # a zoo plan's own model, or the config's layers
+    model = (
+        config.get("model_text")
+        or f"""
 name = "{name}"
 metrics = ["loss"]
 [model]
 input_shape = {config["input_shape"]}
 input_dtype = "{config.get("input_dtype", "float32")}"
-layers = {config["layers"]}
+layers = {config["layers"]}"""
+    )
+    optimizer = config.get("optimizer", 'name = "adam"\nlr = 0.0001')
+    return f"""{model}
 [data]
 {data}
 eval_fraction = 0.0
 [optimizer]
-name = "adam"
-lr = 0.0001
+{optimizer}
 [train]
 global_batch_size = {config["batch"]}
 epochs = {epochs}
@@ -278,18 +520,23 @@ checkpoint = false
 # --------------------------------------------------------------------------- sides
 
 
-def run_crosstrain(plan: Path, out: Path, device: str, backend: str) -> tuple[list[float], dict[str, Any]]:
+def run_crosstrain(
+    plan: Path, out: Path, device: str, backend: str, settings: tuple[str, ...] = ()
+) -> tuple[list[float], dict[str, Any]]:
     """samples/s of each epoch 2..N, read from the progress plugin's epoch lines; and rank 0's
     report from summary.json (data_seconds, step_seconds, cpu_seconds). On the CPU every worker
     computes on one thread (crosstrain's own setting), as the native loops do."""
     command = [sys.executable, "-m", "crosstrain.cli", "run", str(plan), "--out", str(out)]
     command += ["--backend", backend, "--device", "gpu" if device == "cuda" else "cpu"]
+    command += [item for setting in settings for item in ("--set", setting)]
     environment = dict(os.environ)
     if device == "cpu":  # one thread, as the native sides
         environment |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if backend == "tf":
         environment |= TF_ENVIRONMENT
-    result = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode:  # what went wrong, not only that it did
+        raise SystemExit(f"crosstrain run {plan} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     rates = [float(line.split()[-2]) for line in result.stdout.splitlines() if line.startswith("epoch ")]
     summary = json.loads((out / "summary.json").read_text())
     return rates[1:] or rates, (summary.get("ranks") or [{}])[0]
@@ -301,12 +548,15 @@ def run_native(
     """samples/s of the hand-written loop in each epoch 2..N (epoch 1 warms up), by the
     wall clock and per CPU second of this process."""
     import torch
-    from torch import nn
 
     device = x.device
     model = config["native"]().to(device)
+    if config.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
     compiled = bool(config.get("compile"))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=compiled or None)
+    optimizer = config.get("native_optimizer", _native_adam)(model, compiled)
+    if config.get("loss_inside"):  # one compiled graph from the rows to the loss (nanoGPT's)
+        model = _with_loss(model)
     if compiled:  # as crosstrain compiles one CUDA process: the step replayed as CUDA graphs
         model = torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else None)
     backward: Callable[[torch.Tensor], None] = lambda loss: loss.backward()  # noqa: E731
@@ -333,10 +583,8 @@ def run_native(
         for start in range(0, rows, batch):
             index = order[start : start + batch]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                logits = model(x[index])
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), y[index].reshape(-1)
-            )
+                outputs = model(x[index], y[index]) if config.get("loss_inside") else model(x[index])
+            loss = outputs if config.get("loss_inside") else _cross_entropy(outputs, y[index])
             backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -346,6 +594,35 @@ def run_native(
         rates.append(rows / (time.perf_counter() - started))
         cpu_rates.append(rows / (time.process_time() - cpu_started))
     return rates[1:], cpu_rates[1:]
+
+
+def _native_adam(model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+    """The native loops' default: Adam at 1e-4, fused when compiled."""
+    import torch
+
+    return torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused or None)
+
+
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean over every target position, in float32."""
+    from torch import nn
+
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+
+
+def _with_loss(model: nn.Module) -> nn.Module:
+    """``model`` returning its mean cross-entropy: (rows, labels) -> loss."""
+    from torch import nn
+
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return _cross_entropy(self.model(x), y)
+
+    return WithLoss()
 
 
 def configure_tf() -> Any:
@@ -423,14 +700,37 @@ def round_ratios(epochs: dict[str, list[float]], rounds: int) -> str:
     return "  ".join(f"{ratio:.2f}x" for ratio in ratios)
 
 
-def mfu(config: dict[str, Any], samples_per_second: float) -> float:
-    """Model FLOPs utilisation: per token 6 N for the weights' matmuls (N parameters) plus
-    12 L d T for attention's scores and weighted sums (L blocks, width d, sequence T: the
-    PaLM paper's count), times tokens per second, over :data:`PEAK_FLOPS`."""
-    parameters = sum(p.numel() for p in config["native"]().parameters())
+def mfu(config: dict[str, Any], samples_per_second: float, peak: float = PEAK_FLOPS) -> float:
+    """Model FLOPs utilisation: per token 6 N for the weights' matmuls (N parameters, the
+    native twin's: a tied table counted once, the position table included) plus 12 L d T
+    for attention's scores and weighted sums (L blocks, width d, sequence T: the PaLM
+    paper's count), times tokens per second, over ``peak`` FLOP/s."""
+    return flops_per_token(config) * samples_per_second * config["input_shape"][0] / peak
+
+
+def flops_per_token(config: dict[str, Any]) -> int:
+    """6 N + 12 L d T of :func:`mfu`; the parameters counted on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in config["native"]().parameters())
+    return int(6 * parameters + 12 * config["depth"] * config["width"] * config["input_shape"][0])
+
+
+def print_token_rates(config: dict[str, Any], results: dict[str, float], device: str, peak: float) -> None:
+    """A token config's tokens/s per side and, on a GPU, its MFU over ``peak`` FLOP/s."""
+    if not config.get("tokens"):
+        return
     length = config["input_shape"][0]
-    attention = 12 * config["depth"] * config["width"] * length
-    return (6 * parameters + attention) * samples_per_second * length / PEAK_FLOPS
+    rates = "  ".join(f"{kind} {value * length:,.0f}" for kind, value in results.items())
+    print(f"{'tokens/s':14s} {rates}", flush=True)
+    if device == "cuda":
+        print(
+            f"{'':14s} MFU ((6 N + 12 L d T) T / {peak / 1e12:.0f} TFLOP/s, "
+            f"{flops_per_token(config) / 1e9:.3f} GFLOP a token): "
+            + "  ".join(f"{kind} {mfu(config, value, peak):.1%}" for kind, value in results.items()),
+            flush=True,
+        )
 
 
 def _fabric_class() -> Any:
@@ -442,12 +742,12 @@ def _fabric_class() -> Any:
     return Fabric
 
 
-def _replayed_as_a_graph(plan: Path) -> bool:
+def _replayed_as_a_graph(plan: Path, settings: tuple[str, ...] = ()) -> bool:
     """Whether crosstrain replays this plan's step as one CUDA graph on one GPU."""
     from crosstrain.backends.torch.graphs import capture_blocker
     from crosstrain.core.planfile import load_plan
 
-    return capture_blocker(load_plan(plan), "cuda", 1) is None
+    return capture_blocker(load_plan(plan, settings), "cuda", 1) is None
 
 
 def _available(module: str) -> bool:
@@ -459,8 +759,20 @@ def _available(module: str) -> bool:
 # --------------------------------------------------------------------------- main
 
 
+def config_of(name: str, tiny: bool = False) -> dict[str, Any]:
+    """The config ``name``, at its ``--tiny`` size when asked."""
+    return (TINY_CONFIGS if tiny else CONFIGS)[name]()
+
+
 def benchmark(
-    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None, rounds: int = 1
+    name: str,
+    device: str,
+    backend: str,
+    epochs: int,
+    root: Path,
+    rows: int | None,
+    rounds: int = 1,
+    tiny: bool = False,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
     """samples/s of each timed epoch per side by the wall clock (every side once per round,
     in turn: a host whose speed drifts over minutes moves every side alike); on the CPU,
@@ -469,7 +781,7 @@ def benchmark(
     cpu_results: dict[str, list[float]] = {}
     for round_index in range(rounds):
         round_results, round_cpu, split = _benchmark_round(
-            name, device, backend, epochs, root / f"round-{round_index}", rows
+            name, device, backend, epochs, root / f"round-{round_index}", rows, tiny
         )
         for into, found in ((results, round_results), (cpu_results, round_cpu)):
             for kind, rates in found.items():
@@ -478,46 +790,51 @@ def benchmark(
 
 
 def _benchmark_round(
-    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None
+    name: str, device: str, backend: str, epochs: int, root: Path, rows: int | None, tiny: bool = False
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
-    config = CONFIGS[name]()
+    config = config_of(name, tiny)
     config["rows"] = rows or config["rows"]
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    if config.get("tokens"):  # windows of random bytes; y is x shifted by one
-        length = config["input_shape"][0]
-        tokens = rng.integers(0, 256, size=config["rows"] * length + 1, dtype=np.uint8)
+    classes = config.get("classes", 10)
+    if config.get("tokens"):  # windows of random token ids (bytes by default); y is x shifted by one
+        length, vocab = config["input_shape"][0], config.get("vocab", 256)
+        dtype = np.uint8 if vocab <= 256 else np.uint16
+        tokens = rng.integers(0, vocab, size=config["rows"] * length + 1, dtype=dtype)
         np.save(directory / "tokens.npy", tokens)
         starts = np.arange(config["rows"])[:, None] * length + np.arange(length)[None, :]
         x, y = tokens[starts].astype(np.int32), tokens[starts + 1].astype(np.int64)
     elif config.get("images"):  # crosstrain reads the pixels; the native loops, them scaled
         pixels = rng.integers(0, 256, size=(config["rows"], *config["input_shape"]), dtype=np.uint8)
-        x, y = IMAGE_SCALING.apply(pixels), rng.integers(0, 10, size=config["rows"])
+        x, y = IMAGE_SCALING.apply(pixels), rng.integers(0, classes, size=config["rows"])
         np.save(directory / "x.npy", pixels)
         np.save(directory / "y.npy", y)
     else:
         x = rng.normal(size=(config["rows"], *config["input_shape"])).astype(np.float32)
-        y = rng.integers(0, 10, size=config["rows"])
+        y = rng.integers(0, classes, size=config["rows"])
         np.save(directory / "x.npy", x)
         np.save(directory / "y.npy", y)
     plan = directory / "plan.toml"
     plan.write_text(plan_text(name, config, epochs, directory))
-    rates, split = run_crosstrain(plan, directory / "run", device, backend)
+    settings = config.get("settings", ())
+    rates, split = run_crosstrain(plan, directory / "run", device, backend, settings)
     results, cpu_results = {"crosstrain": rates}, {}
-    if device == "cuda" and backend == "torch" and _replayed_as_a_graph(plan):
+    if device == "cuda" and backend == "torch" and _replayed_as_a_graph(plan, settings):
         # the same run with every kernel launched: what replaying the step as one CUDA
         # graph (train.cuda_graph, on where the step can be captured) buys
         launched = directory / "plan-launched.toml"
         launched.write_text(plan_text(name, config | {"launched": True}, epochs, directory))
-        results["launched"], _ = run_crosstrain(launched, directory / "run-launched", device, backend)
+        results["launched"], _ = run_crosstrain(
+            launched, directory / "run-launched", device, backend, settings
+        )
     if device == "cpu" and epochs > 1:
         # CPU seconds per epoch of rank 0 while it trains (every thread of the worker; the
         # launcher only waits), the first epoch taken out by a 1-epoch run: a figure others'
         # load hardly moves. (The whole run's CPU time, start-up included, varied by seconds.)
         short = directory / "plan-1-epoch.toml"
         short.write_text(plan_text(name, config, 1, directory))
-        _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend)
+        _, one_epoch = run_crosstrain(short, directory / "run-1-epoch", device, backend, settings)
         per_epoch = (split["cpu_seconds"] - one_epoch["cpu_seconds"]) / (epochs - 1)
         cpu_results["crosstrain"] = [config["rows"] / per_epoch]
     if backend == "tf":
@@ -528,11 +845,14 @@ def _benchmark_round(
 
     x_device, y_device = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     kinds = ["ideal", "read"]
-    kinds += [
-        kind for kind, module in (("fabric", "lightning"), ("accelerate", "accelerate")) if _available(module)
-    ]
-    # Fabric and Accelerate against the eager loops only (their compile paths differ)
-    for kind in kinds if device == "cuda" and not config.get("compile") else kinds[:2]:
+    if device == "cuda" and not config.get("compile"):  # Fabric and Accelerate against the eager
+        kinds += [  # loops only (their compile paths differ)
+            kind
+            for kind, module in (("fabric", "lightning"), ("accelerate", "accelerate"))
+            if _available(module)
+        ]
+    # a config may keep fewer (a compiled twin of a large model compiles once, for the ideal loop)
+    for kind in [kind for kind in kinds if kind in config.get("native_kinds", kinds)]:
         results[kind], cpu_rates = run_native(config, x_device, y_device, epochs, kind)
         if cpu_results:
             cpu_results[kind] = cpu_rates
@@ -542,9 +862,15 @@ def _benchmark_round(
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The configs to run; refuses a bad choice before anything is written or started."""
     names = args.configs.split(",")
-    unknown = [name for name in names if name not in CONFIGS]
+    known = TINY_CONFIGS if args.tiny else CONFIGS
+    unknown = [name for name in names if name not in known]
     if unknown:
-        parser.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+        sized = "with a --tiny size" if args.tiny else "known"
+        parser.error(f"--configs: unknown {', '.join(unknown)} ({sized}: {', '.join(known)})")
+    needs = {config_of(name, args.tiny).get("needs") for name in names}
+    missing = sorted(module for module in needs if isinstance(module, str) and not _available(module))
+    if missing:
+        parser.error(f"--configs: the native twin needs {', '.join(missing)}: pip install it")
     if args.backend == "tf":
         if args.device != "cpu":
             parser.error("--backend tf runs on --device cpu only")
@@ -582,6 +908,12 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=int, default=None, help="rows of data (default: each config's)")
     parser.add_argument("--rounds", type=int, default=1, help="every side this many times, in turn")
+    parser.add_argument(
+        "--tiny", action="store_true", help="the configs at a size a CPU runs in seconds (a smoke run)"
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, default=PEAK_FLOPS / 1e12, help="what MFU divides by (bf16 matrix rate)"
+    )
     args = parser.parse_args()
     if args.device is None:
         if args.backend == "tf":
@@ -596,7 +928,7 @@ def main() -> None:
         root = Path(args.out or temporary)
         for config in names:
             epochs, cpu_epochs, split = benchmark(
-                config, args.device, args.backend, args.epochs, root, args.rows, args.rounds
+                config, args.device, args.backend, args.epochs, root, args.rows, args.rounds, args.tiny
             )
             # the mean over the timed epochs; on a shared machine also the best epoch of each
             # side and, on the CPU, samples per CPU second
@@ -624,14 +956,7 @@ def main() -> None:
                     f"steps {split['step_seconds']:.2f} s",
                     flush=True,
                 )
-            if config.startswith("gpt") and args.device == "cuda":
-                print(
-                    f"{'':14s} MFU ((6 N + 12 L d T) T / {PEAK_FLOPS / 1e12:.0f} TFLOP/s): "
-                    + "  ".join(
-                        f"{kind} {mfu(CONFIGS[config](), value):.1%}" for kind, value in results.items()
-                    ),
-                    flush=True,
-                )
+            print_token_rates(config_of(config, args.tiny), results, args.device, args.peak_tflops * 1e12)
 
 
 if __name__ == "__main__":

@@ -27,14 +27,23 @@ from crosstrain.core.checkpoint import (
     load_checkpoint,
     step_folder,
 )
-from crosstrain.core.data import ArrayDataset, TargetMisfit, fit_targets, load_datasets
-from crosstrain.core.errors import BackendError, InputError
+from crosstrain.core.data import (
+    ArrayDataset,
+    TargetMisfit,
+    fit_targets,
+    image_classes,
+    load_datasets,
+    read_table_rows,
+)
+from crosstrain.core.errors import BackendError, InputError, PlanError
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
-from crosstrain.core.runfolder import read_run_plan, run_plan_source
-from crosstrain.core.scaling import ScaledRows
+from crosstrain.core.runfolder import read_classes, read_run_plan, run_plan_source
+from crosstrain.core.scaling import InputScaling, ScaledRows
+from crosstrain.core.sources.images import IMAGE_SUFFIXES, ImageRows, check_image_headers
+from crosstrain.core.sources.table import STATISTICS_FILE, TABLE_FORMATS, read_statistics
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
@@ -157,8 +166,13 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """The eval metrics (loss, accuracy where the plan has it, count) of the run's model
     over the plan's eval set, exactly as training computes them, on any backend; or over
-    the rows of ``data`` (raw, scaled as in training) and ``labels`` (.npy files) instead."""
-    if (data is None) != (labels is None):
+    the rows of ``data`` (raw, scaled as in training) and ``labels`` (.npy files) instead,
+    or over a table (.csv, .parquet: a table run's features and label columns, coded and
+    scaled by the run's statistics)."""
+    if data is not None and is_table_file(data):
+        if labels is not None:
+            raise InputError(f"--labels {labels}: a table's labels are its label column; leave --labels out")
+    elif (data is None) != (labels is None):
         given, missing = ("--data", "--labels") if labels is None else ("--labels", "--data")
         raise InputError(f"{given} needs {missing}: evaluate reads rows and their labels together")
     model = open_run(run, checkpoint)
@@ -175,22 +189,58 @@ def evaluate_run(
         "eval": metrics,
     }
     if data is not None:
-        result["data"], result["labels"] = str(data), str(labels)
+        result["data"] = str(data)
+    if labels is not None:
+        result["labels"] = str(labels)
     return result
 
 
 def _eval_set(model: TrainedModel, data: str | Path | None, labels: str | Path | None) -> ArrayDataset:
-    """The rows of ``data`` with ``labels``, else the plan's eval set."""
+    """The rows of ``data`` with ``labels`` (or a table's), else the plan's eval set."""
+    if data is not None and is_table_file(data):
+        x, y = read_table_rows(_table_plan(model, data), str(data), model.run_dir, "--data", with_label=True)
+        assert y is not None
+        return ArrayDataset(x, y)
     if data is not None and labels is not None:
-        x = read_rows(data, model.plan)
+        x = read_rows(data, model.plan, run_scaling(model))
         return ArrayDataset(x, read_labels(labels, len(x), data, model.plan))
-    datasets = load_datasets(model.plan)
+    _check_run_classes(model)
+    datasets = load_datasets(model.plan, model.run_dir)
     if datasets.eval is None:
         raise InputError(
             f"{model.run_dir}: the plan has no eval set (data.eval_fraction = 0, no eval path); "
             "give --data X.npy --labels Y.npy"
         )
     return datasets.eval
+
+
+def is_table_file(path: str | Path) -> bool:
+    """A .csv or .parquet file: read as a table, not as a .npy array."""
+    return Path(path).suffix.lower() in TABLE_FORMATS
+
+
+def _table_plan(model: TrainedModel, data: str | Path) -> Plan:
+    """The run's plan, which must read a table for ``--data`` to be one."""
+    if model.plan.data.source != "table":
+        raise InputError(
+            f"--data {data}: a table, but the run trained on data.source {model.plan.data.source!r}; "
+            "give rows of model.input_shape as a .npy file"
+        )
+    return model.plan
+
+
+def _check_run_classes(model: TrainedModel) -> None:
+    """An image run's classes (its ``classes.json``) are still its files' classes: a label
+    means the class it meant in training."""
+    kept = read_classes(model.run_dir)
+    if model.plan.data.source != "images" or kept is None:
+        return
+    found = image_classes(model.plan)
+    if found != kept:
+        raise InputError(
+            f"{model.plan.data.path}: its classes ({', '.join(found)}) are no longer the run's "
+            f"({', '.join(kept)}, {model.run_dir / 'classes.json'})"
+        )
 
 
 def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np.ndarray:
@@ -211,10 +261,15 @@ def read_labels(path: str | Path, rows: int, data: str | Path, plan: Plan) -> np
 # --------------------------------------------------------------------------- predict
 
 
-def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
+def read_rows(path: str | Path, plan: Plan, scaling: InputScaling | None = None) -> np.ndarray:
     """Rows from a ``.npy`` file, checked against the model's input and scaled as in
-    training (``data.scale``/``mean``/``std``): float32, or int32 token ids."""
+    training (``scaling``, by default ``data.scale``/``mean``/``std``): float32, or int32
+    token ids. An image run also reads an image file, or a folder's images (every
+    .jpg/.jpeg/.png under it, sorted by path), decoded as its evaluation decodes them
+    (the centre box)."""
     path = Path(path)
+    if plan.data.source == "images" and (path.is_dir() or path.suffix.lower() in IMAGE_SUFFIXES):
+        return _read_images(path, plan)
     raw = _open_npy(path, "--data")
     shape = tuple(plan.model.input_shape)
     # as in training: rows of the input's shape, or of its size (flat rows are reshaped)
@@ -234,7 +289,38 @@ def read_rows(path: str | Path, plan: Plan) -> np.ndarray:
     if plan.model.input_dtype == "int32":
         _check_token_ids(path, rows, plan)
         return rows.astype(np.int32)
-    return plan.data.scaling.apply(rows)
+    return (scaling or plan.data.scaling).apply(rows)
+
+
+def run_scaling(model: TrainedModel) -> InputScaling:
+    """The scaling the run's inputs were trained with: a standardised table's kept
+    statistics, else the plan's ``data.scale``/``mean``/``std``."""
+    if model.plan.data.source == "table" and model.plan.data.standardize:
+        statistics = read_statistics(model.run_dir)
+        if statistics is None:
+            raise InputError(
+                f"{model.run_dir}: no {STATISTICS_FILE}, which a run with data.standardize writes"
+            )
+        return statistics.scaling()
+    return model.plan.data.scaling
+
+
+def _read_images(path: Path, plan: Plan) -> np.ndarray:
+    """The images ``path`` is or holds, as the model's rows."""
+    assert plan.data.image_size is not None
+    files = (
+        sorted(str(file) for file in path.rglob("*") if file.suffix.lower() in IMAGE_SUFFIXES)
+        if path.is_dir()
+        else [str(path)]
+    )
+    if not files:
+        raise InputError(f"--data {path}: no images ({', '.join(IMAGE_SUFFIXES)})")
+    try:
+        check_image_headers(files, "--data", None)
+    except PlanError as error:
+        raise InputError(f"--data {error.message}") from None
+    rows = ImageRows(np.asarray(files), plan.data.image_size)
+    return plan.data.scaling.apply(rows.read(np.arange(len(files))))
 
 
 def _open_npy(path: Path, flag: str) -> np.ndarray:
@@ -289,7 +375,10 @@ def predict_run(
     np.save (atomically) and returned."""
     model = open_run(run, checkpoint)
     strategy_class = backend_for(model, backend, manager or make_plugin_manager())
-    x = read_rows(data, model.plan)
+    if is_table_file(data):
+        x, _ = read_table_rows(_table_plan(model, data), str(data), model.run_dir, "--data", with_label=False)
+    else:
+        x = read_rows(data, model.plan, run_scaling(model))
     out_path = Path(out)
     if not out_path.parent.is_dir():
         raise InputError(f"--out {out_path}: folder {out_path.parent} does not exist")
@@ -334,6 +423,11 @@ def export_run(
             f"--format {format_name}: unknown format (known: {', '.join(sorted(formats)) or 'none'})"
         )
     model = open_run(run, checkpoint)
+    if model.plan.data.standardize:
+        raise InputError(
+            f"--format {format_name}: the run standardises its table's features by its "
+            "statistics.json, which an exported model does not apply yet; predict with crosstrain predict"
+        )
     backend = formats[format_name]
     if model.plan.model.native is not None and model.trained_on and backend != model.trained_on:
         raise InputError(

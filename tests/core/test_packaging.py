@@ -19,7 +19,17 @@ FRAMEWORK_EXTRAS = {"torch": "torch", "tf": "tensorflow", "tf-cpu": "tensorflow-
 # extras a CI env may install: the small CPU wheels only, never `tf` or `all` (GPU tensorflow)
 CI_EXTRAS = {"test", "lint", "torch", "tf-cpu", "plot", "tensorboard"}
 # what CI installs that has a large or CUDA-carrying wheel: each pinned exactly
-CI_PINNED = ("torch", "tensorflow-cpu", "tensorboard", "jax", "jaxlib", "matplotlib")
+CI_PINNED = (
+    "torch",
+    "tensorflow-cpu",
+    "tensorboard",
+    "jax",
+    "jaxlib",
+    "matplotlib",
+    "pyarrow",
+    "tokenizers",
+    "pillow",
+)
 
 
 def extras() -> dict[str, list[Requirement]]:
@@ -56,11 +66,11 @@ def test_framework_extras_are_ranges_that_keep_an_installed_framework() -> None:
             assert operators == {">="}, f"extra {extra!r} must be a lower bound, not {requirement}"
 
 
-def test_all_brings_both_frameworks_the_plot_and_tensorboard() -> None:
+def test_all_brings_both_frameworks_the_plot_tensorboard_and_the_data_sources() -> None:
     (requirement,) = extras()["all"]
     assert requirement.name == "crosstrain"
     # GPU tensorflow for `pip install crosstrain[all]` on a GPU machine; tf-cpu is chosen by hand
-    assert requirement.extras == {"torch", "tf", "plot", "tensorboard"}
+    assert requirement.extras == {"torch", "tf", "plot", "tensorboard", "images", "table", "text"}
 
 
 def test_tox_envs_install_only_cpu_wheels_under_the_pins() -> None:
@@ -78,6 +88,7 @@ def test_every_install_hint_names_an_extra_that_exists() -> None:
     for path in (REPO / "src" / "crosstrain").rglob("*.py"):
         for group in re.findall(r"crosstrain\[([\w,-]+)\]", path.read_text(encoding="utf-8")):
             named.update(group.split(","))
-    # the frameworks, the plot and tensorboard are each named where they are missing
-    assert {"torch", "tf", "tf-cpu", "plot", "tensorboard"} <= named
+    # the frameworks, the plot, tensorboard and the data sources' packages are each named
+    # where they are missing
+    assert {"torch", "tf", "tf-cpu", "plot", "tensorboard", "table", "text"} <= named
     assert named <= set(extras()), f"messages name unknown extras: {sorted(named - set(extras()))}"

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from crosstrain.core.data import ArrayDataset, Rows
+from crosstrain.core.data import ArrayDataset, Rows, image_rows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
@@ -85,6 +85,9 @@ def should_place(
     placement = plan.data.placement
     if placement != "auto":
         return placement == "device"
+    parts = list(parts)
+    if any(image_rows(part.x) is not None for part in parts):
+        return False  # image files are decoded each step, on the host
     free = free_device_bytes() if free_device_bytes is not None else None
     return free is not None and placed_bytes(parts, itemsize) <= AUTO_SHARE * free
 

@@ -10,7 +10,8 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
 3. the numbers: replicas, processes, timeout and restarts in range; ``--init-from`` and
    ``--resume`` not together;
 4. the plan against the world: the global batch splits into replicas x accumulation steps;
-5. the data: it loads and fits the model (read only);
+5. the data: it loads and fits the model (read only); an image source's every file opens
+   as a JPEG or PNG (its header: :func:`check_image_files`);
 6. the plan against the backend's tables: every layer, loss, optimizer and precision has
    a builder (:class:`~crosstrain.core.vocabulary.SpeaksVocabulary`);
 7. the backend's own check of the job (:class:`~crosstrain.core.strategy.ChecksJob`: its
@@ -56,12 +57,13 @@ from crosstrain.core.checkpoint import (
     weights_file,
 )
 from crosstrain.core.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
-from crosstrain.core.data import load_datasets
+from crosstrain.core.data import Datasets, image_rows, load_datasets
 from crosstrain.core.errors import BackendError, CheckpointError, InputError
 from crosstrain.core.loop import total_steps
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import check_request
+from crosstrain.core.sources.images import check_image_headers
 from crosstrain.core.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 
@@ -90,7 +92,10 @@ def admit(
     check_numbers(job.replicas, job.workers, job.timeout_seconds, job.max_restarts)
     check_starting_point(job)
     check_world_fits(job.plan, job.replicas)
-    datasets = load_datasets(job.plan)  # the data must load and fit the model before any worker starts
+    # the data must load and fit the model before any worker starts (a resumed run: with the
+    # table statistics its folder keeps)
+    datasets = load_datasets(job.plan, job.out_dir if job.resume else None)
+    check_image_files(job.plan, datasets)
     if isinstance(strategy, SpeaksVocabulary):
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
     if isinstance(strategy, ChecksJob):
@@ -106,6 +111,20 @@ def admit(
         resume_from = check_resumed_run(job, overwrite, len(datasets.train), say)
         job = attrs.evolve(job, resume_from=None if resume_from is None else str(resume_from))
     return job
+
+
+def check_image_files(plan: Plan, datasets: Datasets) -> None:
+    """Every image file of the plan opens as a JPEG or PNG. Pillow reads each one's header
+    only (a few hundred bytes, in a pool of threads), so a file that is not an image, or
+    is cut short before its pixels, is named before any worker starts; damaged pixels
+    behind a sound header are met when a step decodes them (named with the rank)."""
+    if plan.data.source != "images":
+        return
+    eval_field = "data.eval_path" if plan.data.eval_path is not None else "data.path"
+    for part, field in ((datasets.train, "data.path"), (datasets.eval, eval_field)):
+        rows = None if part is None else image_rows(part.x)
+        if rows is not None:
+            check_image_headers([str(path) for path in rows.paths], field, plan.source)
 
 
 def check_framework(strategy: type[DistributedStrategy], backend: str) -> None:

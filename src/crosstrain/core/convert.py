@@ -14,6 +14,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
+from crosstrain.core.augment import Augmentation
 from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.layers import LAYER_TYPES, Layer, as_padding2d
 from crosstrain.core.plan import DataSpec, LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
@@ -164,13 +165,22 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
 
 #: fields newer than the first plans: left out of plan.json while unset, so a run written
 #: before they existed hashes as it did (and still resumes); a layer's activation likewise
-_LEFT_OUT_UNSET = {"data": ("eval_x_key", "eval_y_key"), "model": ("init",)}
+_LEFT_OUT_UNSET = {
+    "data": ("eval_x_key", "eval_y_key", "image_size", "label", "tokenizer"),
+    "model": ("init",),
+}
 #: likewise, fields left out while at their default (section None: the plan's top level)
 _LEFT_OUT_AT_DEFAULT: dict[str | None, dict[str, Any]] = {
     None: {"top_k": _default(Plan, "top_k")},
     "loss": {"label_smoothing": _default(LossSpec, "label_smoothing")},
     "optimizer": {"decay": _default(OptimizerSpec, "decay")},
     "model": {"width": 1.0},
+    "data": {
+        "augment": attrs.asdict(Augmentation()),
+        "features": [],
+        "categorical": [],
+        "standardize": False,
+    },
 }
 
 
@@ -204,7 +214,7 @@ def _resolve_paths(data: DataSpec, base_dir: Path) -> DataSpec:
     def resolve(path: str | None) -> str | None:
         return None if path is None else str((base_dir / path).resolve())
 
-    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path")
+    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path", "tokenizer")
     resolved: dict[str, Any] = {name: resolve(getattr(data, name)) for name in paths}
     return attrs.evolve(data, **resolved)
 

@@ -20,11 +20,15 @@ import attrs
 import numpy as np
 
 from crosstrain.core.errors import InputError, PlanError, closest_name
-from crosstrain.core.graph import dense_on_image
+from crosstrain.core.graph import MODEL_INPUT, dense_on_image
+from crosstrain.core.layers import Embedding
 from crosstrain.core.mapped import MappedRows, map_npy
 from crosstrain.core.plan import CLASS_LOSSES, DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens
+from crosstrain.core.sources import table as tables
+from crosstrain.core.sources import text
+from crosstrain.core.sources.images import ImageRows, check_classes, read_image_index
+from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens, stdlib_files
 
 
 class Rows(Protocol):
@@ -63,7 +67,7 @@ class ArrayDataset:
 
 
 def _take(rows: Rows, indices: np.ndarray) -> Rows:
-    return rows.take(indices) if isinstance(rows, MappedRows | ScaledRows) else rows[indices]
+    return rows.take(indices) if isinstance(rows, MappedRows | ScaledRows | ImageRows) else rows[indices]
 
 
 @attrs.frozen(eq=False)
@@ -74,10 +78,12 @@ class Datasets:
 
 @attrs.frozen(eq=False)
 class RowSource:
-    """Where a batch's rows live: the data set and the row indices to read from it."""
+    """Where a batch's rows live: the data set and the row indices to read from it, and the
+    epoch they are read in (what a training image's augmentation draws hash; None: none)."""
 
     dataset: ArrayDataset
     indices: np.ndarray
+    epoch: int | None = None
 
 
 @attrs.define(eq=False)
@@ -102,9 +108,14 @@ class Batch:
 
     @classmethod
     def of_rows(
-        cls, dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, rows: np.ndarray
+        cls,
+        dataset: ArrayDataset,
+        indices: np.ndarray,
+        weight: np.ndarray,
+        rows: np.ndarray,
+        epoch: int | None = None,
     ) -> Batch:
-        return cls(None, None, weight, rows, source=RowSource(dataset, indices))
+        return cls(None, None, weight, rows, source=RowSource(dataset, indices, epoch))
 
     @property
     def x(self) -> np.ndarray:
@@ -126,7 +137,7 @@ class Batch:
         quarter of the bytes of float32 ones for uint8 images."""
         source, found = self.source, None
         if self._x is None and source is not None:
-            found = stored_rows(source.dataset.x, source.indices)
+            found = stored_rows(source.dataset.x, source.indices, source.epoch)
         if found is None:
             return self.x, self.x.dtype, None
         assert source is not None
@@ -136,7 +147,7 @@ class Batch:
 
     def _gather(self, name: str) -> np.ndarray:
         assert self.source is not None, "a batch holds either arrays or a row source"
-        return np.asarray(getattr(self.source.dataset, name)[self.source.indices])
+        return read_rows(getattr(self.source.dataset, name), self.source.indices, self.source.epoch)
 
     @property
     def real_rows(self) -> int:
@@ -166,11 +177,18 @@ class StepBatch:
 # --------------------------------------------------------------------------- loading
 
 
-def load_datasets(plan: Plan) -> Datasets:
+def load_datasets(plan: Plan, run_dir: str | Path | None = None) -> Datasets:
     """Load and shape the plan's data, checking it against the model; errors name the field.
-    Inputs come out scaled as ``data.scale``/``mean``/``std`` ask, read raw until then."""
-    datasets = _load_raw_datasets(plan)
-    scaling = plan.data.scaling
+    Inputs come out scaled as ``data.scale``/``mean``/``std`` ask, read raw until then.
+    ``run_dir``: a run folder whose kept statistics (a table's codes, mean and std) are used
+    as they are; without it (or where it keeps none) they are computed from the rows."""
+    if plan.data.source == "table":
+        datasets, statistics = table_datasets(plan, run_dir)
+        return _scaled(datasets, statistics.scaling() if plan.data.standardize else plan.data.scaling)
+    return _scaled(_load_raw_datasets(plan), plan.data.scaling)
+
+
+def _scaled(datasets: Datasets, scaling: InputScaling) -> Datasets:
     if scaling.is_identity:
         return datasets
     train = ArrayDataset(ScaledRows(datasets.train.x, scaling), datasets.train.y)
@@ -181,8 +199,10 @@ def load_datasets(plan: Plan) -> Datasets:
 
 def _load_raw_datasets(plan: Plan) -> Datasets:
     spec = plan.data
-    if spec.source in ("tokens", "python-stdlib"):
+    if spec.source in ("tokens", "python-stdlib", "text"):
         return _token_datasets(plan)
+    if spec.source == "images":
+        return _image_datasets(plan)
     if spec.source == "npy":
         return _npy_datasets(plan)
     x, y = _load_arrays(spec, spec.path, plan.source)
@@ -196,6 +216,106 @@ def _load_raw_datasets(plan: Plan) -> Datasets:
     if evaluation is not None:
         return _nonempty(Datasets(train=full, eval=evaluation), plan)
     return _nonempty(_split(full, spec.eval_fraction, plan.seed), plan)
+
+
+def table_datasets(plan: Plan, run_dir: str | Path | None = None) -> tuple[Datasets, tables.TableStatistics]:
+    """A table's train and eval sets (raw: numbers and category codes, float32) and its
+    statistics: those ``run_dir`` keeps, else computed (codes from every row of the file,
+    mean and std from the training rows)."""
+    spec = plan.data
+    assert spec.path is not None and spec.label is not None  # DataSpec refuses a table without them
+    _check_table_model(plan)
+    columns = _table_spec(plan)
+    where = tables.Columns(spec.path, "data.path", plan.source)
+    table = tables.read_table(spec.path, [*columns.features, columns.label], where, columns.categorical)
+    kept = tables.read_statistics(run_dir)
+    if kept is not None:
+        tables.check_statistics_fit(kept, columns, where)
+        categories, label_classes = kept.categories, kept.label_classes
+    else:
+        categories, label_classes = tables.read_codes(table, columns, where)
+    full = _table_rows(plan, table, columns, categories, label_classes, where)
+    if spec.limit is not None:
+        full = full.take(np.arange(min(spec.limit, len(full))))
+    if spec.eval_path is not None:
+        where = tables.Columns(spec.eval_path, "data.eval_path", plan.source)
+        evaluation = tables.read_table(
+            spec.eval_path, [*columns.features, columns.label], where, columns.categorical
+        )
+        datasets = Datasets(full, _table_rows(plan, evaluation, columns, categories, label_classes, where))
+    else:
+        datasets = _split(full, spec.eval_fraction, plan.seed)
+    datasets = _nonempty(datasets, plan)
+    train_x = np.asarray(datasets.train.x[np.arange(len(datasets.train))])
+    statistics = kept or tables.compute_statistics(train_x, columns, categories, label_classes)
+    return datasets, statistics
+
+
+def read_table_rows(
+    plan: Plan, path: str, run_dir: str | Path, field: str, with_label: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of another table (``crosstrain evaluate``/``predict --data``) coded and scaled
+    as the run's training rows were, by its kept statistics; and its labels if asked."""
+    columns = _table_spec(plan)
+    statistics = tables.read_statistics(run_dir) or table_datasets(plan)[1]
+    where = tables.Columns(path, field, None)
+    wanted = [*columns.features, columns.label] if with_label else list(columns.features)
+    table = tables.read_table(path, wanted, where, columns.categorical)
+    x = tables.encode_features(table, columns, statistics.categories, where)
+    scaling = statistics.scaling() if plan.data.standardize else plan.data.scaling
+    if not with_label:
+        return scaling.apply(x), None
+    y = tables.encode_label(table, columns, statistics.label_classes, where)
+    return scaling.apply(x), _table_targets(y, plan, where)
+
+
+def _table_spec(plan: Plan) -> tables.TableSpec:
+    spec = plan.data
+    assert spec.label is not None
+    return tables.TableSpec(spec.features, spec.label, spec.categorical, plan.loss.name in CLASS_LOSSES)
+
+
+def _check_table_model(plan: Plan) -> None:
+    """One input per feature column, as float32 numbers."""
+    features = plan.data.features
+    if plan.model.input_shape != (len(features),):
+        raise PlanError(
+            f"{list(plan.model.input_shape)}, but data.features names {len(features)} columns: "
+            f"the model reads [{len(features)}] (one number per feature)",
+            field="model.input_shape",
+            source=plan.source,
+        )
+    if plan.model.input_dtype != "float32":
+        raise PlanError(
+            "a table's features are float32 numbers (categories as their codes)",
+            field="model.input_dtype",
+            source=plan.source,
+        )
+
+
+def _table_rows(
+    plan: Plan,
+    table: Any,
+    columns: tables.TableSpec,
+    categories: dict[str, tuple[str, ...]],
+    label_classes: tuple[str, ...] | None,
+    where: tables.Columns,
+) -> ArrayDataset:
+    x = tables.encode_features(table, columns, categories, where)
+    y = tables.encode_label(table, columns, label_classes, where)
+    return ArrayDataset(x, _table_targets(y, plan, where))
+
+
+def _table_targets(y: np.ndarray, plan: Plan, where: tables.Columns) -> np.ndarray:
+    """The label column against the model's output, refused naming the column."""
+    try:
+        return fit_targets(y, plan)
+    except TargetMisfit as misfit:
+        field = "data.label" if misfit.field == "data.y_key" else misfit.field
+        field = field if where.field.startswith("data.") else where.field  # --data: the flag
+        raise PlanError(
+            f"{where.path}: column {plan.data.label!r}: {misfit}", field=field, source=where.source
+        ) from None
 
 
 def _npz_eval_set(plan: Plan) -> ArrayDataset | None:
@@ -276,11 +396,7 @@ def _token_datasets(plan: Plan) -> Datasets:
     ``eval_fraction`` of the windows, so no eval text is ever trained on."""
     spec = plan.data
     assert spec.sequence_length is not None  # DataSpec refuses token sources without it
-    if spec.source == "python-stdlib":
-        tokens = python_stdlib_tokens()
-    else:
-        assert spec.path is not None
-        tokens = load_token_file(spec.path, plan.source)
+    tokens = _tokens(plan)
     length = spec.sequence_length
     _check_token_model(plan, tokens, length)
     windows = (len(tokens) - 1) // length
@@ -302,11 +418,123 @@ def _token_datasets(plan: Plan) -> Datasets:
 
     train_windows = windows - eval_windows
     evaluation = part(train_windows, eval_windows) if eval_windows else None
-    return Datasets(train=part(0, train_windows), eval=evaluation)
+    # a window moved right by up to L-1 tokens would read into the next one: the last
+    # training window is left out, so no moved window reaches the eval text (or the end)
+    moved = 1 if spec.augment.window_offset else 0
+    if train_windows - moved < 1:
+        raise PlanError(
+            f"{len(tokens)} tokens make {windows} windows of {length}: too few to train on "
+            "with augment.window_offset (which leaves the last training window out)",
+            field="data.sequence_length",
+            source=plan.source,
+        )
+    return Datasets(train=part(0, train_windows - moved), eval=evaluation)
+
+
+def epoch_rows(dataset: ArrayDataset, plan: Plan, epoch: int) -> ArrayDataset:
+    """The training rows as epoch ``epoch`` reads them: with ``data.augment.window_offset``
+    each token window moved by its draw for the epoch; otherwise the rows themselves."""
+    if not plan.data.augment.window_offset or not isinstance(dataset.x, TokenWindows):
+        return dataset
+    assert isinstance(dataset.y, TokenWindows)
+    shifts = text.window_offsets(plan.seed, epoch, np.arange(len(dataset)), dataset.x.length)
+    return ArrayDataset(text.ShiftedWindows(dataset.x, shifts), text.ShiftedWindows(dataset.y, shifts))
+
+
+def _tokens(plan: Plan) -> np.ndarray:
+    """The plan's token array: a token file, or text (the standard library's or the files
+    of ``data.path``) as bytes or through ``data.tokenizer``, tokenized once into the cache."""
+    spec = plan.data
+    if spec.source == "python-stdlib" and spec.tokenizer is None:
+        return python_stdlib_tokens()
+    if spec.source == "tokens":
+        assert spec.path is not None
+        return load_token_file(spec.path, plan.source)
+    where = text.Where("data.path" if spec.source == "text" else "data.source", plan.source)
+    files = stdlib_files() if spec.source == "python-stdlib" else text.text_files(str(spec.path), where)
+    if spec.tokenizer is not None:
+        _check_vocabulary(plan, text.vocabulary_size(spec.tokenizer))
+    return text.corpus_tokens(files, spec.tokenizer, where)
+
+
+def _check_vocabulary(plan: Plan, vocabulary: int) -> None:
+    """Every id the tokenizer can give has an embedding row and an output class."""
+    if plan.model.native is not None:
+        return
+    graph = plan.model.graph(plan.source)
+    tokenizer = f"the tokenizer's vocabulary ({vocabulary} ids, {plan.data.tokenizer})"
+    for node in graph.nodes:
+        if (
+            isinstance(node.layer, Embedding)
+            and MODEL_INPUT in node.inputs
+            and node.layer.vocab_size < vocabulary
+        ):
+            raise PlanError(
+                f"vocab_size {node.layer.vocab_size} is smaller than {tokenizer}",
+                field=f"{node.field}.vocab_size",
+                source=plan.source,
+            )
+    classes = graph.output_shape[-1] if graph.output_shape else 0
+    if plan.loss.name in CLASS_LOSSES and classes < vocabulary:
+        raise PlanError(
+            f"the model's last layer has {classes} classes, fewer than {tokenizer}",
+            field="model.layers",
+            source=plan.source,
+        )
+
+
+def _image_datasets(plan: Plan) -> Datasets:
+    """Image files listed (not decoded: a step decodes its rows), labelled by their
+    classes sorted by name; training rows augmented as ``data.augment`` says."""
+    spec = plan.data
+    assert spec.path is not None and spec.image_size is not None  # DataSpec refuses images without
+    _check_image_model(plan)
+    index = read_image_index(spec.path, "data.path", plan.source)
+    full = ArrayDataset(ImageRows(np.asarray(index.paths), spec.image_size), _targets(index.labels, plan))
+    if spec.limit is not None:
+        full = full.take(np.arange(min(spec.limit, len(full))))
+    if spec.eval_path is not None:
+        held_out = read_image_index(spec.eval_path, "data.eval_path", plan.source)
+        check_classes(index.classes, held_out.classes, "data.eval_path", plan.source)
+        label_of = {name: label for label, name in enumerate(index.classes)}
+        labels = np.asarray([label_of[held_out.classes[label]] for label in held_out.labels], np.int64)
+        rows = ImageRows(np.asarray(held_out.paths), spec.image_size)
+        datasets = Datasets(train=full, eval=ArrayDataset(rows, _targets(labels, plan)))
+    else:
+        datasets = _split(full, spec.eval_fraction, plan.seed)
+    train = datasets.train
+    assert isinstance(train.x, ImageRows)
+    augmented = ArrayDataset(train.x.augmented(spec.augment, plan.seed), train.y)
+    return _nonempty(Datasets(train=augmented, eval=datasets.eval), plan)
+
+
+def _check_image_model(plan: Plan) -> None:
+    """Images come as [h, w, 3] float rows: the model's input must be that."""
+    assert plan.data.image_size is not None
+    needed = (*plan.data.image_size, 3)
+    if tuple(plan.model.input_shape) != needed:
+        raise PlanError(
+            f"images of data.image_size {list(plan.data.image_size)} are rows {list(needed)}, "
+            f"but model.input_shape is {list(plan.model.input_shape)}",
+            field="model.input_shape",
+            source=plan.source,
+        )
+    if plan.model.input_dtype != "float32":
+        raise PlanError(
+            "images are float inputs: model.input_dtype must be 'float32'",
+            field="model.input_dtype",
+            source=plan.source,
+        )
+
+
+def image_classes(plan: Plan) -> tuple[str, ...]:
+    """The class names of an image plan's training files, label i the i-th."""
+    assert plan.data.path is not None
+    return read_image_index(plan.data.path, "data.path", plan.source).classes
 
 
 def _check_token_model(plan: Plan, tokens: np.ndarray, length: int) -> None:
-    field = "data.path" if plan.data.source == "tokens" else "data.source"
+    field = "data.path" if plan.data.source in ("tokens", "text") else "data.source"
     if plan.model.input_shape != (length,):
         raise PlanError(
             f"windows of {length} tokens do not fit model.input_shape {list(plan.model.input_shape)}",
@@ -513,11 +741,25 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     return padded, weight
 
 
-def stored_rows(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
+def read_rows(rows: Rows, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+    """``rows[indices]``, read in ``epoch`` (image rows: augmented as drawn for it)."""
+    images = image_rows(rows)
+    if images is None:
+        return np.asarray(rows[indices])
+    decoded = images.read(indices, epoch)
+    if isinstance(rows, ScaledRows):
+        return rows.scaling.apply(decoded)
+    return decoded.astype(rows.dtype)
+
+
+def stored_rows(
+    rows: Rows, indices: np.ndarray, epoch: int | None = None
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
     """Where ``rows[indices]`` are read from, before any conversion: the array as stored (a
     memory-mapped file in its own dtype), the indices into its first axis, and the shape
     of the rows read. Cast to ``rows.dtype`` and scaled by :func:`input_scaling`,
-    ``array[indices]`` is ``rows[indices]``. None for rows that are more than a gather
+    ``array[indices]`` is ``rows[indices]``. Image rows are decoded here (as uint8, in
+    ``epoch``: augmented as drawn for it), the array their batch. None for rows that are more than a gather
     (token windows), and for a stored dtype wider than ``rows.dtype`` (float64 read as
     float32: narrowed on the host, there are fewer bytes to copy)."""
     stored = rows.raw if isinstance(rows, ScaledRows) else rows
@@ -525,9 +767,18 @@ def stored_rows(rows: Rows, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray
         found = stored, indices, (len(indices), *stored.shape[1:])
     elif isinstance(stored, MappedRows):
         found = stored.array, np.asarray(stored.file_rows(indices)), (len(indices), *stored.row_shape)
+    elif isinstance(stored, ImageRows):
+        decoded = stored.read(indices, epoch)
+        found = decoded, np.arange(len(indices)), decoded.shape
     else:
         return None
     return found if found[0].dtype.itemsize <= rows.dtype.itemsize else None
+
+
+def image_rows(rows: Rows) -> ImageRows | None:
+    """The image files ``rows`` decode (scaled or not); None for rows of arrays."""
+    stored = rows.raw if isinstance(rows, ScaledRows) else rows
+    return stored if isinstance(stored, ImageRows) else None
 
 
 def input_scaling(rows: Rows) -> InputScaling | None:
@@ -558,12 +809,20 @@ def eval_batches(dataset: ArrayDataset, global_batch_size: int) -> Iterator[tupl
     return GlobalSampler(len(dataset), global_batch_size, seed=0, shuffle=False).epoch(0)
 
 
-def shard(dataset: ArrayDataset, indices: np.ndarray, weight: np.ndarray, part: int, parts: int) -> Batch:
-    """Contiguous slice ``part`` of ``parts`` of a global batch, as a Batch."""
+def shard(
+    dataset: ArrayDataset,
+    indices: np.ndarray,
+    weight: np.ndarray,
+    part: int,
+    parts: int,
+    epoch: int | None = None,
+) -> Batch:
+    """Contiguous slice ``part`` of ``parts`` of a global batch, as a Batch (read in
+    ``epoch``: training rows are; evaluation rows are not)."""
     size = len(indices) // parts
     rows = slice(part * size, (part + 1) * size)
     positions = np.arange(part * size, (part + 1) * size, dtype=np.int64)
-    return Batch.of_rows(dataset, indices[rows], weight[rows], positions)
+    return Batch.of_rows(dataset, indices[rows], weight[rows], positions, epoch)
 
 
 def step_batch(
@@ -574,13 +833,15 @@ def step_batch(
     process_count: int,
     grad_accum_steps: int,
     step: int = 0,
+    epoch: int | None = None,
 ) -> StepBatch:
     """This process's share of one optimizer step.
 
     The global batch is cut into ``grad_accum_steps`` contiguous micro-batches, and each
     micro-batch into ``process_count`` contiguous slices; a process with several local
     replicas splits its slice among them, again contiguously. Each row keeps its position
-    in the whole global batch (``Batch.rows``).
+    in the whole global batch (``Batch.rows``). ``epoch``: the one the rows are read in
+    (what an image's augmentation draws hash).
     """
     micro = len(indices) // grad_accum_steps
     batches = []
@@ -591,6 +852,7 @@ def step_batch(
             weight[m * micro : (m + 1) * micro],
             process_index,
             process_count,
+            epoch,
         )
         part.rows = part.rows + m * micro
         batches.append(part)

@@ -27,6 +27,7 @@ from crosstrain.core.data import (
     Datasets,
     GlobalSampler,
     StepBatch,
+    epoch_rows,
     eval_batches,
     load_datasets,
     shard,
@@ -36,6 +37,7 @@ from crosstrain.core.heartbeat import Heartbeat
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
 from crosstrain.core.schedule import LearningRateSchedule
+from crosstrain.core.sources.images import share_cores
 from crosstrain.core.strategy import (
     DistributedStrategy,
     Job,
@@ -120,7 +122,8 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
-    datasets = load_datasets(plan)
+    share_cores(world.process_count // max(job.nnodes, 1))  # image decoding's threads
+    datasets = load_datasets(plan, job.out_dir)  # the run folder's table statistics
     sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
     checkpoint = resume.find_resume_point(job)
     context = RunContext(
@@ -340,6 +343,7 @@ def _epoch_steps(
     plan, world = context.plan, context.world
     done_before = first_step - epoch * sampler.steps_per_epoch
     step = first_step
+    train = epoch_rows(datasets.train, plan, epoch)  # token windows moved by the epoch's draws
     for index, (indices, weight) in enumerate(sampler.epoch(epoch)):
         if index < done_before:
             continue
@@ -348,13 +352,14 @@ def _epoch_steps(
         yield (
             index,
             step_batch(
-                datasets.train,
+                train,
                 indices,
                 weight,
                 world.process_index,
                 world.process_count,
                 plan.train.grad_accum_steps,
                 step=step,
+                epoch=epoch,
             ),
         )
         step += 1

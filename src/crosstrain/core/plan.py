@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
+from crosstrain.core.augment import Augmentation
 from crosstrain.core.errors import PlanError
 from crosstrain.core.graph import Graph, build_graph
 from crosstrain.core.layers import DType, Layer, Shape
@@ -32,8 +33,10 @@ MetricName = Literal["loss", "accuracy", "top_k_accuracy", "perplexity"]
 OnNonFinite = Literal["stop", "skip"]
 #: a checkpoint's metric that ``output.keep_best`` may monitor
 KeepBest = Literal["eval.loss", "eval.accuracy"]
-DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib"]
+DataSource = Literal["digits", "npz", "npy", "tokens", "python-stdlib", "images", "table", "text"]
 Placement = Literal["auto", "device", "host"]
+#: the sources read as windows of a token sequence
+TOKEN_SOURCES = ("tokens", "python-stdlib", "text")
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
 METRICS: tuple[str, ...] = typing.get_args(MetricName)
@@ -68,6 +71,11 @@ def _gt0(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
 def _lt1(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if value >= 1:
         raise ValueError(f"'{attribute.name}' must be < 1, got {value}")
+
+
+def _positive_sizes(instance: Any, attribute: attrs.Attribute[Any], value: tuple[int, ...] | None) -> None:
+    if value is not None and any(size <= 0 for size in value):
+        raise ValueError(f"'{attribute.name}' must be positive sizes, got {list(value)}")
 
 
 @attrs.frozen(init=False)
@@ -152,10 +160,15 @@ class DataSpec:
     memory-mapped and read by row index, never loaded whole), "tokens" (``path``: a 1-D
     integer .npy, memory-mapped, cut into windows of ``sequence_length``: x = t[i*L : i*L+L], y the same
     shifted by one) or "python-stdlib" (the bytes of this Python's standard library, as
-    tokens). The eval set is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
+    tokens) or "images" (``path``: a folder of class folders or a .csv/.parquet index,
+    decoded to ``image_size``, augmented as ``augment`` says: docs/data.md). The eval set
+    is ``eval_path`` if given (its arrays ``eval_x_key``/``eval_y_key``,
     else ``x_key``/``y_key``), else the eval keys' arrays of ``path``, else a seeded
     ``eval_fraction`` of the rows (for tokens: the last windows). ``limit`` keeps the first
-    rows."""
+    rows. "table" (``path``: a .csv or .parquet file; ``features``, ``label``,
+    ``categorical``, ``standardize``: :mod:`crosstrain.core.sources.table`) and "text"
+    (``path``: a file, folder or glob; ``tokenizer``: :mod:`crosstrain.core.sources.text`)
+    are documented in docs/data.md."""
 
     source: DataSource = "digits"
     path: str | None = None
@@ -181,18 +194,43 @@ class DataSpec:
     scale: float = attrs.field(default=1.0, validator=_gt0)
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = attrs.field(default=(), validator=attrs.validators.deep_iterable(_gt0))
+    #: table: the feature columns, in the model's input order, and the label column
+    features: tuple[str, ...] = ()
+    label: str | None = None
+    #: table: the feature columns whose values are categories (each coded 0..n-1 in sorted order)
+    categorical: tuple[str, ...] = ()
+    #: table: numeric features to mean 0, std 1 by the training rows' statistics (kept in the
+    #: run folder's statistics.json, reused by evaluate, predict and a resumed run)
+    standardize: bool = False
+    #: text and python-stdlib: a Hugging Face ``tokenizers`` JSON file; none: bytes (vocabulary 256)
+    tokenizer: str | None = None
+    #: images: each decoded and resized to [height, width] (model.input_shape [h, w, 3])
+    image_size: tuple[int, int] | None = attrs.field(default=None, validator=_positive_sizes)
+    #: ``[data.augment]``: what training rows get (images: evaluation gets the centre box;
+    #: token windows: ``window_offset``)
+    augment: Augmentation = attrs.field(factory=Augmentation)
 
     @property
     def scaling(self) -> InputScaling:
         return InputScaling(self.scale, self.mean, self.std)
 
     def __attrs_post_init__(self) -> None:
-        if self.source in ("npz", "tokens") and self.path is None:
+        if self.source in ("npz", "tokens", "table", "text") and self.path is None:
             raise ValueError(f"source {self.source!r} needs data.path")
-        if self.source in ("tokens", "python-stdlib") and self.sequence_length is None:
+        _check_augmentation(self)
+        if self.source == "images":
+            _check_images(self)
+        if self.source in ("tokens", "python-stdlib", "text") and self.sequence_length is None:
             raise ValueError(f"source {self.source!r} needs data.sequence_length")
         if self.source == "npy" and (self.x_path is None or self.y_path is None):
             raise ValueError("source 'npy' needs data.x_path and data.y_path")
+        self._check_table_fields()
+        if self.augment.window_offset and self.source not in ("tokens", "python-stdlib", "text"):
+            raise ValueError(f"augment.window_offset moves token windows; source {self.source!r} has none")
+        if self.tokenizer is not None and self.source not in ("text", "python-stdlib"):
+            raise ValueError(
+                f"tokenizer reads text (source 'text' or 'python-stdlib'), not source {self.source!r}"
+            )
         if (self.eval_x_path is None) != (self.eval_y_path is None):
             raise ValueError("data.eval_x_path and data.eval_y_path come together")
         if (self.eval_x_key is None) != (self.eval_y_key is None):
@@ -202,6 +240,52 @@ class DataSpec:
                 f"eval_x_key and eval_y_key name arrays of an .npz file (source 'npz', or an "
                 f"eval_path), not of source {self.source!r}"
             )
+
+    def _check_table_fields(self) -> None:
+        given = [name for name in ("features", "label", "categorical", "standardize") if getattr(self, name)]
+        if self.source != "table":
+            if given:
+                raise ValueError(f"data.{given[0]} describes a table's columns (source 'table')")
+            return
+        if not self.features or self.label is None:
+            raise ValueError("source 'table' needs data.features (the input columns) and data.label")
+        outside = [name for name in self.categorical if name not in self.features]
+        if outside:
+            raise ValueError(f"data.categorical names {outside[0]!r}, which is not one of data.features")
+        if self.standardize and (self.mean or self.std):
+            raise ValueError(
+                "data.standardize computes the mean and std of the features; leave data.mean/std out"
+            )
+
+
+def _check_augmentation(spec: DataSpec) -> None:
+    """``[data.augment]`` asks only what the source's rows can take."""
+    augment = spec.augment
+    if augment.transforms_images and spec.source != "images":
+        raise ValueError(
+            "data.augment transforms images (crop_scale, flip, pad_crop, color_jitter): "
+            "it needs source 'images'"
+        )
+    if augment.window_offset and spec.source not in TOKEN_SOURCES:
+        raise ValueError(
+            "data.augment.window_offset moves token windows: it needs source "
+            + " or ".join(map(repr, TOKEN_SOURCES))
+        )
+
+
+def _check_images(spec: DataSpec) -> None:
+    """An image source names its files and its size, and keeps its rows on the host."""
+    if spec.path is None:
+        raise ValueError(
+            "source 'images' needs data.path (a folder of class folders, or a .csv/.parquet index)"
+        )
+    if spec.image_size is None:
+        raise ValueError("source 'images' needs data.image_size = [height, width]")
+    if spec.placement == "device":
+        raise ValueError(
+            "data.placement 'device' keeps the whole data set on the device; image files are "
+            "decoded each step on the host: use 'host' (or 'auto')"
+        )
 
 
 @attrs.frozen

@@ -24,8 +24,11 @@ from typing import IO, Any
 import attrs
 
 from crosstrain.core.checkpoint import MODEL_FILE, last_checkpoint
+from crosstrain.core.data import table_datasets
 from crosstrain.core.errors import InputError, RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
+from crosstrain.core.sources.images import CLASSES_FILE, read_image_index
+from crosstrain.core.sources.table import STATISTICS_FILE, write_statistics
 
 LOCK_FILE = ".crosstrain.lock"
 #: the plan as run (overrides applied, data paths absolute): evaluate, predict and export
@@ -34,8 +37,10 @@ PLAN_FILE = "plan.json"
 #: what a run writes into its folder (built-in plugins included)
 RUN_OUTPUTS = (
     PLAN_FILE,
+    STATISTICS_FILE,
     "metrics.jsonl",
     "summary.json",
+    CLASSES_FILE,
     "model.safetensors",
     "checkpoints",
     "tensorboard",
@@ -125,7 +130,37 @@ def write_run_plan(out_dir: Path, plan: Plan, init_from: str | None = None) -> P
         document["init_from"] = init_from
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, path)
+    write_data_statistics(Path(out_dir), plan)
+    if plan.data.source == "images":
+        write_classes(Path(out_dir), plan)
     return path
+
+
+def write_data_statistics(out_dir: Path, plan: Plan) -> None:
+    """A table's statistics (category codes, mean and std: :data:`STATISTICS_FILE`), computed
+    from its training rows when the run starts; a resumed run keeps those it started with."""
+    if plan.data.source == "table" and not (out_dir / STATISTICS_FILE).is_file():
+        write_statistics(out_dir, table_datasets(plan)[1])
+
+
+def write_classes(out_dir: Path, plan: Plan) -> Path:
+    """An image run's class names (``classes.json``, label i the i-th), read from its
+    training files (sorted by name), so evaluate and predict name the same classes."""
+    assert plan.data.path is not None
+    classes = read_image_index(plan.data.path, "data.path", plan.source).classes
+    path = Path(out_dir) / CLASSES_FILE
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(list(classes), indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return path
+
+
+def read_classes(run_dir: Path) -> tuple[str, ...] | None:
+    """An image run's class names (None: the run keeps none)."""
+    path = Path(run_dir) / CLASSES_FILE
+    if not path.is_file():
+        return None
+    return tuple(str(name) for name in json.loads(path.read_text(encoding="utf-8")))
 
 
 def run_plan_source(run_dir: Path) -> Path | None:

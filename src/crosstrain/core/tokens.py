@@ -91,21 +91,22 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     return sorted(files, key=lambda path: path.relative_to(root).as_posix())
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where token files made from text are kept (``$CROSSTRAIN_CACHE``)."""
     return Path(os.environ.get("CROSSTRAIN_CACHE", Path.home() / ".cache" / "crosstrain"))
 
 
 def python_stdlib_tokens() -> np.ndarray:
     """The corpus as a memory-mapped uint8 array, written to the cache on first use."""
     version = "{}.{}.{}".format(*sys.version_info[:3])
-    path = _cache_dir() / f"python-stdlib-{version}.npy"
+    path = cache_dir() / f"python-stdlib-{version}.npy"
     if not path.is_file():
-        _write_atomically(path, np.frombuffer(b"".join(p.read_bytes() for p in stdlib_files()), np.uint8))
+        write_atomically(path, np.frombuffer(b"".join(p.read_bytes() for p in stdlib_files()), np.uint8))
     tokens: np.ndarray = np.load(path, mmap_mode="r")
     return tokens
 
 
-def _write_atomically(path: Path, array: np.ndarray) -> None:
+def write_atomically(path: Path, array: np.ndarray) -> None:
     """Write then rename, so a concurrent reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")

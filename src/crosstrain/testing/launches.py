@@ -16,10 +16,14 @@ from crosstrain.testing.plans import (
     DIGITS_MLP_PLAN,
     DROPOUT_MLP_PLAN,
     GPT_PLAN,
+    IMAGE_FOLDER_PLAN,
     MULTILABEL_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
+    TABLE_PLAN,
     VISION_PLAN,
+    write_churn_tables,
+    write_image_folder,
     write_images,
     write_multilabel_data,
     write_tokens,
@@ -42,8 +46,14 @@ PLAN_SETTINGS: dict[str, tuple[str, ...]] = {name: model.small for name, model i
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
 #: plans trained only by the tests that name them (not every backend's conformance suite):
-#: binary cross-entropy; a GPT decoder (the GPU tests'; the zoo's GPT-2 has every layer it has)
-FEATURE_PLANS = {"gpt": GPT_PLAN, "multilabel": MULTILABEL_PLAN}
+#: binary cross-entropy, a table of text and numbers, an image folder with augmentation, a GPT
+#: decoder (the GPU tests'; the zoo's GPT-2 small has every layer it has)
+FEATURE_PLANS = {
+    "gpt": GPT_PLAN,
+    "multilabel": MULTILABEL_PLAN,
+    "table": TABLE_PLAN,
+    "image_folder": IMAGE_FOLDER_PLAN,
+}
 #: the steps of every run a check compares (``train.max_steps``)
 STEPS = 12
 
@@ -78,8 +88,12 @@ def write_plan(directory: Path, name: str) -> Path:
         write_tokens(str(directory / "tokens.npy"))
     if name == "scaled_images":
         write_images(str(directory))
+    if name == "image_folder":
+        write_image_folder(str(directory))
     if name == "multilabel":
         write_multilabel_data(str(directory / "multilabel.npz"))
+    if name == "table":
+        write_churn_tables(str(directory))
     if name in ZOO:
         ZOO[name].write_data(directory)
     path = directory / f"{name}.toml"

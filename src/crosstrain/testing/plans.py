@@ -4,8 +4,10 @@ Each is a TOML text (the plan format of docs/plans.md) small enough to train a f
 seconds on a CPU: an MLP with dropout (the classic Keras MNIST shape), a residual CNN with
 batch norm, the blocks of a ResNet and a MobileNetV2, a GPT-style decoder with dropout on
 token data, a Llama-style and a GPT-2-style decoder on the built-in ``python-stdlib`` text,
-and a multi-label MLP.
+and a multi-label MLP, and an MLP on a table of text and numbers.
 """
+
+from typing import Any
 
 DROPOUT_MLP_PLAN = """
 name = "dropout_mlp"
@@ -325,6 +327,69 @@ def write_multilabel_data(path: str) -> None:
     np.savez(path, x=x, y=np.stack(facts, axis=1).astype(np.float32))
 
 
+TABLE_PLAN = """
+name = "churn_table"
+seed = 3
+[model]
+input_shape = [5]
+layers = [
+  { type = "dense", units = 16, activation = "relu" },
+  { type = "dense", units = 2 },
+]
+[data]
+source = "table"
+path = "churn.csv"
+features = ["age", "plan", "monthly", "city", "tenure"]
+categorical = ["plan", "city"]
+label = "churned"
+standardize = true
+[optimizer]
+name = "sgd"
+lr = 0.1
+momentum = 0.9
+[train]
+global_batch_size = 32
+"""
+
+#: the churn table's categories (a later table may hold only some of them)
+CHURN_PLANS = ("basic", "pro", "premium")
+CHURN_CITIES = ("Lyon", "Paris", "Nantes", "Lille")
+
+
+def churn_columns(rows: int, seed: int, plans: tuple[str, ...] = CHURN_PLANS) -> dict[str, list[Any]]:
+    """A synthetic customer table: numeric and text columns, a text label that depends on
+    both (so a model can learn something)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    age = rng.integers(18, 80, rows)
+    plan = rng.choice(plans, rows)
+    monthly = np.round(rng.gamma(4.0, 15.0, rows), 2)
+    city = rng.choice(CHURN_CITIES, rows)
+    tenure = rng.integers(0, 120, rows)
+    score = 0.03 * monthly - 0.02 * tenure + np.where(plan == "basic", 0.8, 0.0) + rng.normal(0, 0.5, rows)
+    return {
+        "age": age.tolist(),
+        "plan": plan.tolist(),
+        "monthly": monthly.tolist(),
+        "city": city.tolist(),
+        "tenure": tenure.tolist(),
+        "churned": np.where(score > 0.5, "yes", "no").tolist(),
+    }
+
+
+def write_churn_tables(directory: str) -> None:
+    """TABLE_PLAN's ``churn.csv`` (600 rows) and ``churn_2026.parquet``, a later table of
+    another distribution (200 rows, no "basic" customers), for evaluate."""
+    import pyarrow
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    pyarrow.csv.write_csv(pyarrow.table(churn_columns(600, seed=0)), f"{directory}/churn.csv")
+    later = churn_columns(200, seed=1, plans=("pro", "premium"))
+    pyarrow.parquet.write_table(pyarrow.table(later), f"{directory}/churn_2026.parquet")
+
+
 def write_tokens(path: str, count: int = 4000, vocabulary: int = 32, seed: int = 0) -> None:
     """A token file for GPT_PLAN: a noisy repeating pattern, so a model can learn something."""
     import numpy as np
@@ -376,6 +441,60 @@ def write_images(directory: str, rows: int = 320, seed: int = 0) -> None:
     images = rng.integers(0, 128, size=(rows, 8, 8, 3)) + labels[:, None, None, None] * 12
     np.save(os.path.join(directory, "images.npy"), images.astype(np.uint8))
     np.save(os.path.join(directory, "labels.npy"), labels)
+
+
+IMAGE_FOLDER_PLAN = """
+name = "image_folder"
+seed = 4
+[model]
+input_shape = [16, 16, 3]
+layers = [
+  { type = "conv2d", filters = 4, kernel_size = 3, padding = "same" },
+  { type = "relu" },
+  { type = "flatten" },
+  { type = "dense", units = 10 },
+]
+[data]
+source = "images"
+path = "digits_images"
+image_size = [16, 16]
+eval_fraction = 0.1
+scale = 0.00392156862745098  # 1 / 255: uint8 pixels, scaled where the model runs
+mean = [0.5]
+std = [0.25]
+[data.augment]
+crop_scale = [0.35, 1.0]
+flip = true
+pad_crop = 2
+color_jitter = [0.4, 0.4, 0.4]
+[optimizer]
+name = "sgd"
+lr = 0.02
+momentum = 0.9
+[train]
+global_batch_size = 16
+epochs = 2
+"""
+
+
+def write_image_folder(directory: str, rows: int = 360) -> None:
+    """A folder of class folders for IMAGE_FOLDER_PLAN (``digits_images/<digit>/``): the
+    first ``rows`` scikit-learn digits, 8x8 upscaled to 16x16 RGB, PNG and JPEG in turn."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from crosstrain.core.data import load_digits_arrays
+
+    pixels, labels = load_digits_arrays()
+    for row in range(rows):
+        gray = np.kron((pixels[row].reshape(8, 8) * 240).astype(np.uint8), np.ones((2, 2), np.uint8))
+        rgb = np.stack([gray, gray[::-1], 255 - gray], axis=-1)
+        folder = os.path.join(directory, "digits_images", str(labels[row]))
+        os.makedirs(folder, exist_ok=True)
+        name = os.path.join(folder, f"{row:04d}." + ("png" if row % 2 else "jpg"))
+        Image.fromarray(rgb).save(name, quality=90)
 
 
 NAN_ROW_PLAN = """

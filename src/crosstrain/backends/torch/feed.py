@@ -22,7 +22,15 @@ import numpy as np
 import torch
 
 from crosstrain.backends.common import PREFETCH_TIMEOUT_SECONDS, Prefetched, should_place, unplaceable
-from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, input_scaling, stored_rows
+from crosstrain.core.data import (
+    Batch,
+    Datasets,
+    Rows,
+    epoch_slice,
+    image_rows,
+    input_scaling,
+    stored_rows,
+)
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
@@ -340,7 +348,18 @@ class _Prefetcher:
         take. Rows of an array torch has the dtype of are gathered straight into the buffer
         by parallel chunks; token windows are read by numpy, then staged."""
         source = batch.source
-        found = None if source is None else stored_rows(getattr(source.dataset, name), source.indices)
+        images = None if source is None else image_rows(getattr(source.dataset, name))
+        if images is not None:  # decoded by the pool's threads straight into the buffer
+            assert source is not None
+            shape = (len(source.indices), *images.shape[1:])
+            buffer = self.staging[name].next_buffer(shape, np.dtype(np.uint8))
+            images.read(source.indices, source.epoch, out=buffer.numpy())
+            return buffer, shape
+        found = (
+            None
+            if source is None
+            else stored_rows(getattr(source.dataset, name), source.indices, source.epoch)
+        )
         if found is None:
             rows = getattr(batch, name)
             return self._stage(name, rows), rows.shape

@@ -7,6 +7,7 @@ This module imports torch only for type checking.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -37,6 +38,9 @@ class TorchState:
     gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)
     step_graph: StepGraph | None = None  # the whole eager step replayed as one CUDA graph
+    #: train.compile in one process: the model's forward and the loss compiled as one
+    #: (steps.CompiledLoss): (x, y, row mask, rows, step, loss mask) -> the summed loss
+    compiled_loss: Callable[..., torch.Tensor] | None = None
 
     def gradient_seed(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """``scale`` as a tensor beside ``loss``, made once per value (steps share a few)."""

@@ -52,15 +52,15 @@ def train_step(state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
     for index, micro in enumerate(step.micro_batches):
         x, y, weight, rows = state.feed.tensors(micro)
         with _no_sync(state, skip=index < last):
-            with autocast(state):
-                outputs = forward(state, state.model, x, weight, rows, step.step)
             # without padding the mask is all ones: the same sum, fewer kernels
             mask = None if micro.weight.all() else weight
-            micro_sum = summed_loss(state.plan.loss, outputs, y, mask)
+            micro_sum = _micro_loss(state, x, y, weight, rows, step.step, mask)
             if state.scaler is not None:
                 state.scaler.scale(micro_sum * scale).backward()  # type: ignore[no-untyped-call]
             else:  # backward from d(loss)/d(sum) = scale: no multiply, no seed of ones
                 micro_sum.backward(state.gradient_seed(scale, micro_sum))  # type: ignore[no-untyped-call]
+        if state.cuda_graphs:  # a compiled graph's output: the next step's replay overwrites it
+            micro_sum = micro_sum.detach().clone()
         loss_sum = _add_loss(loss_sum, micro_sum)
     if _skip_nonfinite(state):
         state.optimizer.zero_grad(set_to_none=True)
@@ -72,6 +72,62 @@ def train_step(state: TorchState, step: StepBatch, lr: float) -> dict[str, Any]:
     # stays on the device: NCCL's all-reduce does not block the host, and the loop reads
     # a chunk of steps at once (resolve_metrics), dividing there: no kernel a step for it
     return {"loss": DeviceMean(sum_across(state, loss_sum), step.global_real_targets)}
+
+
+def _micro_loss(
+    state: TorchState,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    step: int,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """A micro-batch's summed loss: the compiled forward and loss where train.compile made
+    them one module (:class:`CompiledLoss`), else the forward under autocast, then the loss."""
+    if state.compiled_loss is not None:
+        return state.compiled_loss(x, y, weight, rows, step, mask)
+    with autocast(state):
+        outputs = forward(state, state.model, x, weight, rows, step)
+    return summed_loss(state.plan.loss, outputs, y, mask)
+
+
+class CompiledLoss(torch.nn.Module):
+    """One process's forward and loss as one module, which ``train.compile`` compiles whole:
+    compiled apart, the model hands its logits to an eager loss, which widens them to
+    float32, and computes and differentiates the softmax in kernels of its own. At GPT-2's
+    vocabulary that is 50,304 logits a position, 3.3 GB of float32 a step at batch 16 x
+    1024 written and read several times; compiled with the model, the cast, the softmax and
+    its gradient fuse into the few kernels that read the bf16 logits (nanoGPT compiles its
+    loss with its model the same way). The step is what :func:`_micro_loss` computes eagerly:
+    the float rows in the weights' dtype, the forward under the plan's autocast, the loss."""
+
+    def __init__(self, state: TorchState) -> None:
+        super().__init__()
+        self.model = state.model
+        self.loss = state.plan.loss
+        self.native = state.plan.model.native is not None
+        self.dtype = state.dtype
+        self.device_type = torch.device(state.device).type
+        name = PRECISIONS[state.plan.train.precision]
+        # a dtype torch.autocast accepts even when disabled (fp32, fp64: no autocast)
+        self.autocast_dtype = getattr(torch, name) if name else torch.bfloat16
+        self.autocast = name is not None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        rows: torch.Tensor,
+        step: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if x.is_floating_point() and x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast):
+            outputs = self.model(x) if self.native else self.model(x, weight, rows, step, False)
+        return summed_loss(self.loss, outputs, y, mask)
 
 
 def _graphed_step(

@@ -141,9 +141,10 @@ class TorchStrategy:
             undecayed=undecayed_parameters(module, plan),
         )
         if plan.train.compile:
+            mode = self._compile_mode(plan)
+        if plan.train.compile and self._distributed():
             # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
             # the gradient all-reduce still overlaps the backward
-            mode = self._compile_mode(plan)
             model = torch.compile(model, mode=mode)  # type: ignore[assignment]
         utilisation = None
         if on_cuda:
@@ -157,6 +158,10 @@ class TorchStrategy:
             self.world.process_count, self._distributed(), utilisation,
         )  # fmt: skip
         state.cuda_graphs = mode == "reduce-overhead"
+        if plan.train.compile and not self._distributed():  # one process: the loss compiled too
+            from crosstrain.backends.torch.steps import CompiledLoss
+
+            state.compiled_loss = torch.compile(CompiledLoss(state), mode=mode)
         if graphed:
             state.step_graph = StepGraph(torch.device(self.device), optimizer.param_groups[0]["lr"])
         return state

@@ -1,0 +1,212 @@
+"""Augmentation whose every random draw is a counter-based hash, no RNG state (the image
+transforms here; token windows' offsets: :func:`crosstrain.core.sources.text.window_offsets`).
+
+Draw ``k`` of dataset row ``row`` in epoch ``epoch`` is a hash of (seed, epoch, row, k)
+(the mix of :mod:`crosstrain.core.dropout`), so the same row gets the same crop and flip
+in every framework, at every world size, whichever process decodes it, and after a resume
+mid-epoch: nothing depends on the order rows are read in. Draws are uniform in [0, 1)
+with 24 bits (exact in float64); ``floor(u * n)`` is an integer in 0..n-1.
+
+The draw numbers are fixed (:data:`CROP_DRAWS` ...), so adding a transform never moves the
+draws of another. Geometric work (crop boxes, flips, padded crops) happens on the host,
+before the rows are copied: fewer bytes to move.
+
+- random resized crop (``crop_scale = [lo, hi]``): torchvision's ``RandomResizedCrop``
+  rule. Up to 10 tries, each an area fraction uniform in [lo, hi] (draw 2t) and an aspect
+  ratio log-uniform in [3/4, 4/3] (draw 2t+1); the first box that fits the image wins, at
+  a top/left offset uniform over where it fits (draws 20, 21). If no try fits: the
+  centre crop of the whole image, its aspect ratio clamped to [3/4, 4/3].
+- flip (``flip = true``): mirrored left-right when draw 22 < 1/2.
+- padded crop (``pad_crop = N``): zero-padded by N on every side, then the image's size
+  cut at offsets floor(u * (2N + 1)) down (draw 23) and right (draw 24).
+- color jitter (``color_jitter = [b, c, s]``): brightness, contrast and saturation factors
+  uniform in [max(0, 1 - x), 1 + x] (draws 25, 26, 27), applied in that order on the host
+  as torchvision applies them to uint8 images (each a blend clamped to 0..255 and truncated
+  to uint8; contrast blends with the mean grey level, saturation with each pixel's grey).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import numpy as np
+
+from crosstrain.core.dropout import MASK32, mix
+
+#: a domain tag mixed into the state, so no augmentation draw equals a dropout draw
+AUGMENT_TAG = 0x41554731
+CROP_TRIES = 10
+CROP_DRAWS = tuple(range(2 * CROP_TRIES))  # (area, ratio) per try
+TOP_DRAW, LEFT_DRAW = 20, 21
+FLIP_DRAW = 22
+PAD_TOP_DRAW, PAD_LEFT_DRAW = 23, 24
+JITTER_DRAWS = (25, 26, 27)  # brightness, contrast, saturation
+DRAWS = 28
+#: ITU-R 601 luma weights of a grey level (torchvision's rgb_to_grayscale)
+LUMA = (0.2989, 0.587, 0.114)
+#: torchvision's aspect-ratio range of a random resized crop
+RATIO = (3.0 / 4.0, 4.0 / 3.0)
+UNIFORM_BITS = 24
+
+
+def _check_crop_scale(
+    instance: Any, attribute: attrs.Attribute[Any], value: tuple[float, float] | None
+) -> None:
+    if value is not None and not 0.0 < value[0] <= value[1] <= 1.0:
+        raise ValueError(f"'crop_scale' must be [lo, hi] with 0 < lo <= hi <= 1, got {list(value)}")
+
+
+def _check_jitter(instance: Any, attribute: attrs.Attribute[Any], value: tuple[float, ...] | None) -> None:
+    if value is not None and (len(value) != 3 or any(strength < 0 for strength in value)):
+        raise ValueError(
+            f"'color_jitter' must be [brightness, contrast, saturation], each >= 0, got {list(value)}"
+        )
+
+
+def _check_pad(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"'pad_crop' must be >= 0, got {value}")
+
+
+@attrs.frozen
+class Augmentation:
+    """What ``[data.augment]`` asks of a training row (None, False, 0: not done)."""
+
+    crop_scale: tuple[float, float] | None = attrs.field(default=None, validator=_check_crop_scale)
+    flip: bool = False
+    pad_crop: int = attrs.field(default=0, validator=_check_pad)
+    color_jitter: tuple[float, ...] | None = attrs.field(default=None, validator=_check_jitter)
+    #: token sources: each training window starts 0..sequence_length-1 tokens later, drawn
+    #: anew every epoch (:func:`crosstrain.core.sources.text.window_offsets`)
+    window_offset: bool = False
+
+    @property
+    def transforms_images(self) -> bool:
+        jitters = self.color_jitter is not None and any(self.color_jitter)
+        return self.crop_scale is not None or self.flip or self.pad_crop > 0 or jitters
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.transforms_images and not self.window_offset
+
+
+def uniforms(seed: int, epoch: int, rows: np.ndarray, count: int = DRAWS) -> np.ndarray:
+    """float64 [len(rows), count]: draw k of each row, uniform in [0, 1) (24 bits)."""
+    state = mix(np.asarray(seed & MASK32, np.int64) ^ AUGMENT_TAG)
+    state = mix(state ^ np.int64(epoch & MASK32))
+    per_row = mix(state ^ (np.asarray(rows, np.int64)[:, None] & MASK32))
+    hashed = mix(per_row ^ np.arange(count, dtype=np.int64)[None, :])
+    return (hashed >> (32 - UNIFORM_BITS)).astype(np.float64) / float(1 << UNIFORM_BITS)
+
+
+def below(u: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+    """An integer uniform in 0..n-1 from a uniform in [0, 1)."""
+    return np.asarray(np.floor(u * n), np.int64)
+
+
+def crop_boxes(draws: np.ndarray, sizes: np.ndarray, scale: tuple[float, float]) -> np.ndarray:
+    """int64 [rows, 4] (top, left, height, width) of each row's random resized crop;
+    ``draws`` from :func:`uniforms`, ``sizes`` [rows, 2] each image's (height, width)."""
+    height, width = sizes[:, 0].astype(np.int64), sizes[:, 1].astype(np.int64)
+    area = (height * width).astype(np.float64)
+    log_low, log_high = math.log(RATIO[0]), math.log(RATIO[1])
+    found = np.zeros(len(sizes), bool)
+    box_h, box_w = _centre_fallback(height, width)
+    for attempt in range(CROP_TRIES):
+        target = area * (scale[0] + (scale[1] - scale[0]) * draws[:, CROP_DRAWS[2 * attempt]])
+        ratio = np.exp(log_low + (log_high - log_low) * draws[:, CROP_DRAWS[2 * attempt + 1]])
+        w = np.round(np.sqrt(target * ratio)).astype(np.int64)
+        h = np.round(np.sqrt(target / ratio)).astype(np.int64)
+        fits = ~found & (w > 0) & (w <= width) & (h > 0) & (h <= height)
+        box_h, box_w = np.where(fits, h, box_h), np.where(fits, w, box_w)
+        found |= fits
+    top = np.where(found, below(draws[:, TOP_DRAW], height - box_h + 1), (height - box_h) // 2)
+    left = np.where(found, below(draws[:, LEFT_DRAW], width - box_w + 1), (width - box_w) // 2)
+    return np.stack([top, left, box_h, box_w], axis=1)
+
+
+def _centre_fallback(height: np.ndarray, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """torchvision's box when no try fits: the whole image, its ratio clamped to RATIO."""
+    in_ratio = width / height
+    narrow, wide = in_ratio < RATIO[0], in_ratio > RATIO[1]
+    box_w = np.where(narrow, width, np.where(wide, np.round(height * RATIO[1]).astype(np.int64), width))
+    box_h = np.where(narrow, np.round(width / RATIO[0]).astype(np.int64), height)
+    return box_h.astype(np.int64), box_w.astype(np.int64)
+
+
+def centre_box(height: int, width: int, out_height: int, out_width: int) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of the largest centred box with the output's aspect ratio:
+    what evaluation (and training without ``crop_scale``) resizes to the image size."""
+    if width * out_height > height * out_width:  # wider than the output: cut the sides
+        box_h, box_w = height, max(1, round(height * out_width / out_height))
+    else:
+        box_h, box_w = max(1, round(width * out_height / out_width)), width
+    return (height - box_h) // 2, (width - box_w) // 2, box_h, box_w
+
+
+def flips(draws: np.ndarray) -> np.ndarray:
+    """bool [rows]: which rows are mirrored left-right."""
+    return np.asarray(draws[:, FLIP_DRAW] < 0.5)
+
+
+def pad_offsets(draws: np.ndarray, pad: int) -> np.ndarray:
+    """int64 [rows, 2]: where each row's crop starts in its image padded by ``pad``."""
+    return np.stack(
+        [below(draws[:, PAD_TOP_DRAW], 2 * pad + 1), below(draws[:, PAD_LEFT_DRAW], 2 * pad + 1)], axis=1
+    )
+
+
+def pad_crop(image: np.ndarray, pad: int, offset: np.ndarray) -> np.ndarray:
+    """The image (HWC) zero-padded by ``pad``, cut back to its size at ``offset``."""
+    height, width = image.shape[:2]
+    padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
+    top, left = int(offset[0]), int(offset[1])
+    return padded[top : top + height, left : left + width]
+
+
+def jitter_factors(draws: np.ndarray, strengths: tuple[float, ...]) -> np.ndarray:
+    """float64 [rows, 3]: each row's brightness, contrast and saturation factors."""
+    columns = []
+    for draw, strength in zip(JITTER_DRAWS, strengths, strict=True):
+        low, high = max(0.0, 1.0 - strength), 1.0 + strength
+        columns.append(low + (high - low) * draws[:, draw])
+    return np.stack(columns, axis=1)
+
+
+def color_jitter(image: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    """A uint8 HWC image's brightness, contrast and saturation changed by ``factors``. Each
+    step is torchvision's on uint8 images, ``ratio * image + (1 - ratio) * other`` clamped to
+    0..255 and truncated; kept in float32 between the steps (their values are whole numbers:
+    the floor is the truncation), one pass of numpy each."""
+    brightness, contrast, saturation = (np.float32(factor) for factor in factors)
+    pixels = image.astype(np.float32)
+    pixels *= brightness
+    _clamp_and_truncate(pixels)
+    _blend(pixels, np.float32(grey(pixels).mean(dtype=np.float32)), contrast)
+    _blend(pixels, grey(pixels)[..., None], saturation)
+    return pixels.astype(np.uint8)
+
+
+def grey(pixels: np.ndarray) -> np.ndarray:
+    """float32 HW: each pixel's grey level, truncated (torchvision's rgb_to_grayscale)."""
+    values = pixels.astype(np.float32, copy=False)
+    weights = [np.float32(weight) for weight in LUMA]
+    level = weights[0] * values[..., 0]
+    level += weights[1] * values[..., 1]
+    level += weights[2] * values[..., 2]
+    np.floor(level, out=level)
+    return level
+
+
+def _blend(pixels: np.ndarray, other: np.ndarray | np.float32, ratio: np.float32) -> None:
+    """``pixels = ratio * pixels + (1 - ratio) * other``, clamped and truncated, in place."""
+    pixels *= ratio
+    pixels += (np.float32(1.0) - ratio) * other
+    _clamp_and_truncate(pixels)
+
+
+def _clamp_and_truncate(pixels: np.ndarray) -> None:
+    np.clip(pixels, 0.0, 255.0, out=pixels)
+    np.floor(pixels, out=pixels)

@@ -1,0 +1,377 @@
+"""``data.source = "images"``: image files decoded on the fly by one host pipeline.
+
+Where the images are: a folder of class folders (``root/<class>/*.jpg|jpeg|png``) or a
+``.csv``/``.parquet`` index with columns ``path`` (relative to the index's folder) and
+``label`` (a class name). Classes are sorted by name; label i is the i-th class.
+
+How a row is read (:class:`ImageRows`): the file is opened (its header gives the size), a
+box is chosen (training: the random resized crop of :mod:`crosstrain.core.augment`; else
+the largest centred box of the output's aspect ratio), a JPEG is decoded at the smallest
+of its 1/1, 1/2, 1/4, 1/8 scales that still holds the box at the output size (Pillow's
+``draft``: most of a large JPEG's decoding is skipped), the box resized to ``image_size``
+(bilinear, antialiased), then padded-cropped, flipped and colour-jittered as drawn (the
+jitter on the host too: docs/data.md says why). Rows come out uint8,
+channels-last: they stay uint8 until the backend casts and scales them where the model
+runs. Every backend reads rows through this one decoder, so torch, tf and jax see the same
+pixels.
+
+Rows of a batch are decoded by a pool of threads (Pillow releases the GIL while it
+decodes and resizes), each process decoding only the rows of its own shard.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from crosstrain.core.augment import (
+    Augmentation,
+    centre_box,
+    color_jitter,
+    crop_boxes,
+    flips,
+    jitter_factors,
+    pad_crop,
+    pad_offsets,
+    uniforms,
+)
+from crosstrain.core.errors import InputError, PlanError
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+#: the files a class folder's images are (case-insensitive)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+#: what Pillow must find in a file's header
+IMAGE_FORMATS = ("JPEG", "PNG")
+INDEX_COLUMNS = ("path", "label")
+IMAGES_EXTRA = "pip install 'crosstrain[images]'"
+PARQUET_EXTRA = "pip install 'crosstrain[table]'"
+#: a run folder's file naming the classes, label i the i-th
+CLASSES_FILE = "classes.json"
+
+
+@attrs.frozen(eq=False)
+class ImageIndex:
+    """Image files, each one's label, and the class names the labels index."""
+
+    paths: tuple[str, ...]
+    labels: np.ndarray
+    classes: tuple[str, ...]
+
+
+def pillow() -> Any:
+    """Pillow's Image module, or one line naming the extra that brings it."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise InputError(f"data.source = 'images' needs Pillow: {IMAGES_EXTRA}") from None
+    return Image
+
+
+# --------------------------------------------------------------------------- finding the files
+
+
+def read_image_index(path: str, field: str, source: str | None) -> ImageIndex:
+    """The images ``path`` names: a folder of class folders, or a .csv/.parquet index."""
+    where = Path(path)
+    if where.is_dir():
+        return scan_class_folders(where, field, source)
+    if where.suffix.lower() in (".csv", ".parquet"):
+        if not where.is_file():
+            raise PlanError(f"no such file {path}", field=field, source=source)
+        return _read_index_file(where, field, source)
+    if where.exists():
+        raise PlanError(
+            f"{path} is neither a folder of class folders nor a .csv/.parquet index",
+            field=field,
+            source=source,
+        )
+    raise PlanError(f"no such folder {path}", field=field, source=source)
+
+
+def scan_class_folders(root: Path, field: str, source: str | None) -> ImageIndex:
+    """``root/<class>/*.jpg|jpeg|png``, classes and files sorted by name."""
+    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
+    if not classes:
+        raise PlanError(f"{root} holds no class folders (root/<class>/*.jpg)", field=field, source=source)
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        found = sorted(str(file) for file in (root / name).iterdir() if file.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise PlanError(
+                f"class folder {root / name} holds no images ({', '.join(IMAGE_SUFFIXES)})",
+                field=field,
+                source=source,
+            )
+        paths.extend(found)
+        labels.extend([label] * len(found))
+    return ImageIndex(tuple(paths), np.asarray(labels, np.int64), tuple(classes))
+
+
+def _read_index_file(path: Path, field: str, source: str | None) -> ImageIndex:
+    """An index's rows: each file (relative to the index's folder) and its class name."""
+    columns = (
+        _read_parquet(path, field, source)
+        if path.suffix.lower() == ".parquet"
+        else _read_csv(path, field, source)
+    )
+    files, names = columns
+    if not files:
+        raise PlanError(f"{path} lists no images", field=field, source=source)
+    classes = tuple(sorted(set(names)))
+    label_of = {name: label for label, name in enumerate(classes)}
+    paths = tuple(str(path.parent / file) for file in files)
+    return ImageIndex(paths, np.asarray([label_of[name] for name in names], np.int64), classes)
+
+
+def _read_csv(path: Path, field: str, source: str | None) -> tuple[list[str], list[str]]:
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            _check_columns(reader.fieldnames or [], path, field, source)
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
+    return [row["path"] for row in rows], [row["label"] for row in rows]
+
+
+def _read_parquet(path: Path, field: str, source: str | None) -> tuple[list[str], list[str]]:
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise InputError(f"{path}: a .parquet index needs pyarrow: {PARQUET_EXTRA}") from None
+    try:
+        table = parquet.read_table(path)
+    except (OSError, ValueError) as error:
+        raise PlanError(f"cannot read {path}: {error}", field=field, source=source) from None
+    _check_columns(table.column_names, path, field, source)
+    return (
+        [str(value) for value in table.column("path").to_pylist()],
+        [str(value) for value in table.column("label").to_pylist()],
+    )
+
+
+def _check_columns(found: Sequence[str], path: Path, field: str, source: str | None) -> None:
+    for column in INDEX_COLUMNS:
+        if column not in found:
+            raise PlanError(
+                f"{path} has no column {column!r} (it has {', '.join(found) or 'none'}; an index "
+                f"needs columns {', '.join(INDEX_COLUMNS)})",
+                field=field,
+                source=source,
+            )
+
+
+def check_image_headers(paths: Iterable[str], field: str, source: str | None) -> None:
+    """Every file opens as a JPEG or PNG: Pillow reads its header only (no decoding), in a
+    pool of threads; the first that does not is named. A file whose header is fine but
+    whose pixels are damaged is met, and named with its rank, when a step decodes it."""
+    image = pillow()
+
+    def problem(path: str) -> str | None:
+        try:
+            with image.open(path) as opened:
+                if opened.format not in IMAGE_FORMATS:
+                    return f"{path} is a {opened.format} image; images are read as {', '.join(IMAGE_FORMATS)}"
+        except (OSError, ValueError, SyntaxError) as error:
+            return f"cannot read image {path}: {error}"
+        return None
+
+    for found in decode_pool().map(problem, paths):
+        if found is not None:
+            raise PlanError(found, field=field, source=source)
+
+
+def check_classes(train: Sequence[str], evaluation: Sequence[str], field: str, source: str | None) -> None:
+    """An eval set's classes are among the training set's (its labels index those)."""
+    unknown = sorted(set(evaluation) - set(train))
+    if unknown:
+        raise PlanError(
+            f"class {unknown[0]!r} of the eval images is not one the training images have "
+            f"({', '.join(train)})",
+            field=field,
+            source=source,
+        )
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+#: the training processes on this machine, which share its cores (:func:`share_cores`)
+_PROCESSES_HERE = 1
+_POOL: ThreadPoolExecutor | None = None
+
+
+def share_cores(processes: int) -> None:
+    """This machine's cores are shared by ``processes`` training processes: each decodes
+    with its share (set before the first decode; the loop sets it from the world)."""
+    global _PROCESSES_HERE
+    _PROCESSES_HERE = max(1, processes)
+
+
+def decode_threads() -> int:
+    """The decoding pool's threads: ``CROSSTRAIN_DECODE_THREADS``, else this process's
+    share of the cores it may run on (Pillow releases the GIL while it decodes, so threads
+    decode in parallel: docs/data.md has the measurement)."""
+    stated = os.environ.get("CROSSTRAIN_DECODE_THREADS")
+    if stated:
+        return max(1, int(stated))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // _PROCESSES_HERE)
+
+
+def decode_pool() -> ThreadPoolExecutor:
+    """This process's decoding threads, made on first use."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=decode_threads(), thread_name_prefix="crosstrain-decode")
+    return _POOL
+
+
+class ImageRows:
+    """Rows of image files, read as float32 channels-last ``(h, w, 3)`` rows (stored
+    uint8: :meth:`read` gives them so). Rows read with an epoch are augmented as drawn for
+    that epoch (``augmentation``); rows read without one get the evaluation's centre box."""
+
+    def __init__(
+        self,
+        paths: np.ndarray,
+        image_size: tuple[int, int],
+        augmentation: Augmentation | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.paths = paths
+        self.image_size = image_size
+        self.augmentation = augmentation
+        self.seed = seed
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.paths), *self.image_size, 3)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, indices: Any) -> np.ndarray:
+        rows = np.atleast_1d(np.asarray(indices, np.int64))
+        read = self.read(rows).astype(np.float32)
+        return read if np.ndim(indices) else read[0]
+
+    def take(self, indices: np.ndarray) -> ImageRows:
+        """Some rows, not decoded."""
+        return ImageRows(self.paths[indices], self.image_size, self.augmentation, self.seed)
+
+    def augmented(self, augmentation: Augmentation | None, seed: int) -> ImageRows:
+        """These rows, read with ``augmentation`` when read with an epoch."""
+        return ImageRows(self.paths, self.image_size, augmentation, seed)
+
+    def read(
+        self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """uint8 [len(indices), h, w, 3]: rows ``indices`` decoded by the pool's threads
+        (into ``out`` when given: a backend's pinned buffer); augmented as drawn for
+        ``epoch`` when given (and this is a training set)."""
+        indices = np.asarray(indices, np.int64)
+        if out is None:
+            out = np.empty((len(indices), *self.image_size, 3), np.uint8)
+        augmentation = self.augmentation if epoch is not None else None
+        draws = None
+        if augmentation is not None and augmentation.transforms_images:
+            assert epoch is not None
+            draws = uniforms(self.seed, epoch, indices)
+        reads = [
+            decode_pool().submit(self._decode_into, out, k, int(row), augmentation, draws)
+            for k, row in enumerate(indices)
+        ]
+        for read in reads:
+            read.result()
+        return out
+
+    def _decode_into(
+        self, out: np.ndarray, k: int, row: int, augmentation: Augmentation | None, draws: np.ndarray | None
+    ) -> None:
+        path = str(self.paths[row])
+        try:
+            out[k] = decode_image(path, self.image_size, augmentation, None if draws is None else draws[k])
+        except (OSError, ValueError, SyntaxError) as error:
+            raise InputError(f"cannot decode image {path}: {error}") from None
+
+
+def decode_image(
+    path: str, size: tuple[int, int], augmentation: Augmentation | None, draws: np.ndarray | None
+) -> np.ndarray:
+    """One file as uint8 ``(h, w, 3)``: boxed, resized, padded-cropped and flipped as
+    ``augmentation`` and this row's ``draws`` say (None: the centre box only)."""
+    image = pillow()
+    out_h, out_w = size
+    with image.open(path) as opened:
+        width, height = opened.size
+        if augmentation is not None and augmentation.crop_scale is not None and draws is not None:
+            box = tuple(
+                int(v)
+                for v in crop_boxes(draws[None], np.array([[height, width]]), augmentation.crop_scale)[0]
+            )
+        else:
+            box = centre_box(height, width, out_h, out_w)
+        top, left, box_h, box_w = box
+        decoded = _draft(opened, (width, height), box_h, box_w, size)
+        scale_x, scale_y = decoded.size[0] / width, decoded.size[1] / height
+        resized = decoded.convert("RGB").resize(
+            (out_w, out_h),
+            image.Resampling.BILINEAR,
+            box=(left * scale_x, top * scale_y, (left + box_w) * scale_x, (top + box_h) * scale_y),
+        )
+        pixels = np.asarray(resized, np.uint8)
+    if augmentation is not None and draws is not None:
+        if augmentation.pad_crop:
+            pixels = pad_crop(
+                pixels, augmentation.pad_crop, pad_offsets(draws[None], augmentation.pad_crop)[0]
+            )
+        if augmentation.flip and flips(draws[None])[0]:
+            pixels = pixels[:, ::-1]
+        if augmentation.color_jitter is not None and any(augmentation.color_jitter):
+            pixels = color_jitter(pixels, jitter_factors(draws[None], augmentation.color_jitter)[0])
+    return pixels
+
+
+def _draft(
+    opened: Image.Image, full: tuple[int, int], box_h: int, box_w: int, size: tuple[int, int]
+) -> Image.Image:
+    """A JPEG set to decode at the smallest of its DCT scales (1/1, 1/2, 1/4, 1/8) at which
+    the box still has the output's pixels; other formats as they are."""
+    if opened.format == "JPEG":
+        width, height = full
+        needed = (-(-width * size[1] // box_w), -(-height * size[0] // box_h))
+        opened.draft("RGB", needed)
+    return opened
+
+
+def batches(
+    rows: ImageRows, index_batches: Iterable[np.ndarray], epoch: int | None, ahead: int = 2
+) -> Iterator[np.ndarray]:
+    """uint8 batches of ``rows`` for each index array in turn, ``ahead`` batches decoded
+    before they are asked for (what a benchmark, or a loop of its own, drives)."""
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crosstrain-read-ahead")
+    pending: list[Future[np.ndarray]] = []
+    try:
+        for indices in index_batches:
+            pending.append(reader.submit(rows.read, indices, epoch))
+            if len(pending) > ahead:
+                yield pending.pop(0).result()
+        while pending:
+            yield pending.pop(0).result()
+    finally:
+        reader.shutdown(wait=True, cancel_futures=True)

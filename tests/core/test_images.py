@@ -1,0 +1,264 @@
+"""The images source without a framework: the augmentation's draws against a plain
+reference, the folder and index loaders, and each bad input's one line."""
+
+from __future__ import annotations
+
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from crosstrain.core.admission import check_image_files
+from crosstrain.core.augment import color_jitter, crop_boxes, flips, jitter_factors, pad_offsets, uniforms
+from crosstrain.core.convert import structure_plan
+from crosstrain.core.data import load_datasets, read_rows
+from crosstrain.core.errors import InputError, PlanError
+from crosstrain.core.plan import Plan
+from crosstrain.core.sources.images import ImageRows, batches, check_image_headers, read_image_index
+
+# --------------------------------------------------------------------------- the draws, by hand
+
+
+def _mix(value: int) -> int:
+    value ^= value >> 16
+    value = (value * 0x7FEB352D) & 0xFFFFFFFF
+    value ^= value >> 15
+    value = (value * 0x2C1B3C6D) & 0xFFFFFFFF
+    return value ^ (value >> 16)
+
+
+def _draw(seed: int, epoch: int, row: int, k: int) -> float:
+    state = _mix(_mix((seed & 0xFFFFFFFF) ^ 0x41554731) ^ epoch)
+    return (_mix(_mix(state ^ row) ^ k) >> 8) / float(1 << 24)
+
+
+def _torchvision_box(seed: int, epoch: int, row: int, height: int, width: int, scale: tuple[float, float]):
+    """torchvision's RandomResizedCrop.get_params, its random numbers the hash's draws."""
+    area = height * width
+    log_ratio = (math.log(3 / 4), math.log(4 / 3))
+    for attempt in range(10):
+        target_area = area * (scale[0] + (scale[1] - scale[0]) * _draw(seed, epoch, row, 2 * attempt))
+        ratio = math.exp(
+            log_ratio[0] + (log_ratio[1] - log_ratio[0]) * _draw(seed, epoch, row, 2 * attempt + 1)
+        )
+        w = round(math.sqrt(target_area * ratio))
+        h = round(math.sqrt(target_area / ratio))
+        if 0 < w <= width and 0 < h <= height:
+            top = math.floor(_draw(seed, epoch, row, 20) * (height - h + 1))
+            left = math.floor(_draw(seed, epoch, row, 21) * (width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < 3 / 4:
+        w, h = width, round(width / (3 / 4))
+    elif in_ratio > 4 / 3:
+        h, w = height, round(height * (4 / 3))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+@pytest.mark.parametrize(
+    ("seed", "epoch", "scale"), [(0, 0, (0.08, 1.0)), (7, 3, (0.35, 1.0)), (2**40 + 5, 1, (0.9, 1.0))]
+)
+def test_augmentation_draws_equal_a_plain_reference_bit_for_bit(seed: int, epoch: int, scale) -> None:
+    """Crop boxes (tries, fallback to the centre), flips and padded-crop offsets of rows of
+    many sizes, including thin ones no try fits, are the reference's exactly."""
+    rows = np.arange(0, 4000, 7, dtype=np.int64)
+    rng = np.random.default_rng(seed % 1000)
+    sizes = np.stack([rng.integers(1, 600, len(rows)), rng.integers(1, 600, len(rows))], axis=1)
+    sizes[::5, 0] = 3  # very wide: the fallback's clamped ratio
+    draws = uniforms(seed, epoch, rows)
+    boxes = crop_boxes(draws, sizes, scale)
+    expected = [
+        _torchvision_box(seed, epoch, int(row), int(h), int(w), scale)
+        for row, (h, w) in zip(rows, sizes, strict=True)
+    ]
+    assert boxes.tolist() == [list(box) for box in expected]
+    assert flips(draws).tolist() == [_draw(seed, epoch, int(row), 22) < 0.5 for row in rows]
+    offsets = [[math.floor(_draw(seed, epoch, int(row), k) * 9) for k in (23, 24)] for row in rows]
+    assert pad_offsets(draws, 4).tolist() == offsets
+
+
+def _torchvision_jitter(image: np.ndarray, factors: list[float]) -> np.ndarray:
+    """torchvision's adjust_brightness, _contrast, _saturation on a uint8 image, in numpy:
+    each a blend, clamped, converted back to uint8."""
+
+    def blend(one: np.ndarray, other, ratio: float) -> np.ndarray:
+        ratio32 = np.float32(ratio)
+        mixed = ratio32 * one.astype(np.float32) + (np.float32(1) - ratio32) * other
+        return np.clip(mixed, 0, 255).astype(np.uint8)
+
+    def grey(rgb: np.ndarray) -> np.ndarray:
+        r, g, b = (rgb[..., k].astype(np.float32) for k in range(3))
+        return (np.float32(0.2989) * r + np.float32(0.587) * g + np.float32(0.114) * b).astype(np.uint8)
+
+    image = blend(image, np.float32(0), factors[0])
+    image = blend(image, np.float32(grey(image).astype(np.float32).mean(dtype=np.float32)), factors[1])
+    return blend(image, grey(image)[..., None].astype(np.float32), factors[2])
+
+
+def test_color_jitter_equals_torchvision_s_uint8_steps() -> None:
+    rows = np.arange(40, dtype=np.int64)
+    draws = uniforms(3, 2, rows)
+    factors = jitter_factors(draws, (0.4, 0.2, 0.6))
+    expected = [
+        [0.6 + 0.8 * _draw(3, 2, row, 25), 0.8 + 0.4 * _draw(3, 2, row, 26), 0.4 + 1.2 * _draw(3, 2, row, 27)]
+        for row in range(40)
+    ]
+    assert np.allclose(factors, expected, rtol=0, atol=1e-15)
+    images = np.random.default_rng(1).integers(0, 256, (40, 9, 7, 3), dtype=np.uint8)
+    for image, row_factors in zip(images, factors, strict=True):
+        assert np.array_equal(color_jitter(image, row_factors), _torchvision_jitter(image, list(row_factors)))
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def _image(path: Path, value: int, size: tuple[int, int] = (12, 10)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.full((*size, 3), value, np.uint8)
+    pixels[: size[0] // 2, :, 0] = 255 - value  # not one colour: a flip shows
+    Image.fromarray(pixels).save(path, quality=95)
+
+
+def _folder(root: Path) -> Path:
+    for index, name in enumerate(["zebra", "ant", "Bee"]):
+        for copy in range(3):
+            _image(root / name / f"{copy}.{'png' if copy % 2 else 'jpg'}", 40 * index + copy)
+    return root
+
+
+def _plan(tmp_path: Path, data: str, input_shape: str = "[8, 8, 3]") -> Plan:
+    text = f"""
+[model]
+input_shape = {input_shape}
+layers = [{{ type = "flatten" }}, {{ type = "dense", units = 3 }}]
+[data]
+source = "images"
+image_size = [8, 8]
+{data}
+"""
+    return structure_plan(tomllib.loads(text), source="plan.toml", base_dir=tmp_path)
+
+
+def test_a_folder_and_its_index_give_the_same_rows_classes_sorted_by_name(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "photos")
+    index = read_image_index(str(root), "data.path", None)
+    assert index.classes == ("Bee", "ant", "zebra")  # by name (code points)
+    lines = ["label,path"] + [f"{Path(p).parent.name},{Path(p).relative_to(tmp_path)}" for p in index.paths]
+    (tmp_path / "index.csv").write_text("\n".join(lines) + "\n")
+    listed = read_image_index(str(tmp_path / "index.csv"), "data.path", None)
+    assert listed.paths == index.paths and listed.classes == index.classes
+    assert np.array_equal(listed.labels, index.labels)
+    assert index.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_rows_decode_to_the_image_size_and_training_rows_are_augmented_per_epoch(tmp_path: Path) -> None:
+    _folder(tmp_path / "photos")
+    plan = _plan(
+        tmp_path, 'path = "photos"\neval_fraction = 0.0\n[data.augment]\nflip = true\ncrop_scale = [0.5, 1.0]'
+    )
+    train = load_datasets(plan).train
+    rows = np.arange(len(train))
+    plain = read_rows(train.x, rows)  # no epoch: the centre box
+    assert plain.shape == (9, 8, 8, 3) and plain.dtype == np.float32
+    first, again, later = (read_rows(train.x, rows, epoch) for epoch in (0, 0, 1))
+    assert np.array_equal(first, again) and not np.array_equal(first, later)
+    assert isinstance(train.x, ImageRows) and train.x.read(rows[:2], 0).dtype == np.uint8
+
+
+@pytest.mark.parametrize(
+    ("data", "found"),
+    [
+        ('path = "nowhere"', "data.path: no such folder"),
+        ('path = "empty"', "holds no class folders"),
+        ('path = "photos_with_empty"', "class folder"),
+        ('path = "bad.csv"', "has no column 'label'"),
+        ('path = "photos"\neval_path = "other"', "data.eval_path: class 'wolf'"),
+    ],
+)
+def test_a_bad_folder_or_index_is_one_line_naming_it(tmp_path: Path, data: str, found: str) -> None:
+    _folder(tmp_path / "photos")
+    (tmp_path / "empty").mkdir()
+    _folder(tmp_path / "photos_with_empty")
+    (tmp_path / "photos_with_empty" / "cat").mkdir()
+    (tmp_path / "bad.csv").write_text("path,kind\nphotos/ant/0.jpg,ant\n")
+    _image(tmp_path / "other" / "wolf" / "0.png", 3)
+    with pytest.raises(PlanError) as raised:
+        load_datasets(_plan(tmp_path, data))
+    assert found in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_unreadable_image_and_a_misfit_model_are_named(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "photos")
+    (root / "ant" / "9.jpg").write_bytes(b"not an image at all")
+    plan = _plan(tmp_path, 'path = "photos"')
+    with pytest.raises(PlanError, match=r"data\.path: cannot read image .*ant/9\.jpg"):
+        check_image_files(plan, load_datasets(plan))
+    with pytest.raises(PlanError, match=r"model\.input_shape: images of data\.image_size \[8, 8\]"):
+        load_datasets(_plan(tmp_path, 'path = "photos"', input_shape="[64]"))
+
+
+@pytest.mark.parametrize(
+    ("data", "found"),
+    [
+        ('image_size = [8, 8]\nplacement = "device"', "data: data.placement 'device'"),
+        ('source = "digits"\n[data.augment]\nflip = true', "data.augment transforms images"),
+        ("[data.augment]\ncrop_scale = [0.5, 0.2]", "data.augment.crop_scale: must be [lo, hi]"),
+        ("[data.augment]\ncolor_jitter = [0.4, -1, 0]", "data.augment.color_jitter: must be"),
+        ("", "source 'images' needs data.image_size"),
+    ],
+)
+def test_a_plan_s_image_fields_are_checked_as_it_loads(data: str, found: str) -> None:
+    source = "" if "source" in data else 'source = "images"\npath = "p"\n'
+    text = f'[model]\ninput_shape = [8, 8, 3]\nlayers = [{{ type = "flatten" }}]\n[data]\n{source}{data}'
+    with pytest.raises(PlanError) as raised:
+        structure_plan(tomllib.loads(text), source="plan.toml")
+    assert found in str(raised.value)
+
+
+def test_a_parquet_index_needs_pyarrow_named_by_its_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "index.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(InputError, match=r"needs pyarrow: pip install 'crosstrain\[table\]'"):
+        read_image_index(str(tmp_path / "index.parquet"), "data.path", None)
+
+
+def test_a_parquet_index_lists_the_images(tmp_path: Path) -> None:
+    parquet = pytest.importorskip("pyarrow.parquet")
+    import pyarrow
+
+    root = _folder(tmp_path / "photos")
+    index = read_image_index(str(root), "data.path", None)
+    table = pyarrow.table(
+        {
+            "path": [str(Path(p).relative_to(tmp_path)) for p in index.paths],
+            "label": [Path(p).parent.name for p in index.paths],
+        }
+    )
+    parquet.write_table(table, tmp_path / "index.parquet")
+    listed = read_image_index(str(tmp_path / "index.parquet"), "data.path", None)
+    assert listed.paths == index.paths and np.array_equal(listed.labels, index.labels)
+
+
+def test_batches_read_ahead_give_what_each_read_gives(tmp_path: Path) -> None:
+    _folder(tmp_path / "photos")
+    plan = _plan(tmp_path, 'path = "photos"\neval_fraction = 0.0\n[data.augment]\ncrop_scale = [0.3, 1.0]')
+    rows = load_datasets(plan).train.x
+    assert isinstance(rows, ImageRows)
+    order = [np.array([4, 0, 8]), np.array([1, 2]), np.array([7, 3, 5, 6])]
+    for got, indices in zip(batches(rows, order, epoch=2, ahead=1), order, strict=True):
+        assert np.array_equal(got, rows.read(indices, 2))
+
+
+def test_no_pillow_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as if not installed
+    with pytest.raises(InputError, match=r"needs Pillow: pip install 'crosstrain\[images\]'"):
+        check_image_headers([str(tmp_path / "a.jpg")], "data.path", None)

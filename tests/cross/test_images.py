@@ -1,0 +1,99 @@
+"""An image folder (the digits as 16x16 PNG and JPEG files) trained with augmentation
+through the CLI: the same per-step losses on torch and tf, at world 1 and 2, and after a
+resume mid-epoch; a bad file refused before launch, a damaged one met mid-epoch named with
+its rank; evaluate and predict read the run's classes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crosstrain.core.checkpoint import complete_checkpoints
+from crosstrain.core.data import GlobalSampler, load_datasets
+from crosstrain.core.planfile import load_plan
+from crosstrain.core.sources.images import ImageRows
+from crosstrain.testing.conformance import fail_then_resume
+from crosstrain.testing.launches import RunCache, run_cli, train_refused, write_plan
+from tests.support import step_losses
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+pytestmark = pytest.mark.cross
+
+STEPS = "train.max_steps=30"  # past the end of the first epoch (22 steps): epoch 1's draws too
+
+
+def test_torch_and_tf_train_an_augmented_image_folder_to_the_same_losses(runs: RunCache) -> None:
+    torch_run, tf_run = runs("torch", "image_folder", 1, STEPS), runs("tf", "image_folder", 1, STEPS)
+    torch_losses, tf_losses = step_losses(torch_run), step_losses(tf_run)
+    assert len(torch_losses) == 30
+    assert np.abs(torch_losses - tf_losses).max() <= 1e-4
+    assert json.loads((torch_run / "classes.json").read_text()) == [str(digit) for digit in range(10)]
+
+
+def test_two_processes_each_decoding_their_shard_train_as_one(runs: RunCache) -> None:
+    one, two = runs("torch", "image_folder", 1, STEPS), runs("torch", "image_folder", 2, STEPS)
+    assert np.abs(step_losses(one) - step_losses(two)).max() <= 1e-5
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_same_steps(runs: RunCache, tmp_path: Path) -> None:
+    """Killed at step 8, resumed from step 5's checkpoint, inside the first epoch: every
+    step's crops and flips are drawn again as they were."""
+    uninterrupted = runs("torch", "image_folder", 1, STEPS)
+    resumed = fail_then_resume("torch", write_plan(tmp_path, "image_folder"), tmp_path / "run", 1)
+    losses = step_losses(resumed)
+    assert np.array_equal(losses, step_losses(uninterrupted)[: len(losses)])
+
+
+def test_an_unreadable_image_is_refused_before_launch(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path, "image_folder")
+    (tmp_path / "digits_images" / "3" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    line = train_refused("torch", plan, tmp_path / "run")
+    assert "data.path: cannot read image" in line and "3/broken.jpg" in line
+
+
+def test_a_damaged_image_met_mid_epoch_names_the_file_and_rank(tmp_path: Path) -> None:
+    """A JPEG whose header is sound but whose pixels are cut short: the step that decodes it
+    ends the run (exit 2, the file and the rank named); the checkpoints before it stay."""
+    plan_path = write_plan(tmp_path, "image_folder")
+    damaged, step = _file_read_at_a_later_step(plan_path)
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[: data.index(b"\xff\xda") + 20])  # cut inside the pixels
+    result = run_cli(
+        "-p", "no:progress", "run", str(plan_path), "--backend", "torch", "--device", "cpu",
+        "--out", str(tmp_path / "run"), "--set", "output.checkpoint_every_steps=1",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("crosstrain: error: rank 0 failed") and str(damaged) in last, last
+    assert complete_checkpoints(tmp_path / "run")[-1][0] == step  # every step before it kept
+
+
+def _file_read_at_a_later_step(plan_path: Path) -> tuple[Path, int]:
+    """A JPEG of the training set first read at step 3 or later, and that step."""
+    plan = load_plan(plan_path)
+    train = load_datasets(plan).train
+    rows = train.x.raw if hasattr(train.x, "raw") else train.x
+    assert isinstance(rows, ImageRows)
+    sampler = GlobalSampler(len(train), plan.train.global_batch_size, plan.seed)
+    for step, (indices, _) in enumerate(sampler.epoch(0)):
+        jpegs = [str(rows.paths[row]) for row in indices if str(rows.paths[row]).endswith(".jpg")]
+        if step >= 3 and jpegs:
+            return Path(jpegs[0]), step
+    raise AssertionError("no JPEG read after step 3")
+
+
+def test_evaluate_and_predict_read_the_run_s_images(runs: RunCache, tmp_path: Path) -> None:
+    run = runs("torch", "image_folder", 1, STEPS)
+    evaluated = run_cli("evaluate", str(run), "--backend", "tf", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert json.loads(evaluated.stdout)["eval"]["loss"] == pytest.approx(summary["eval"]["loss"], abs=1e-5)
+    folder = run.parent / "digits_images" / "7"
+    predicted = run_cli("predict", str(run), "--data", str(folder), "--out", str(tmp_path / "logits.npy"))
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert np.load(tmp_path / "logits.npy").shape == (len(list(folder.iterdir())), 10)
