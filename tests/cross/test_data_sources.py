@@ -92,11 +92,11 @@ def test_the_bpe_gpt_example_trains_the_same_on_torch_and_tf(tmp_path: Path) -> 
 def test_window_offsets_are_the_same_on_torch_and_tf_at_any_world_size(runs: RunCache) -> None:
     moved = "data.augment.window_offset=true"
     one, two, mine = (
-        runs("torch", "gpt", 1, moved),
-        runs("torch", "gpt", 2, moved),
-        runs("tf", "gpt", 2, moved),
+        runs("torch", "gpt2_small", 1, moved),
+        runs("torch", "gpt2_small", 2, moved),
+        runs("tf", "gpt2_small", 2, moved),
     )
     assert np.max(np.abs(step_losses(two) - step_losses(one))) <= PARITY
     assert np.max(np.abs(step_losses(mine) - step_losses(two))) <= PARITY
     # the windows did move: the same plan without offsets (the torch suite's run) differs
-    assert np.max(np.abs(step_losses(two) - step_losses(runs("torch", "gpt", 2)))) > 1e-3
+    assert np.max(np.abs(step_losses(two) - step_losses(runs("torch", "gpt2_small", 2)))) > 1e-3

@@ -9,8 +9,8 @@ every check on it (Keras 3 runs its one suite once per backend the same way)::
         backend = "mine"
 
 Each check runs the real ``crosstrain`` CLI in subprocesses, on small plans of every kind
-(:mod:`crosstrain.testing.plans`, and the model zoo's ResNet-50, MobileNetV2 and U-Net scaled
-down: :mod:`crosstrain.testing.zoo`): world N trains like world 1 (batch norm, dropout,
+(:mod:`crosstrain.testing.plans`, and the model zoo's ResNet-50, MobileNetV2, U-Net, ViT-B/16,
+GPT-2 and Llama scaled down: :mod:`crosstrain.testing.zoo`): world N trains like world 1 (batch norm, dropout,
 per-token loss), eval counts every row once, data placed on the device trains bit for bit
 as data gathered on the host, a compiled step and accumulated micro-batches train like
 the plain step, fp64 trains like fp32 in float64, the README's digits example reaches
@@ -66,7 +66,7 @@ from crosstrain.testing.runs import assert_same_eval, max_relative_difference, s
 
 #: the plans trained with their data placed on the device (``data.placement = "device"``):
 #: arrays, token windows, and uint8 rows of a memory-mapped file scaled where the model runs
-PLACED_PLANS = ("dropout_mlp", "gpt", "scaled_images")
+PLACED_PLANS = ("dropout_mlp", "gpt2_small", "scaled_images")
 #: relative per-step loss differences: same backend at another world size, and across frameworks
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4

@@ -15,10 +15,8 @@ import pytest
 from crosstrain.testing.plans import (
     DIGITS_MLP_PLAN,
     DROPOUT_MLP_PLAN,
-    GPT2_PLAN,
     GPT_PLAN,
     IMAGE_FOLDER_PLAN,
-    LLAMA_PLAN,
     MULTILABEL_PLAN,
     RESNET_PLAN,
     SCALED_IMAGES_PLAN,
@@ -36,21 +34,22 @@ PLANS = {
     "dropout_mlp": DROPOUT_MLP_PLAN,
     "resnet": RESNET_PLAN,
     "vision": VISION_PLAN,  # a ResNet's downsampling block and a MobileNetV2's inverted residual
-    "gpt": GPT_PLAN,
     "scaled_images": SCALED_IMAGES_PLAN,  # uint8 npy scaled per channel where the model runs
-    "llama": LLAMA_PLAN,  # rotary grouped-query attention, tied output, decay on kernels only
-    # the model zoo (examples/zoo: ResNet-50, MobileNetV2, U-Net), each run scaled down
+    # the model zoo (examples/zoo), each run scaled down: ResNet-50, MobileNetV2, U-Net;
+    # ViT-B/16 (class token, label smoothing, top-5 accuracy); GPT-2 small (token windows,
+    # dropout, tied output, decay on kernels only); a Llama (RMS norm, SwiGLU, rotary
+    # grouped-query attention without biases)
     **{name: model.text for name, model in ZOO.items()},
 }
 #: the ``--set`` settings every run of a plan starts with: the zoo's small versions
 PLAN_SETTINGS: dict[str, tuple[str, ...]] = {name: model.small for name, model in ZOO.items()}
 #: the shipped examples every backend trains whole
 EXAMPLE_PLANS = {"digits_mlp": DIGITS_MLP_PLAN}
-#: plans of one feature each, trained only by the tests that name them (not every backend's
-#: conformance suite): GPT-2's tied output, binary cross-entropy, a table of text and numbers,
-#: an image folder with augmentation
+#: plans trained only by the tests that name them (not every backend's conformance suite):
+#: binary cross-entropy, a table of text and numbers, an image folder with augmentation, a GPT
+#: decoder (the GPU tests'; the zoo's GPT-2 small has every layer it has)
 FEATURE_PLANS = {
-    "gpt2": GPT2_PLAN,
+    "gpt": GPT_PLAN,
     "multilabel": MULTILABEL_PLAN,
     "table": TABLE_PLAN,
     "image_folder": IMAGE_FOLDER_PLAN,
