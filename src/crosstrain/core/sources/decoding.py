@@ -1,0 +1,428 @@
+"""Decoding image rows: :func:`decode_image` (one file to one uint8 row) and the pool of
+worker processes that runs it for a training process.
+
+Why processes: Pillow holds the GIL for much of a row's work (opening, ``draft``,
+``convert``, the conversion to numpy, the augmentation's numpy steps), so a pool of threads
+decodes at about one core's rate however many cores there are (docs/data.md has the
+measurement). Each worker is a fresh interpreter (``sys.executable -c``, never a fork: the
+parent may hold CUDA or TensorFlow state) that imports numpy, Pillow and crosstrain's core
+only — not ``multiprocessing``'s spawn, which would import the parent's ``__main__`` module
+(a backend's, with its framework) in every worker.
+
+How a batch travels: the pool keeps a ring of shared-memory buffers (one per batch in
+flight, grown when a batch is bigger). A batch's rows are cut into one contiguous chunk per
+worker; each worker gets one message (the chunk's files, draws, buffer and first row) and
+decodes straight into the buffer, then answers with one small message. The parent copies the
+finished batch into the caller's array (a backend's pinned buffer) and frees the buffer.
+
+Failures are one line: a file that does not decode is an :class:`InputError` naming it (the
+worker goes on); a worker that dies fails every batch in flight with an InputError naming the
+worker and the file it was decoding, and the pool is started afresh on the next read.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+from concurrent.futures import Future
+from multiprocessing.connection import Connection, wait
+from multiprocessing.shared_memory import SharedMemory
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from crosstrain.core.augment import (
+    Augmentation,
+    centre_box,
+    color_jitter,
+    crop_boxes,
+    flips,
+    jitter_factors,
+    pad_crop,
+    pad_offsets,
+)
+from crosstrain.core.errors import InputError
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+IMAGES_EXTRA = "pip install 'crosstrain[images]'"
+#: the variable that sets the workers per training process (the old name still works)
+WORKERS_VARIABLES = ("CROSSTRAIN_DECODE_WORKERS", "CROSSTRAIN_DECODE_THREADS")
+#: what a worker runs: its task and result pipes' descriptors follow on the command line
+_WORKER_CODE = (
+    "import sys; from crosstrain.core.sources.decoding import serve; serve(*map(int, sys.argv[1:]))"
+)
+#: how long a stopping worker may take before it is killed
+_STOP_SECONDS = 5.0
+#: POSIX shared memory's folder on Linux (a worker maps a buffer from it untracked: the
+#: parent owns and unlinks every buffer)
+_SHM_FOLDER = "/dev/shm"
+
+
+def pillow() -> Any:
+    """Pillow's Image module, or one line naming the extra that brings it."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise InputError(f"data.source = 'images' needs Pillow: {IMAGES_EXTRA}") from None
+    return Image
+
+
+# --------------------------------------------------------------------------- one row
+
+
+def decode_image(
+    path: str, size: tuple[int, int], augmentation: Augmentation | None, draws: np.ndarray | None
+) -> np.ndarray:
+    """One file as uint8 ``(h, w, 3)``: boxed, resized, padded-cropped and flipped as
+    ``augmentation`` and this row's ``draws`` say (None: the centre box only)."""
+    image = pillow()
+    out_h, out_w = size
+    with image.open(path) as opened:
+        width, height = opened.size
+        if augmentation is not None and augmentation.crop_scale is not None and draws is not None:
+            box = tuple(
+                int(v)
+                for v in crop_boxes(draws[None], np.array([[height, width]]), augmentation.crop_scale)[0]
+            )
+        else:
+            box = centre_box(height, width, out_h, out_w)
+        top, left, box_h, box_w = box
+        decoded = _draft(opened, (width, height), box_h, box_w, size)
+        scale_x, scale_y = decoded.size[0] / width, decoded.size[1] / height
+        resized = decoded.convert("RGB").resize(
+            (out_w, out_h),
+            image.Resampling.BILINEAR,
+            box=(left * scale_x, top * scale_y, (left + box_w) * scale_x, (top + box_h) * scale_y),
+        )
+        pixels = np.asarray(resized, np.uint8)
+    if augmentation is not None and draws is not None:
+        if augmentation.pad_crop:
+            pixels = pad_crop(
+                pixels, augmentation.pad_crop, pad_offsets(draws[None], augmentation.pad_crop)[0]
+            )
+        if augmentation.flip and flips(draws[None])[0]:
+            pixels = pixels[:, ::-1]
+        if augmentation.color_jitter is not None and any(augmentation.color_jitter):
+            pixels = color_jitter(pixels, jitter_factors(draws[None], augmentation.color_jitter)[0])
+    return pixels
+
+
+def _draft(
+    opened: Image.Image, full: tuple[int, int], box_h: int, box_w: int, size: tuple[int, int]
+) -> Image.Image:
+    """A JPEG set to decode at the smallest of its DCT scales (1/1, 1/2, 1/4, 1/8) at which
+    the box still has the output's pixels; other formats as they are."""
+    if opened.format == "JPEG":
+        width, height = full
+        needed = (-(-width * size[1] // box_w), -(-height * size[0] // box_h))
+        opened.draft("RGB", needed)
+    return opened
+
+
+def decode_rows(
+    paths: list[str],
+    size: tuple[int, int],
+    augmentation: Augmentation | None,
+    draws: np.ndarray | None,
+    out: np.ndarray,
+) -> str | None:
+    """``out[k]`` = row k of ``paths`` decoded; the first file that does not decode stops
+    the chunk and is named in the line returned (None when every row decoded)."""
+    for k, path in enumerate(paths):
+        try:
+            out[k] = decode_image(path, size, augmentation, None if draws is None else draws[k])
+        except (OSError, ValueError, SyntaxError) as error:
+            return f"cannot decode image {path}: {error}"
+    return None
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+@attrs.frozen
+class Chunk:
+    """One worker's contiguous rows of one batch: the one message a worker gets per batch."""
+
+    job: int
+    slot: int
+    buffer: str  # the shared memory's name
+    capacity: int  # its bytes
+    first: int  # the chunk's first row in the batch
+    paths: list[str]
+    size: tuple[int, int]
+    augmentation: Augmentation | None
+    draws: np.ndarray | None
+
+
+def serve(task_fd: int, result_fd: int) -> None:
+    """A worker's loop: decode each chunk into its buffer and answer ``(job, error)``, until
+    the parent closes the task pipe (or goes away)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    tasks, results = Connection(task_fd, writable=False), Connection(result_fd, readable=False)
+    mapped: dict[int, tuple[str, mmap.mmap]] = {}
+    while True:
+        try:
+            chunk: Chunk = tasks.recv()
+        except EOFError:
+            return
+        buffer = _map(mapped, chunk)
+        row_shape = (*chunk.size, 3)
+        rows = np.ndarray((chunk.capacity // int(np.prod(row_shape)), *row_shape), np.uint8, buffer)
+        target = rows[chunk.first : chunk.first + len(chunk.paths)]
+        error = decode_rows(chunk.paths, chunk.size, chunk.augmentation, chunk.draws, target)
+        del rows, target
+        results.send((chunk.job, error))
+
+
+def _map(mapped: dict[int, tuple[str, mmap.mmap]], chunk: Chunk) -> mmap.mmap:
+    """The chunk's buffer, mapped once per ring slot (again when the slot was regrown)."""
+    known = mapped.get(chunk.slot)
+    if known is not None and known[0] == chunk.buffer:
+        return known[1]
+    if known is not None:
+        known[1].close()
+    with open(os.path.join(_SHM_FOLDER, chunk.buffer), "r+b") as handle:
+        buffer = mmap.mmap(handle.fileno(), chunk.capacity)
+    mapped[chunk.slot] = (chunk.buffer, buffer)
+    return buffer
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+@attrs.define(eq=False)
+class _Worker:
+    number: int
+    process: subprocess.Popen[bytes]
+    tasks: Connection
+    results: Connection
+    #: (job, first file) of each chunk sent and not yet answered, oldest first
+    sent: collections.deque[tuple[int, str]] = attrs.field(factory=collections.deque)
+
+    @classmethod
+    def start(cls, number: int) -> _Worker:
+        task_read, task_write = os.pipe()
+        result_read, result_write = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in sys.path if path))
+        process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CODE, str(task_read), str(result_write)],
+            pass_fds=(task_read, result_write),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(task_read)
+        os.close(result_write)
+        return cls(
+            number, process, Connection(task_write, readable=False), Connection(result_read, writable=False)
+        )
+
+    def describe_death(self) -> str:
+        code = self.process.wait()
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        doing = f" while decoding {self.sent[0][1]}" if self.sent else ""
+        return f"image decoding worker {self.number} (pid {self.process.pid}) died ({how}){doing}"
+
+
+@attrs.define(eq=False)
+class _Slot:
+    """One ring buffer: a batch's rows in shared memory."""
+
+    number: int
+    memory: SharedMemory
+
+    def rows(self, count: int, size: tuple[int, int]) -> np.ndarray:
+        return np.ndarray((count, *size, 3), np.uint8, self.memory.buf)
+
+
+@attrs.define(eq=False)
+class _Job:
+    slot: _Slot
+    count: int
+    size: tuple[int, int]
+    waiting: int  # chunks not yet answered
+    future: Future[None] = attrs.field(factory=Future)
+    error: str | None = None
+
+
+class DecodePool:
+    """Worker processes decoding batches into a ring of shared-memory buffers."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = [_Worker.start(number) for number in range(workers)]
+        #: why the pool stopped (a worker died); ``reported`` once a read has raised it
+        self.broken: str | None = None
+        self.reported = False
+        self._slots: list[_Slot] = []
+        self._free: list[_Slot] = []
+        self._jobs: dict[int, _Job] = {}
+        self._job_numbers = itertools.count()
+        self._state = threading.Lock()  # jobs and slots; never held while a pipe is used
+        self._sending = threading.Lock()  # one batch's chunks sent together
+        self._closing = threading.Event()
+        self._finalizer = weakref.finalize(self, _stop, self.workers, self._slots, self._closing)
+        self._collector = threading.Thread(
+            target=self._collect, name="crosstrain-decode-results", daemon=True
+        )
+        self._collector.start()
+
+    def submit(
+        self,
+        paths: list[str],
+        size: tuple[int, int],
+        augmentation: Augmentation | None,
+        draws: np.ndarray | None,
+    ) -> Reading:
+        """Start decoding ``paths`` (one contiguous chunk per worker); the rows when read."""
+        chunks = [chunk for chunk in np.array_split(np.arange(len(paths)), len(self.workers)) if len(chunk)]
+        with self._state:
+            if self.broken is not None:
+                self.reported = True
+                raise InputError(self.broken)
+            slot = self._take_slot(len(paths) * size[0] * size[1] * 3)
+            number = next(self._job_numbers)
+            job = _Job(slot, len(paths), size, len(chunks))
+            self._jobs[number] = job
+        if not chunks:  # no rows: nothing to wait for
+            del self._jobs[number]
+            job.future.set_result(None)
+        with self._sending:
+            for worker, rows in zip(self.workers, chunks, strict=False):
+                first, last = int(rows[0]), int(rows[-1]) + 1
+                chunk = Chunk(
+                    number, slot.number, slot.memory.name, slot.memory.size, first, paths[first:last], size,
+                    augmentation, None if draws is None else draws[first:last],
+                )  # fmt: skip
+                worker.sent.append((number, paths[first]))
+                try:
+                    worker.tasks.send(chunk)
+                except OSError:  # the worker is gone: the collector fails the job
+                    break
+        return Reading(self, job)
+
+    def release(self, slot: _Slot) -> None:
+        with self._state:
+            self._free.append(slot)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _take_slot(self, size: int) -> _Slot:
+        """A free ring buffer of at least ``size`` bytes (a new one when all are in flight)."""
+        slot = self._free.pop() if self._free else None
+        if slot is not None and slot.memory.size >= size:
+            return slot
+        if slot is None:
+            slot = _Slot(len(self._slots), _shared_memory(size))
+            self._slots.append(slot)
+            return slot
+        slot.memory.close()
+        slot.memory.unlink()
+        slot.memory = _shared_memory(size)
+        return slot
+
+    def _collect(self) -> None:
+        """Answers from the workers, until the pool closes; a worker's end fails the pool."""
+        by_pipe = {worker.results: worker for worker in self.workers}
+        try:
+            while not self._closing.is_set():
+                for ready in wait(list(by_pipe)):
+                    worker = by_pipe[ready]  # type: ignore[index]
+                    try:
+                        number, error = worker.results.recv()
+                    except (EOFError, OSError):
+                        if not self._closing.is_set():
+                            self._fail(worker.describe_death())
+                        return
+                    worker.sent.popleft()
+                    self._answered(number, error)
+        except Exception as error:  # never leave a reader waiting
+            self._fail(f"image decoding failed: {error}")
+        finally:
+            for pipe in by_pipe:
+                pipe.close()
+
+    def _answered(self, number: int, error: str | None) -> None:
+        with self._state:
+            job = self._jobs[number]
+            job.waiting -= 1
+            job.error = job.error or error
+            if job.waiting:
+                return
+            del self._jobs[number]
+            if job.error is not None:
+                self._free.append(job.slot)
+        if job.error is not None:
+            job.future.set_exception(InputError(job.error))
+        else:
+            job.future.set_result(None)
+
+    def _fail(self, message: str) -> None:
+        """A worker died: every batch in flight fails with ``message``; the workers stop."""
+        with self._state:
+            self.broken = message
+            failed, self._jobs = list(self._jobs.values()), {}
+            self.reported = bool(failed)
+        self.close()
+        for job in failed:
+            job.future.set_exception(InputError(message))
+
+
+@attrs.define(eq=False)
+class Reading:
+    """A batch being decoded; :meth:`result` copies its rows out and frees the buffer."""
+
+    pool: DecodePool
+    job: _Job
+
+    def result(self, out: np.ndarray | None = None) -> np.ndarray:
+        self.job.future.result()  # an InputError naming the file, or the worker
+        # a view held only here: the buffer can be closed or regrown once it is freed
+        rows = self.job.slot.rows(self.job.count, self.job.size)
+        try:
+            if out is None:
+                return rows.copy()
+            np.copyto(out, rows)
+            return out
+        finally:
+            del rows
+            self.pool.release(self.job.slot)
+
+    def discard(self) -> None:
+        """Wait for the batch and free its buffer, its rows unread (errors dropped too)."""
+        if self.job.future.exception() is None:
+            self.pool.release(self.job.slot)
+
+
+def _shared_memory(size: int) -> SharedMemory:
+    try:
+        return SharedMemory(create=True, size=max(size, 1))
+    except OSError as error:
+        raise InputError(
+            f"cannot make a {size}-byte shared-memory buffer for image decoding: {error}"
+        ) from None
+
+
+def _stop(workers: list[_Worker], slots: list[_Slot], closing: threading.Event) -> None:
+    """Close the task pipes (each worker ends at EOF), wait, kill a straggler, free the ring."""
+    closing.set()
+    for worker in workers:
+        worker.tasks.close()
+    for worker in workers:
+        try:
+            worker.process.wait(_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait()
+    for slot in slots:
+        slot.memory.close()
+        slot.memory.unlink()
