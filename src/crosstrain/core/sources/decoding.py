@@ -206,8 +206,8 @@ class _Worker:
     process: subprocess.Popen[bytes]
     tasks: Connection
     results: Connection
-    #: (job, first file) of each chunk sent and not yet answered, oldest first
-    sent: collections.deque[tuple[int, str]] = attrs.field(factory=collections.deque)
+    #: (job, files) of each chunk sent and not yet answered, oldest first
+    sent: collections.deque[tuple[int, list[str]]] = attrs.field(factory=collections.deque)
 
     @classmethod
     def start(cls, number: int) -> _Worker:
@@ -229,7 +229,8 @@ class _Worker:
     def describe_death(self) -> str:
         code = self.process.wait()
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        doing = f" while decoding {self.sent[0][1]}" if self.sent else ""
+        files = self.sent[0][1] if self.sent else []
+        doing = f" while decoding {len(files)} files, the first {files[0]}" if files else ""
         return f"image decoding worker {self.number} (pid {self.process.pid}) died ({how}){doing}"
 
 
@@ -302,7 +303,7 @@ class DecodePool:
                     number, slot.number, slot.memory.name, slot.memory.size, first, paths[first:last], size,
                     augmentation, None if draws is None else draws[first:last],
                 )  # fmt: skip
-                worker.sent.append((number, paths[first]))
+                worker.sent.append((number, chunk.paths))
                 try:
                     worker.tasks.send(chunk)
                 except OSError:  # the worker is gone: the collector fails the job
@@ -372,6 +373,8 @@ class DecodePool:
             self.broken = message
             failed, self._jobs = list(self._jobs.values()), {}
             self.reported = bool(failed)
+        for worker in self.workers:  # their rows would be thrown away: no waiting for them
+            worker.process.kill()
         self.close()
         for job in failed:
             job.future.set_exception(InputError(message))
