@@ -23,6 +23,7 @@ worker and the file it was decoding, and the pool is started afresh on the next 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import mmap
 import os
@@ -206,8 +207,8 @@ class _Worker:
     process: subprocess.Popen[bytes]
     tasks: Connection
     results: Connection
-    #: (job, files) of each chunk sent and not yet answered, oldest first
-    sent: collections.deque[tuple[int, list[str]]] = attrs.field(factory=collections.deque)
+    #: each chunk sent and not yet answered, oldest first
+    sent: collections.deque[Chunk] = attrs.field(factory=collections.deque)
 
     @classmethod
     def start(cls, number: int) -> _Worker:
@@ -229,7 +230,7 @@ class _Worker:
     def describe_death(self) -> str:
         code = self.process.wait()
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        files = self.sent[0][1] if self.sent else []
+        files = self.sent[0].paths if self.sent else []
         doing = f" while decoding {len(files)} files, the first {files[0]}" if files else ""
         return f"image decoding worker {self.number} (pid {self.process.pid}) died ({how}){doing}"
 
@@ -248,8 +249,7 @@ class _Slot:
 @attrs.define(eq=False)
 class _Job:
     slot: _Slot
-    count: int
-    size: tuple[int, int]
+    out: np.ndarray  # where the rows go, chunk by chunk as each is answered
     waiting: int  # chunks not yet answered
     future: Future[None] = attrs.field(factory=Future)
     error: str | None = None
@@ -282,20 +282,27 @@ class DecodePool:
         size: tuple[int, int],
         augmentation: Augmentation | None,
         draws: np.ndarray | None,
+        out: np.ndarray,
     ) -> Reading:
-        """Start decoding ``paths`` (one contiguous chunk per worker); the rows when read."""
+        """Start decoding ``paths`` (one contiguous chunk per worker) into ``out``: each
+        chunk is copied there from shared memory as soon as its worker answers, so only the
+        last chunk's copy is left when the batch is done."""
+        shape = (len(paths), *size, 3)
+        if out.shape != shape or out.dtype != np.uint8:
+            raise ValueError(f"decoded rows go into uint8 {shape}, not {out.dtype} {out.shape}")
         chunks = [chunk for chunk in np.array_split(np.arange(len(paths)), len(self.workers)) if len(chunk)]
         with self._state:
             if self.broken is not None:
                 self.reported = True
                 raise InputError(self.broken)
-            slot = self._take_slot(len(paths) * size[0] * size[1] * 3)
+            slot = self._take_slot(out.nbytes)
             number = next(self._job_numbers)
-            job = _Job(slot, len(paths), size, len(chunks))
-            self._jobs[number] = job
-        if not chunks:  # no rows: nothing to wait for
-            del self._jobs[number]
-            job.future.set_result(None)
+            job = _Job(slot, out, len(chunks))
+            if chunks:
+                self._jobs[number] = job
+            else:  # no rows: nothing to wait for
+                self._free.append(slot)
+                job.future.set_result(None)
         with self._sending:
             for worker, rows in zip(self.workers, chunks, strict=False):
                 first, last = int(rows[0]), int(rows[-1]) + 1
@@ -303,16 +310,12 @@ class DecodePool:
                     number, slot.number, slot.memory.name, slot.memory.size, first, paths[first:last], size,
                     augmentation, None if draws is None else draws[first:last],
                 )  # fmt: skip
-                worker.sent.append((number, chunk.paths))
+                worker.sent.append(chunk)
                 try:
                     worker.tasks.send(chunk)
                 except OSError:  # the worker is gone: the collector fails the job
                     break
-        return Reading(self, job)
-
-    def release(self, slot: _Slot) -> None:
-        with self._state:
-            self._free.append(slot)
+        return Reading(job)
 
     def close(self) -> None:
         self._finalizer()
@@ -344,24 +347,33 @@ class DecodePool:
                         if not self._closing.is_set():
                             self._fail(worker.describe_death())
                         return
-                    worker.sent.popleft()
-                    self._answered(number, error)
+                    chunk = worker.sent.popleft()
+                    if number != chunk.job:  # a worker answers its chunks in order
+                        raise RuntimeError(f"worker {worker.number} answered batch {number}, not {chunk.job}")
+                    self._answered(chunk, error)
         except Exception as error:  # never leave a reader waiting
             self._fail(f"image decoding failed: {error}")
         finally:
             for pipe in by_pipe:
                 pipe.close()
 
-    def _answered(self, number: int, error: str | None) -> None:
+    def _answered(self, chunk: Chunk, error: str | None) -> None:
+        """A chunk is done: its rows copied out (the GIL released meanwhile); the last one
+        frees the buffer and ends the batch."""
         with self._state:
-            job = self._jobs[number]
+            job = self._jobs[chunk.job]
+        if error is None:
+            rows = slice(chunk.first, chunk.first + len(chunk.paths))
+            view = job.slot.rows(rows.stop, chunk.size)
+            np.copyto(job.out[rows], view[rows])
+            del view  # held only here: the buffer can be regrown or closed once freed
+        with self._state:
             job.waiting -= 1
             job.error = job.error or error
             if job.waiting:
                 return
-            del self._jobs[number]
-            if job.error is not None:
-                self._free.append(job.slot)
+            del self._jobs[chunk.job]
+            self._free.append(job.slot)
         if job.error is not None:
             job.future.set_exception(InputError(job.error))
         else:
@@ -382,28 +394,18 @@ class DecodePool:
 
 @attrs.define(eq=False)
 class Reading:
-    """A batch being decoded; :meth:`result` copies its rows out and frees the buffer."""
+    """A batch being decoded into its ``out``."""
 
-    pool: DecodePool
     job: _Job
 
-    def result(self, out: np.ndarray | None = None) -> np.ndarray:
-        self.job.future.result()  # an InputError naming the file, or the worker
-        # a view held only here: the buffer can be closed or regrown once it is freed
-        rows = self.job.slot.rows(self.job.count, self.job.size)
-        try:
-            if out is None:
-                return rows.copy()
-            np.copyto(out, rows)
-            return out
-        finally:
-            del rows
-            self.pool.release(self.job.slot)
+    def result(self) -> np.ndarray:
+        """The rows, once every chunk is in (an InputError naming the file, or the worker)."""
+        self.job.future.result()
+        return self.job.out
 
     def discard(self) -> None:
-        """Wait for the batch and free its buffer, its rows unread (errors dropped too)."""
-        if self.job.future.exception() is None:
-            self.pool.release(self.job.slot)
+        """Wait for the batch, its rows unread (errors dropped too)."""
+        self.job.future.exception()
 
 
 def _shared_memory(size: int) -> SharedMemory:
@@ -427,5 +429,6 @@ def _stop(workers: list[_Worker], slots: list[_Slot], closing: threading.Event) 
             worker.process.kill()
             worker.process.wait()
     for slot in slots:
-        slot.memory.close()
+        with contextlib.suppress(BufferError):  # a copy out was cut short: the unlink frees it
+            slot.memory.close()
         slot.memory.unlink()

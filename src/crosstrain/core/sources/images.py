@@ -278,19 +278,23 @@ class ImageRows:
         """uint8 [len(indices), h, w, 3]: rows ``indices`` decoded by the pool's workers
         (copied into ``out`` when given: a backend's pinned buffer); augmented as drawn for
         ``epoch`` when given (and this is a training set)."""
-        return self.start_read(indices, epoch).result(out)
+        return self.start_read(indices, epoch, out).result()
 
-    def start_read(self, indices: np.ndarray, epoch: int | None = None) -> Reading:
+    def start_read(
+        self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
+    ) -> Reading:
         """Start decoding rows ``indices``: :meth:`read` without waiting (several batches
         can be in flight: :func:`batches`)."""
         indices = np.asarray(indices, np.int64)
+        if out is None:
+            out = np.empty((len(indices), *self.image_size, 3), np.uint8)
         augmentation = self.augmentation if epoch is not None else None
         draws = None
         if augmentation is not None and augmentation.transforms_images:
             assert epoch is not None
             draws = uniforms(self.seed, epoch, indices)
         paths = [str(path) for path in self.paths[indices]]
-        return decode_pool().submit(paths, self.image_size, augmentation, draws)
+        return decode_pool().submit(paths, self.image_size, augmentation, draws, out)
 
 
 def batches(
