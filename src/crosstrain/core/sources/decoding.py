@@ -10,10 +10,13 @@ only — not ``multiprocessing``'s spawn, which would import the parent's ``__ma
 (a backend's, with its framework) in every worker.
 
 How a batch travels: the pool keeps a ring of shared-memory buffers (one per batch in
-flight, grown when a batch is bigger). A batch's rows are cut into one contiguous chunk per
-worker; each worker gets one message (the chunk's files, draws, buffer and first row) and
-decodes straight into the buffer, then answers with one small message. The parent copies the
-finished batch into the caller's array (a backend's pinned buffer) and frees the buffer.
+flight, grown when a batch is bigger). A batch's rows are cut into a few contiguous chunks per
+worker (``CHUNKS_PER_WORKER``: a handful of messages a batch, not one a row), dealt to the
+workers as they free up (each holds at most ``CHUNKS_AHEAD``), so a worker whose core is busy
+with other work takes fewer and the batch does not wait on it. A chunk's message carries its
+files, their draws, the buffer and its first row; the worker decodes straight into the buffer
+and answers with one small message, and the parent copies that chunk into the caller's array
+(a backend's pinned buffer) at once. No pixel is pickled.
 
 Failures are one line: a file that does not decode is an :class:`InputError` naming it (the
 worker goes on); a worker that dies fails every batch in flight with an InputError naming the
@@ -62,6 +65,10 @@ WORKERS_VARIABLES = ("CROSSTRAIN_DECODE_WORKERS", "CROSSTRAIN_DECODE_THREADS")
 _WORKER_CODE = (
     "import sys; from crosstrain.core.sources.decoding import serve; serve(*map(int, sys.argv[1:]))"
 )
+#: a batch is cut into this many chunks per worker (a few messages, not one a row), and a
+#: worker holds at most ``CHUNKS_AHEAD`` of them: chunks go to whichever workers free up
+CHUNKS_PER_WORKER = 2
+CHUNKS_AHEAD = 2
 #: how long a stopping worker may take before it is killed
 _STOP_SECONDS = 5.0
 #: POSIX shared memory's folder on Linux (a worker maps a buffer from it untracked: the
@@ -268,7 +275,8 @@ class DecodePool:
         self._jobs: dict[int, _Job] = {}
         self._job_numbers = itertools.count()
         self._state = threading.Lock()  # jobs and slots; never held while a pipe is used
-        self._sending = threading.Lock()  # one batch's chunks sent together
+        self._sending = threading.Lock()  # the chunks waiting, and the task pipes
+        self._waiting: collections.deque[Chunk] = collections.deque()
         self._closing = threading.Event()
         self._finalizer = weakref.finalize(self, _stop, self.workers, self._slots, self._closing)
         self._collector = threading.Thread(
@@ -284,38 +292,57 @@ class DecodePool:
         draws: np.ndarray | None,
         out: np.ndarray,
     ) -> Reading:
-        """Start decoding ``paths`` (one contiguous chunk per worker) into ``out``: each
-        chunk is copied there from shared memory as soon as its worker answers, so only the
-        last chunk's copy is left when the batch is done."""
+        """Start decoding ``paths`` into ``out``, in contiguous chunks dealt to the workers
+        as they free up; each chunk is copied into ``out`` as soon as its worker answers, so
+        only the last chunk's copy is left when the batch is done."""
         shape = (len(paths), *size, 3)
         if out.shape != shape or out.dtype != np.uint8:
             raise ValueError(f"decoded rows go into uint8 {shape}, not {out.dtype} {out.shape}")
-        chunks = [chunk for chunk in np.array_split(np.arange(len(paths)), len(self.workers)) if len(chunk)]
+        pieces = min(len(paths), len(self.workers) * CHUNKS_PER_WORKER)
+        cuts = [rows for rows in np.array_split(np.arange(len(paths)), pieces) if len(rows)] if pieces else []
         with self._state:
             if self.broken is not None:
                 self.reported = True
                 raise InputError(self.broken)
             slot = self._take_slot(out.nbytes)
             number = next(self._job_numbers)
-            job = _Job(slot, out, len(chunks))
-            if chunks:
+            job = _Job(slot, out, len(cuts))
+            if cuts:
                 self._jobs[number] = job
             else:  # no rows: nothing to wait for
                 self._free.append(slot)
                 job.future.set_result(None)
+        chunks = [
+            Chunk(
+                number, slot.number, slot.memory.name, slot.memory.size, int(rows[0]),
+                paths[rows[0] : rows[-1] + 1], size, augmentation,
+                None if draws is None else draws[rows[0] : rows[-1] + 1],
+            )
+            for rows in cuts
+        ]  # fmt: skip
         with self._sending:
-            for worker, rows in zip(self.workers, chunks, strict=False):
-                first, last = int(rows[0]), int(rows[-1]) + 1
-                chunk = Chunk(
-                    number, slot.number, slot.memory.name, slot.memory.size, first, paths[first:last], size,
-                    augmentation, None if draws is None else draws[first:last],
-                )  # fmt: skip
-                worker.sent.append(chunk)
-                try:
-                    worker.tasks.send(chunk)
-                except OSError:  # the worker is gone: the collector fails the job
-                    break
+            self._waiting.extend(chunks)
+        self._deal()
         return Reading(job)
+
+    def _deal(self) -> None:
+        """Send waiting chunks, in turn, to each worker with fewer than ``CHUNKS_AHEAD``
+        chunks in hand: a worker that is slow (its core busy with other work) takes fewer,
+        so a batch does not wait on it."""
+        with self._sending:
+            while self._waiting:
+                ready = [worker for worker in self.workers if len(worker.sent) < CHUNKS_AHEAD]
+                if not ready:
+                    return
+                for worker in ready:
+                    if not self._waiting:
+                        return
+                    chunk = self._waiting.popleft()
+                    worker.sent.append(chunk)
+                    try:
+                        worker.tasks.send(chunk)
+                    except OSError:  # the worker is gone: the collector fails the pool
+                        return
 
     def close(self) -> None:
         self._finalizer()
@@ -351,6 +378,7 @@ class DecodePool:
                     if number != chunk.job:  # a worker answers its chunks in order
                         raise RuntimeError(f"worker {worker.number} answered batch {number}, not {chunk.job}")
                     self._answered(chunk, error)
+                    self._deal()
         except Exception as error:  # never leave a reader waiting
             self._fail(f"image decoding failed: {error}")
         finally:
@@ -385,6 +413,8 @@ class DecodePool:
             self.broken = message
             failed, self._jobs = list(self._jobs.values()), {}
             self.reported = bool(failed)
+        with self._sending:
+            self._waiting.clear()
         for worker in self.workers:  # their rows would be thrown away: no waiting for them
             worker.process.kill()
         self.close()
