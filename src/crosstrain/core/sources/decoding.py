@@ -439,6 +439,15 @@ class Reading:
 
 
 def _shared_memory(size: int) -> SharedMemory:
+    """A new ring buffer. Its pages are taken only as the workers write them, so a
+    ``/dev/shm`` too small for it would kill a worker (SIGBUS) mid-batch: checked first."""
+    if os.path.isdir(_SHM_FOLDER):
+        stats = os.statvfs(_SHM_FOLDER)
+        if stats.f_bavail * stats.f_frsize < size:
+            raise InputError(
+                f"{_SHM_FOLDER} has {stats.f_bavail * stats.f_frsize} bytes free; image decoding needs "
+                f"{size} for a batch (a container's shared memory: docker run --shm-size=2g)"
+            )
     try:
         return SharedMemory(create=True, size=max(size, 1))
     except OSError as error:
