@@ -20,7 +20,7 @@ and answers with one small message, and the parent copies that chunk into the ca
 
 Failures are one line: a file that does not decode is an :class:`InputError` naming it (the
 worker goes on); a worker that dies fails every batch in flight with an InputError naming the
-worker and the file it was decoding, and the pool is started afresh on the next read.
+worker and the files it was decoding; a later read starts a fresh pool.
 """
 
 from __future__ import annotations
