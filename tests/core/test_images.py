@@ -4,6 +4,9 @@ reference, the folder and index loaders, and each bad input's one line."""
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -13,12 +16,27 @@ import pytest
 from PIL import Image
 
 from crosstrain.core.admission import check_image_files
-from crosstrain.core.augment import color_jitter, crop_boxes, flips, jitter_factors, pad_offsets, uniforms
+from crosstrain.core.augment import (
+    Augmentation,
+    color_jitter,
+    crop_boxes,
+    flips,
+    jitter_factors,
+    pad_offsets,
+    uniforms,
+)
 from crosstrain.core.convert import structure_plan
 from crosstrain.core.data import load_datasets, read_rows
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.plan import Plan
-from crosstrain.core.sources.images import ImageRows, batches, check_image_headers, read_image_index
+from crosstrain.core.sources import images
+from crosstrain.core.sources.images import (
+    ImageRows,
+    batches,
+    check_image_headers,
+    decode_image,
+    read_image_index,
+)
 
 # --------------------------------------------------------------------------- the draws, by hand
 
@@ -262,3 +280,96 @@ def test_no_pillow_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "PIL", None)  # as if not installed
     with pytest.raises(InputError, match=r"needs Pillow: pip install 'crosstrain\[images\]'"):
         check_image_headers([str(tmp_path / "a.jpg")], "data.path", None)
+
+
+# --------------------------------------------------------------------------- the decoding workers
+
+
+@pytest.fixture
+def two_workers(monkeypatch: pytest.MonkeyPatch):
+    """A fresh pool of two decoding worker processes (closed after the test)."""
+    monkeypatch.setenv("CROSSTRAIN_DECODE_WORKERS", "2")
+    monkeypatch.setattr(images, "_POOL", None)
+    yield
+    if images._POOL is not None:
+        images._POOL.close()
+
+
+def _photographs(root: Path, count: int) -> np.ndarray:
+    """JPEGs of a few sizes (wider and taller than the output), with detail a resize shows."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for k in range(count):
+        height, width = (45 + 7 * (k % 4), 60 - 5 * (k % 3))
+        smooth = np.cumsum(rng.integers(-9, 10, (height, width, 3)), axis=1) % 256
+        paths.append(root / f"{k}.jpg")
+        Image.fromarray(smooth.astype(np.uint8)).save(paths[-1], quality=90)
+    return np.asarray([str(path) for path in paths])
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_processes_give_the_rows_decode_image_gives_bit_for_bit(
+    tmp_path: Path, two_workers
+) -> None:
+    """An augmented batch (crop, flip, padded crop, jitter) cut between two workers equals
+    ``decode_image`` called row by row here, read into a caller's buffer or not, and read
+    ahead several batches at a time."""
+    augmentation = Augmentation(flip=True, crop_scale=(0.2, 1.0), pad_crop=2, color_jitter=(0.4, 0.4, 0.4))
+    rows = ImageRows(_photographs(tmp_path, 13), (16, 24), augmentation, seed=5)
+    indices = np.array([12, 3, 7, 0, 9, 1, 11, 4, 2])
+    draws = uniforms(5, 3, indices)
+    expected = np.stack(
+        [decode_image(rows.paths[row], (16, 24), augmentation, draws[k]) for k, row in enumerate(indices)]
+    )
+    assert np.array_equal(rows.read(indices, 3), expected)
+    buffer = np.zeros_like(expected)
+    assert rows.read(indices, 3, out=buffer) is buffer and np.array_equal(buffer, expected)
+    plain = np.stack([decode_image(rows.paths[row], (16, 24), None, None) for row in indices])
+    assert np.array_equal(rows.read(indices), plain)  # no epoch: the centre box
+    order = [indices[:4], indices[4:], indices[::-1], indices[:1]]
+    for got, batch in zip(batches(rows, order, epoch=3, ahead=3), order, strict=True):
+        assert np.array_equal(got, expected[[list(indices).index(row) for row in batch]])
+    assert images.decode_pool().workers[0].process.poll() is None  # one pool, still running
+
+
+def test_a_decoding_worker_imports_no_framework() -> None:
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, crosstrain.core.sources.decoding; "
+         "print(sorted({'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert imported.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_file_mid_batch_is_one_line_naming_it(tmp_path: Path, two_workers) -> None:
+    """Header sound, pixels cut short: the batch fails with the file named; the workers go on."""
+    paths = _photographs(tmp_path, 6)
+    data = Path(paths[3]).read_bytes()
+    Path(paths[3]).write_bytes(data[: data.index(b"\xff\xda") + 20])
+    rows = ImageRows(paths, (8, 8), Augmentation(flip=True), seed=1)
+    with pytest.raises(InputError) as raised:
+        rows.read(np.arange(6), 0)
+    assert str(raised.value).startswith(f"cannot decode image {paths[3]}: ")
+    assert "\n" not in str(raised.value)
+    assert rows.read(np.array([0, 1, 4, 5]), 0).shape == (4, 8, 8, 3)  # the same pool goes on
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_is_one_line_naming_it_and_the_next_read_starts_afresh(
+    tmp_path: Path, two_workers
+) -> None:
+    rows = ImageRows(_photographs(tmp_path, 6), (8, 8))
+    first = rows.read(np.arange(6))
+    pool = images.decode_pool()
+    victim = pool.workers[1].process
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    with pytest.raises(InputError) as raised:
+        rows.read(np.arange(6))
+    line = str(raised.value)
+    assert line.startswith(f"image decoding worker 1 (pid {victim.pid}) died (killed by signal 9)"), line
+    assert "\n" not in line
+    for worker in pool.workers:  # the others stop too
+        worker.process.wait(timeout=30)
+    assert np.array_equal(rows.read(np.arange(6)), first) and images.decode_pool() is not pool

@@ -15,44 +15,42 @@ channels-last: they stay uint8 until the backend casts and scales them where the
 runs. Every backend reads rows through this one decoder, so torch, tf and jax see the same
 pixels.
 
-Rows of a batch are decoded by a pool of threads (Pillow releases the GIL while it
-decodes and resizes), each process decoding only the rows of its own shard.
+Rows of a batch are decoded by a pool of worker processes writing into shared memory
+(:mod:`crosstrain.core.sources.decoding`: Pillow holds the GIL for much of the work, so
+threads do not scale), each training process decoding only the rows of its own shard.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import numpy as np
 
-from crosstrain.core.augment import (
-    Augmentation,
-    centre_box,
-    color_jitter,
-    crop_boxes,
-    flips,
-    jitter_factors,
-    pad_crop,
-    pad_offsets,
-    uniforms,
-)
+from crosstrain.core.augment import Augmentation, uniforms
 from crosstrain.core.errors import InputError, PlanError
+from crosstrain.core.sources.decoding import (
+    IMAGES_EXTRA,
+    WORKERS_VARIABLES,
+    DecodePool,
+    Reading,
+    decode_image,
+    pillow,
+)
 
-if TYPE_CHECKING:
-    from PIL import Image
+__all__ = ["IMAGES_EXTRA", "ImageIndex", "ImageRows", "batches", "decode_image", "pillow"]
 
 #: the files a class folder's images are (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 #: what Pillow must find in a file's header
 IMAGE_FORMATS = ("JPEG", "PNG")
 INDEX_COLUMNS = ("path", "label")
-IMAGES_EXTRA = "pip install 'crosstrain[images]'"
 PARQUET_EXTRA = "pip install 'crosstrain[table]'"
 #: a run folder's file naming the classes, label i the i-th
 CLASSES_FILE = "classes.json"
@@ -65,15 +63,6 @@ class ImageIndex:
     paths: tuple[str, ...]
     labels: np.ndarray
     classes: tuple[str, ...]
-
-
-def pillow() -> Any:
-    """Pillow's Image module, or one line naming the extra that brings it."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise InputError(f"data.source = 'images' needs Pillow: {IMAGES_EXTRA}") from None
-    return Image
 
 
 # --------------------------------------------------------------------------- finding the files
@@ -186,9 +175,10 @@ def check_image_headers(paths: Iterable[str], field: str, source: str | None) ->
             return f"cannot read image {path}: {error}"
         return None
 
-    for found in decode_pool().map(problem, paths):
-        if found is not None:
-            raise PlanError(found, field=field, source=source)
+    with ThreadPoolExecutor(decode_workers(), thread_name_prefix="crosstrain-headers") as threads:
+        for found in threads.map(problem, paths):
+            if found is not None:
+                raise PlanError(found, field=field, source=source)
 
 
 def check_classes(train: Sequence[str], evaluation: Sequence[str], field: str, source: str | None) -> None:
@@ -208,7 +198,7 @@ def check_classes(train: Sequence[str], evaluation: Sequence[str], field: str, s
 
 #: the training processes on this machine, which share its cores (:func:`share_cores`)
 _PROCESSES_HERE = 1
-_POOL: ThreadPoolExecutor | None = None
+_POOL: DecodePool | None = None
 
 
 def share_cores(processes: int) -> None:
@@ -218,22 +208,26 @@ def share_cores(processes: int) -> None:
     _PROCESSES_HERE = max(1, processes)
 
 
-def decode_threads() -> int:
-    """The decoding pool's threads: ``CROSSTRAIN_DECODE_THREADS``, else this process's
-    share of the cores it may run on (Pillow releases the GIL while it decodes, so threads
-    decode in parallel: docs/data.md has the measurement)."""
-    stated = os.environ.get("CROSSTRAIN_DECODE_THREADS")
-    if stated:
-        return max(1, int(stated))
+def decode_workers() -> int:
+    """The decoding pool's worker processes: ``CROSSTRAIN_DECODE_WORKERS`` (or its old name
+    ``CROSSTRAIN_DECODE_THREADS``), else this process's share of the cores it may run on."""
+    for variable in WORKERS_VARIABLES:
+        stated = os.environ.get(variable)
+        if stated:
+            try:
+                return max(1, int(stated))
+            except ValueError:
+                raise InputError(f"{variable}={stated!r}: must be a whole number of workers") from None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // _PROCESSES_HERE)
 
 
-def decode_pool() -> ThreadPoolExecutor:
-    """This process's decoding threads, made on first use."""
+def decode_pool() -> DecodePool:
+    """This process's decoding workers, started on first use; after one died, started
+    afresh once a read has raised the death (a death between batches is not passed over)."""
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=decode_threads(), thread_name_prefix="crosstrain-decode")
+    if _POOL is None or (_POOL.broken is not None and _POOL.reported):
+        _POOL = DecodePool(decode_workers())
     return _POOL
 
 
@@ -281,9 +275,16 @@ class ImageRows:
     def read(
         self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """uint8 [len(indices), h, w, 3]: rows ``indices`` decoded by the pool's threads
-        (into ``out`` when given: a backend's pinned buffer); augmented as drawn for
+        """uint8 [len(indices), h, w, 3]: rows ``indices`` decoded by the pool's workers
+        (copied into ``out`` when given: a backend's pinned buffer); augmented as drawn for
         ``epoch`` when given (and this is a training set)."""
+        return self.start_read(indices, epoch, out).result()
+
+    def start_read(
+        self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
+    ) -> Reading:
+        """Start decoding rows ``indices``: :meth:`read` without waiting (several batches
+        can be in flight: :func:`batches`)."""
         indices = np.asarray(indices, np.int64)
         if out is None:
             out = np.empty((len(indices), *self.image_size, 3), np.uint8)
@@ -292,86 +293,23 @@ class ImageRows:
         if augmentation is not None and augmentation.transforms_images:
             assert epoch is not None
             draws = uniforms(self.seed, epoch, indices)
-        reads = [
-            decode_pool().submit(self._decode_into, out, k, int(row), augmentation, draws)
-            for k, row in enumerate(indices)
-        ]
-        for read in reads:
-            read.result()
-        return out
-
-    def _decode_into(
-        self, out: np.ndarray, k: int, row: int, augmentation: Augmentation | None, draws: np.ndarray | None
-    ) -> None:
-        path = str(self.paths[row])
-        try:
-            out[k] = decode_image(path, self.image_size, augmentation, None if draws is None else draws[k])
-        except (OSError, ValueError, SyntaxError) as error:
-            raise InputError(f"cannot decode image {path}: {error}") from None
-
-
-def decode_image(
-    path: str, size: tuple[int, int], augmentation: Augmentation | None, draws: np.ndarray | None
-) -> np.ndarray:
-    """One file as uint8 ``(h, w, 3)``: boxed, resized, padded-cropped and flipped as
-    ``augmentation`` and this row's ``draws`` say (None: the centre box only)."""
-    image = pillow()
-    out_h, out_w = size
-    with image.open(path) as opened:
-        width, height = opened.size
-        if augmentation is not None and augmentation.crop_scale is not None and draws is not None:
-            box = tuple(
-                int(v)
-                for v in crop_boxes(draws[None], np.array([[height, width]]), augmentation.crop_scale)[0]
-            )
-        else:
-            box = centre_box(height, width, out_h, out_w)
-        top, left, box_h, box_w = box
-        decoded = _draft(opened, (width, height), box_h, box_w, size)
-        scale_x, scale_y = decoded.size[0] / width, decoded.size[1] / height
-        resized = decoded.convert("RGB").resize(
-            (out_w, out_h),
-            image.Resampling.BILINEAR,
-            box=(left * scale_x, top * scale_y, (left + box_w) * scale_x, (top + box_h) * scale_y),
-        )
-        pixels = np.asarray(resized, np.uint8)
-    if augmentation is not None and draws is not None:
-        if augmentation.pad_crop:
-            pixels = pad_crop(
-                pixels, augmentation.pad_crop, pad_offsets(draws[None], augmentation.pad_crop)[0]
-            )
-        if augmentation.flip and flips(draws[None])[0]:
-            pixels = pixels[:, ::-1]
-        if augmentation.color_jitter is not None and any(augmentation.color_jitter):
-            pixels = color_jitter(pixels, jitter_factors(draws[None], augmentation.color_jitter)[0])
-    return pixels
-
-
-def _draft(
-    opened: Image.Image, full: tuple[int, int], box_h: int, box_w: int, size: tuple[int, int]
-) -> Image.Image:
-    """A JPEG set to decode at the smallest of its DCT scales (1/1, 1/2, 1/4, 1/8) at which
-    the box still has the output's pixels; other formats as they are."""
-    if opened.format == "JPEG":
-        width, height = full
-        needed = (-(-width * size[1] // box_w), -(-height * size[0] // box_h))
-        opened.draft("RGB", needed)
-    return opened
+        paths = [str(path) for path in self.paths[indices]]
+        return decode_pool().submit(paths, self.image_size, augmentation, draws, out)
 
 
 def batches(
     rows: ImageRows, index_batches: Iterable[np.ndarray], epoch: int | None, ahead: int = 2
 ) -> Iterator[np.ndarray]:
-    """uint8 batches of ``rows`` for each index array in turn, ``ahead`` batches decoded
-    before they are asked for (what a benchmark, or a loop of its own, drives)."""
-    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crosstrain-read-ahead")
-    pending: list[Future[np.ndarray]] = []
+    """uint8 batches of ``rows`` for each index array in turn, ``ahead`` batches decoding
+    in the workers before they are asked for (what a benchmark, or a loop of its own, drives)."""
+    pending: collections.deque[Reading] = collections.deque()
     try:
         for indices in index_batches:
-            pending.append(reader.submit(rows.read, indices, epoch))
+            pending.append(rows.start_read(indices, epoch))
             if len(pending) > ahead:
-                yield pending.pop(0).result()
+                yield pending.popleft().result()
         while pending:
-            yield pending.pop(0).result()
+            yield pending.popleft().result()
     finally:
-        reader.shutdown(wait=True, cancel_futures=True)
+        for reading in pending:  # left early: let the workers finish, free their buffers
+            reading.discard()
