@@ -9,7 +9,7 @@ validation image), in 10 class folders. Then, on the same files and the same cor
 
 - crosstrain: the ``source = "images"`` pipeline with ``[data.augment] crop_scale =
   [0.08, 1.0]`` and ``flip = true`` (torchvision's RandomResizedCrop defaults), batches of
-  ``--batch`` uint8 rows of 224x224x3, decoded by its pool;
+  ``--batch`` uint8 rows of 224x224x3, decoded by its pool of worker processes;
 - torch's DataLoader with ``--workers`` worker processes, each decoding with torchvision's
   ``decode_jpeg`` and transforming with ``v2.RandomResizedCrop(224)`` and
   ``v2.RandomHorizontalFlip()``, collated into uint8 batches. Where torchvision cannot be
@@ -170,8 +170,8 @@ def crosstrain_batches(
     paths: list[Path], batch: int, workers: int
 ) -> tuple[str, Callable[[], Iterable[Any]]]:
     """The images source's own reader (:class:`ImageRows`, the rows a training step reads),
-    with torchvision's crop defaults and a flip, one pool of ``workers`` threads."""
-    os.environ["CROSSTRAIN_DECODE_THREADS"] = str(workers)
+    with torchvision's crop defaults and a flip, one pool of ``workers`` decoding processes."""
+    os.environ["CROSSTRAIN_DECODE_WORKERS"] = str(workers)
     from crosstrain.core.augment import Augmentation
     from crosstrain.core.sources.images import ImageRows, batches
 
@@ -185,7 +185,7 @@ def crosstrain_batches(
         index_batches = [order[i : i + batch] for i in range(0, len(order) - batch + 1, batch)]
         return ((images,) for images in batches(rows, index_batches, epoch))
 
-    return f"crosstrain images source ({workers} threads, Pillow)", one_epoch
+    return f"crosstrain images source ({workers} worker processes, Pillow)", one_epoch
 
 
 # --------------------------------------------------------------------------- training

@@ -122,7 +122,7 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
     """fit(), also returning the backend's trained state (for tests and embedding code)."""
     started = time.perf_counter()
     plan, world = job.plan, strategy.world
-    share_cores(world.process_count // max(job.nnodes, 1))  # image decoding's threads
+    share_cores(world.process_count // max(job.nnodes, 1))  # image decoding's worker processes
     datasets = load_datasets(plan, job.out_dir)  # the run folder's table statistics
     sampler = GlobalSampler(len(datasets.train), plan.train.global_batch_size, plan.seed, plan.data.shuffle)
     checkpoint = resume.find_resume_point(job)

@@ -349,7 +349,7 @@ class _Prefetcher:
         by parallel chunks; token windows are read by numpy, then staged."""
         source = batch.source
         images = None if source is None else image_rows(getattr(source.dataset, name))
-        if images is not None:  # decoded by the pool's threads straight into the buffer
+        if images is not None:  # decoded by the pool's worker processes, copied straight into the buffer
             assert source is not None
             shape = (len(source.indices), *images.shape[1:])
             buffer = self.staging[name].next_buffer(shape, np.dtype(np.uint8))
