@@ -116,3 +116,25 @@ def test_bfloat16_in_bfloat16_out_with_float32_statistics() -> None:
         MASKS["random"].double(),
     )
     torch.testing.assert_close(y.double(), expected, rtol=0, atol=0.05)
+
+
+def test_traced_by_torch_compile_as_it_runs_eagerly() -> None:
+    """``train.compile``: dynamo traces the custom autograd function into one graph (no
+    break), forward and backward, with the same results as eager."""
+    row_shape, channels_first = SHAPES["nchw_image"]
+    weight = MASKS["random"]
+    results = []
+    for compiled in (False, True):
+        layer = BatchNorm()
+        node = Node(0, "bn", layer, (-1,), (row_shape,), row_shape, "model.layers[0]", (0,))
+        module = BatchNormNode(layer, node, channels_first)
+        leaf = torch.randn(ROWS, 3, 4, 5, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+
+        def step(x: torch.Tensor, module: BatchNormNode = module) -> torch.Tensor:
+            return torch.relu(module([x], ForwardContext(weight=weight)))
+
+        run = torch.compile(step, backend="aot_eager", fullgraph=True) if compiled else step
+        (run(leaf) ** 2).sum().backward()
+        results.append([leaf.grad, module.scale.grad, module.moving_variance])  # type: ignore[union-attr]
+    for eager, traced in zip(*results, strict=True):
+        torch.testing.assert_close(traced, eager)

@@ -448,7 +448,7 @@ class BatchNormNode(NodeModule):
         )
         return normalised
 
-    @torch.no_grad()  # type: ignore[untyped-decorator]
+    @torch.no_grad()
     def _batch_statistics(
         self, x: torch.Tensor, weight: torch.Tensor, distributed: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -469,7 +469,7 @@ class BatchNormNode(NodeModule):
         spread = _all_reduced(spread) if distributed else spread
         return mean, spread / torch.clamp(count, min=1), count
 
-    @torch.no_grad()  # type: ignore[untyped-decorator]
+    @torch.no_grad()
     def _move(self, mean: torch.Tensor, variance: torch.Tensor, count: torch.Tensor) -> None:
         """The running statistics, moved only by a micro-batch with real rows (no host sync:
         ``where``, which a CUDA graph captures)."""
