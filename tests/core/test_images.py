@@ -373,3 +373,19 @@ def test_a_killed_worker_is_one_line_naming_it_and_the_next_read_starts_afresh(
     for worker in pool.workers:  # the others stop too
         worker.process.wait(timeout=30)
     assert np.array_equal(rows.read(np.arange(6)), first) and images.decode_pool() is not pool
+
+
+def test_a_shared_memory_folder_too_small_for_a_batch_is_named_before_any_worker_writes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A container's small /dev/shm would kill a worker with SIGBUS mid-batch: refused first."""
+    from crosstrain.core.sources import decoding
+
+    class Free:
+        f_bavail, f_frsize = 1000, 4096  # 4 MB free
+
+    monkeypatch.setattr(decoding, "_SHM_FOLDER", str(tmp_path))
+    monkeypatch.setattr(decoding.os, "statvfs", lambda folder: Free())
+    needed = r"has 4096000 bytes free; image decoding needs 38535168 .*--shm-size"
+    with pytest.raises(InputError, match=needed):
+        decoding._shared_memory(256 * 224 * 224 * 3)
