@@ -423,11 +423,6 @@ def export_run(
             f"--format {format_name}: unknown format (known: {', '.join(sorted(formats)) or 'none'})"
         )
     model = open_run(run, checkpoint)
-    if model.plan.data.standardize:
-        raise InputError(
-            f"--format {format_name}: the run standardises its table's features by its "
-            "statistics.json, which an exported model does not apply yet; predict with crosstrain predict"
-        )
     backend = formats[format_name]
     if model.plan.model.native is not None and model.trained_on and backend != model.trained_on:
         raise InputError(
@@ -437,11 +432,23 @@ def export_run(
     target = Path(out) if out is not None else model.run_dir / f"export-{format_name}"
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InputError(f"--out {target}: already exists and is not an empty folder")
-    plan = _float32(model.plan)
+    plan = _float32(_with_kept_statistics(model))
     strategy = local_strategy(backend_for(model, backend, manager), "cpu")
     state = build_trained(strategy, model, plan)
     assert isinstance(strategy, Exports)  # export_formats lists only backends that export
     return strategy.export(state, format_name, target, _sample_rows(plan))
+
+
+def _with_kept_statistics(model: TrainedModel) -> Plan:
+    """The run's plan, a standardised table's kept statistics (its statistics.json) written
+    into it as ``data.mean``/``std``: the scaling an exported model applies to raw rows."""
+    if not model.plan.data.standardize:
+        return model.plan
+    scaling = run_scaling(model)
+    data = attrs.evolve(
+        model.plan.data, standardize=False, scale=scaling.scale, mean=scaling.mean, std=scaling.std
+    )
+    return attrs.evolve(model.plan, data=data)
 
 
 def _float32(plan: Plan) -> Plan:

@@ -5,6 +5,8 @@ table is refused before anything starts; the BPE GPT example trains the same on 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,38 @@ def test_a_table_trains_the_same_on_torch_and_tf_and_evaluates_a_later_table_as_
     by_table = _evaluate(reference, str(later))
     by_hand = _evaluate(reference, str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"))
     assert by_table == by_hand and by_table["count"] == 200
+
+
+_EXPORTED_TORCH = """
+import sys
+sys.modules["crosstrain"] = None  # the exported program runs without crosstrain
+import numpy as np, torch
+program = torch.export.load(sys.argv[1]).module()
+np.save(sys.argv[3], program(torch.from_numpy(np.load(sys.argv[2]).astype(np.float32))).detach().numpy())
+"""
+
+
+def test_a_standardised_table_run_exports_with_its_kept_statistics(runs: RunCache, tmp_path: Path) -> None:
+    """The exported model applies statistics.json's mean and std itself: on the coded raw
+    features of a later table it gives what crosstrain predict gives on the table."""
+    run = runs("torch", "table", 1)
+    kept = json.loads((run / "statistics.json").read_text())
+    for format_name in ("torch", "keras"):
+        exported = run_cli("export", str(run), "--format", format_name, "--out", str(tmp_path / format_name))
+        assert exported.returncode == 0, exported.stderr[-3000:]
+    later = run.parent / "churn_2026.parquet"
+    predicted = run_cli("predict", str(run), "--data", str(later), "--out", str(tmp_path / "predicted.npy"))
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    np.save(tmp_path / "coded.npy", _coded_by_hand(later, kept, kept["features"]))
+    loaded = subprocess.run(
+        [sys.executable, "-c", _EXPORTED_TORCH, str(tmp_path / "torch" / "model.pt2"),
+         str(tmp_path / "coded.npy"), str(tmp_path / "exported.npy")],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    reference = np.load(tmp_path / "predicted.npy")
+    assert reference.shape == (200, 2)
+    assert np.max(np.abs(np.load(tmp_path / "exported.npy") - reference)) <= 1e-5
 
 
 def test_a_bad_table_is_refused_before_anything_starts(tmp_path: Path) -> None:
