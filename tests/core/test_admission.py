@@ -243,3 +243,16 @@ def test_only_the_rank_that_minds_the_run_folder_checks_a_resumed_run(make_job: 
     admit(job, Spanning(), OutsideLauncher(this_rank=1))
     with pytest.raises(RunFolderError, match="no run folder"):
         admit(job, Spanning(), OutsideLauncher(this_rank=0))
+
+
+def test_a_model_without_trainable_weights_is_refused_naming_its_layers(tmp_path: Path) -> None:
+    plan_file = tmp_path / "weightless.toml"
+    plan_file.write_text(
+        'metrics = ["loss"]\n[model]\ninput_shape = [64]\n'
+        'layers = [{ type = "relu" }, { type = "reshape", target_shape = [64, 1] }, '
+        '{ type = "mean", axes = [0] }]\n[loss]\nname = "mse"\n'
+    )
+    job = Job(plan=load_plan(plan_file), backend="null", out_dir=str(tmp_path / "run"))
+    with pytest.raises(PlanError, match=r"model.layers: the model has no trainable weights"):
+        admit(job, NullStrategy())
+    assert not (tmp_path / "run").exists()

@@ -10,6 +10,7 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
 3. the numbers: replicas, processes, timeout and restarts in range; ``--init-from`` and
    ``--resume`` not together;
 4. the plan against the world: the global batch splits into replicas x accumulation steps;
+   and the model has a trainable weight (:func:`check_something_to_train`);
 5. the data: it loads and fits the model (read only); an image source's every file opens
    as a JPEG or PNG (its header: :func:`check_image_files`);
 6. the plan against the backend's tables: every layer, loss, optimizer and precision has
@@ -58,7 +59,7 @@ from crosstrain.core.checkpoint import (
 )
 from crosstrain.core.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
 from crosstrain.core.data import Datasets, image_rows, load_datasets
-from crosstrain.core.errors import BackendError, CheckpointError, InputError
+from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError
 from crosstrain.core.loop import total_steps
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports
@@ -92,6 +93,7 @@ def admit(
     check_numbers(job.replicas, job.workers, job.timeout_seconds, job.max_restarts)
     check_starting_point(job)
     check_world_fits(job.plan, job.replicas)
+    check_something_to_train(job.plan)
     # the data must load and fit the model before any worker starts (a resumed run: with the
     # table statistics its folder keeps)
     datasets = load_datasets(job.plan, job.out_dir if job.resume else None)
@@ -111,6 +113,20 @@ def admit(
         resume_from = check_resumed_run(job, overwrite, len(datasets.train), say)
         job = attrs.evolve(job, resume_from=None if resume_from is None else str(resume_from))
     return job
+
+
+def check_something_to_train(plan: Plan) -> None:
+    """A model without one trainable weight leaves the optimizer nothing to step (every
+    backend's optimizer refuses an empty parameter list, after launch)."""
+    if plan.model.native is not None:
+        return
+    if not any(spec.trainable for spec in plan.model.graph(plan.source).weight_specs().values()):
+        raise PlanError(
+            "the model has no trainable weights, so there is nothing to train "
+            "(a dense, convolution, norm or embedding layer has some)",
+            field="model.layers",
+            source=plan.source,
+        )
 
 
 def check_image_files(plan: Plan, datasets: Datasets) -> None:
