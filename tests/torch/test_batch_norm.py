@@ -138,3 +138,28 @@ def test_traced_by_torch_compile_as_it_runs_eagerly() -> None:
         results.append([leaf.grad, module.scale.grad, module.moving_variance])  # type: ignore[union-attr]
     for eager, traced in zip(*results, strict=True):
         torch.testing.assert_close(traced, eager)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_row_real_on_one_process_is_the_formula(shape: str) -> None:
+    """No row mask (``weight`` None: every row real, one process): torch's own batch norm
+    where the features are on axis 1, the masked form with a mask of ones elsewhere — the
+    formula's outputs, gradients and running statistics either way."""
+    row_shape, channels_first = SHAPES[shape]
+    fast, slow = (make_node(row_shape, channels_first, LAYERS["scaled_centred"]) for _ in range(2))
+    generator = torch.Generator().manual_seed(4)
+    x = 3.0 + 2.0 * torch.randn((ROWS, *row_shape), generator=generator, dtype=torch.float64)
+    if channels_first:
+        x = x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    upstream = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    results = []
+    ones = MASKS["all_real"].double()
+    for node in (fast, slow):
+        leaf = x.clone().requires_grad_(True)
+        y = node([leaf], ForwardContext()) if node is fast else reference(node, leaf, ones)
+        (y * upstream).sum().backward()
+        assert node.scale is not None and node.offset is not None
+        gradients = [leaf.grad, node.scale.grad, node.offset.grad]
+        results.append([y, *gradients, node.moving_mean, node.moving_variance])
+    for ours, theirs in zip(*results, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)

@@ -26,6 +26,7 @@ from crosstrain.core.layers import (
     Layer,
     MaxPool2D,
     ReLU,
+    ZeroPad2D,
 )
 from crosstrain.core.plan import ModelSpec, Plan
 from crosstrain.core.planfile import load_plan
@@ -36,7 +37,7 @@ from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 torch = pytest.importorskip("torch")
 
 from crosstrain.backends.torch.layers import LAYERS, Order, keep_mask  # noqa: E402
-from crosstrain.backends.torch.model import build_module, load_neutral, neutral_state  # noqa: E402
+from crosstrain.backends.torch.model import build_module, folded_paddings, load_neutral, neutral_state  # noqa: E402
 from crosstrain.backends.torch.strategy import TorchStrategy  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -211,3 +212,34 @@ def test_an_image_output_is_nhwc() -> None:
     module = build_module(plan)
     assert module.layout.permutations == 2
     assert tuple(module(torch.zeros(3, 8, 8, 3)).shape) == (3, 6, 6, 2)
+
+
+# ReLU -> zero_pad2d -> max pool and zero_pad2d -> strided convolution (ResNet's stem and its
+# downsampling), beside pads that cannot fold: before a pool on a value that may be negative,
+# and read by two nodes
+_PADDED = (
+    ZeroPad2D(padding=1),
+    Conv2D(filters=4, kernel_size=3, strides=2),
+    ReLU(),
+    ZeroPad2D(padding=1),
+    MaxPool2D(pool_size=3, strides=2),
+    Conv2D(filters=4, kernel_size=1, name="linear"),
+    ZeroPad2D(padding=1, name="pad_linear"),
+    MaxPool2D(pool_size=3, strides=1, name="pooled"),
+    ZeroPad2D(padding=1, name="shared"),
+    Conv2D(filters=4, kernel_size=3, name="left"),
+    Conv2D(filters=4, kernel_size=3, inputs=("shared",)),
+    Add(inputs=("left", "conv2d_10")),
+    GlobalAvgPool2D(),
+)
+
+
+def test_a_symmetric_zero_pad_folds_into_the_node_that_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = _image_plan(_PADDED)
+    module = build_module(plan)
+    assert folded_paddings(plan.model.graph()) == {0: (1, 1), 3: (1, 1)}
+    assert module.layout.absorbed == {1: (1, 1), 4: (1, 1)}
+    with monkeypatch.context() as patched:
+        patched.setattr("crosstrain.backends.torch.model.folded_paddings", lambda graph: {})
+        padded = build_module(plan)
+    _assert_same(_train_forward(module, plan), _train_forward(padded, plan))

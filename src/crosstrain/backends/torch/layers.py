@@ -75,9 +75,9 @@ from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_table
 
 
 class ForwardContext(NamedTuple):
-    """What a training forward needs beyond the inputs: the row mask (1 real, 0 padding),
-    each row's position in the global batch, the optimizer step, the plan's seed, and
-    whether batch statistics are summed across processes. (A NamedTuple, not attrs:
+    """What a training forward needs beyond the inputs: the row mask (1 real, 0 padding;
+    None when every row is real), each row's position in the global batch, the optimizer
+    step, the plan's seed, and whether batch statistics are summed across processes. (A NamedTuple, not attrs:
     torch.compile traces through a tuple, not through attrs' frozen ``__setattr__``.)"""
 
     weight: torch.Tensor | None = None
@@ -162,6 +162,11 @@ class ConvNode(NodeModule):
             bias=layer.use_bias,
         )
 
+    def absorb(self, padding: tuple[int, int]) -> None:
+        """Pad by ``padding`` (height, width) more on each side: a folded ``zero_pad2d``."""
+        height, width = self.conv.padding  # type: ignore[misc]
+        self.conv.padding = (height + padding[0], width + padding[1])
+
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0] if self.pads.explicit is None else F.pad(inputs[0], self.pads.explicit)
         return self.conv(x)  # type: ignore[no-any-return]
@@ -183,12 +188,18 @@ class PoolNode(NodeModule):
         self.pads = (left, right, top, bottom) if layer.padding == "same" else None
         counts = torch.from_numpy(layer.real_counts(node.input_shape))
         self.register_buffer("real_counts", counts, persistent=False)
+        self.padding = (0, 0)
+
+    def absorb(self, padding: tuple[int, int]) -> None:
+        """A valid max pool pads its never-negative input by ``padding`` (height, width) on
+        each side: a folded ``zero_pad2d`` (torch pads with -inf, which loses as zeros do)."""
+        self.padding = padding
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0]
         if self.pads is None:
             pool = F.max_pool2d if self.is_max else F.avg_pool2d
-            return pool(x, self.size, self.stride)
+            return pool(x, self.size, self.stride, self.padding)
         if self.is_max:
             return F.max_pool2d(F.pad(x, self.pads, value=-math.inf), self.size, self.stride)
         summed = F.avg_pool2d(F.pad(x, self.pads), self.size, self.stride, divisor_override=1)
@@ -395,12 +406,13 @@ class BatchNormNode(NodeModule):
     running statistics as buffers. The features are the last axis, or axis 1 of an NCHW
     image (``channels_first``).
 
-    Fast as torch's own batch norm: the statistics come from one pass over x (each row's
-    mean and variance, combined over the rows by their weights: Chan's formula, as stable
-    as two passes), accumulated in the weights' dtype (float32 under autocast, or float64)
-    while x is read in its own; the output is x's dtype (bfloat16 under autocast, as the
-    convolution after it wants), and the backward is batch norm's closed form
-    (:class:`_MaskedBatchNorm`), not autograd's many passes through the formula."""
+    Where every row is real and one process trains (``context.weight`` None), this is
+    torch's own batch norm, the same statistics and gradient in fewer, fused kernels.
+    Otherwise (padding rows, several processes) the statistics come from one pass over x
+    (each row's mean and variance, combined over the rows by their weights: Chan's formula,
+    as stable as two passes), accumulated in the weights' dtype (float32 under autocast, or
+    float64) while x is read in its own; the output is x's dtype, and the backward is batch
+    norm's closed form (:class:`_MaskedBatchNorm`), not autograd's many passes through the formula."""
 
     def __init__(self, layer: BatchNorm, node: Node, channels_first: bool) -> None:
         super().__init__()
@@ -415,6 +427,8 @@ class BatchNormNode(NodeModule):
         self.per_feature = (features, *[1] * (rank - 1 - channel))
         #: values per feature in one row (its positions: height x width for an image)
         self.positions = math.prod(node.input_shape[:-1])
+        #: torch's own batch norm reads the features on axis 1
+        self.native = channel == 1
         # absent under Keras's scale=False / center=False
         self.scale = nn.Parameter(torch.ones(features)) if layer.scale else None
         self.offset = nn.Parameter(torch.zeros(features)) if layer.center else None
@@ -429,8 +443,19 @@ class BatchNormNode(NodeModule):
             inverse = torch.rsqrt(self.moving_variance + self.epsilon)
             y = _normalise(x, self.moving_mean, inverse, self.scale, self.offset, self.per_feature)
             return y.to(x.dtype)
-        assert context.weight is not None, "batch norm trains on a row mask"
-        weight = context.weight.to(self.moving_mean.dtype)
+        # (torch's needs two values of each feature; a one-row batch of vectors has one)
+        if context.weight is None and not context.distributed and self.native and x[:, 0].numel() > 1:
+            # every row real, one process: torch's own batch norm is this one's statistics
+            # and gradient (its running variance unbiased too), in fewer, fused kernels
+            return F.batch_norm(  # type: ignore[no-any-return]
+                x, self.moving_mean, self.moving_variance, self.scale, self.offset,
+                True, 1 - self.momentum, self.epsilon,
+            )  # fmt: skip
+        weight = (
+            torch.ones(x.shape[0], dtype=self.moving_mean.dtype, device=x.device)
+            if context.weight is None
+            else context.weight.to(self.moving_mean.dtype)
+        )
         mean, variance, count = self._batch_statistics(x.detach(), weight, context.distributed)
         self._move(mean, variance, count)
         inverse = torch.rsqrt(variance + self.epsilon)

@@ -26,7 +26,8 @@ from crosstrain.backends.torch.layers import (
     to_nchw,
     to_nhwc,
 )
-from crosstrain.core.graph import MODEL_INPUT, Graph
+from crosstrain.core.graph import MODEL_INPUT, Graph, Node
+from crosstrain.core.layers import Conv2D, MaxPool2D, ReLU, ReLU6, ZeroPad2D
 from crosstrain.core.optimizers import decayed_weights
 from crosstrain.core.plan import LossSpec, Plan
 
@@ -49,12 +50,14 @@ class Step(NamedTuple):
 
 class LayoutPlan(NamedTuple):
     """Where images are NCHW: per node, whether its 4-D inputs and output are
-    (``channels_first``); the steps of the forward, permutations included; and the key of
-    the value the model returns (NHWC, if an image)."""
+    (``channels_first``); the steps of the forward, permutations included; the key of
+    the value the model returns (NHWC, if an image); and the zero paddings folded into the
+    node that reads them (:func:`folded_paddings`: reader's index -> (height, width))."""
 
     channels_first: tuple[bool, ...]
     steps: tuple[Step, ...]
     output: int
+    absorbed: Mapping[int, tuple[int, int]] = {}
 
     @property
     def permutations(self) -> int:
@@ -63,6 +66,47 @@ class LayoutPlan(NamedTuple):
 
 def _is_image(shape: tuple[int, ...]) -> bool:
     return len(shape) == 3  # one row's [height, width, channels]: a 4-D tensor
+
+
+#: layers whose outputs are never negative: zeros padding their output lose to a real cell
+#: in a max pool as torch's -inf padding does (a tie of zeros goes back through the ReLU's
+#: zero gradient either way)
+_NON_NEGATIVE = (ReLU, ReLU6)
+
+
+def folded_paddings(graph: Graph) -> dict[int, tuple[int, int]]:
+    """The symmetric ``zero_pad2d`` nodes that the one node reading them pads itself:
+    pad node -> its (height, width) padding. A convolution takes any such padding into its
+    own (exact: both pad with zeros); a valid max pool takes one of at most half its window
+    when the padded value is never negative. Each saves a copy of the image forward and
+    one of its gradient backward (torchvision's ResNet pads inside its stem's convolution
+    and pool; the plan, written for every backend, pads explicitly)."""
+    readers: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        for source in node.inputs:
+            readers.setdefault(source, []).append(node)
+    folds = {}
+    for node in graph.nodes:
+        if not isinstance(node.layer, ZeroPad2D) or node.index == graph.output:
+            continue
+        (top, bottom), (left, right) = node.layer.padding
+        found = readers.get(node.index, [])
+        if top != bottom or left != right or len(found) != 1:
+            continue
+        if _absorbs(found[0], node, graph, (top, left)):
+            folds[node.index] = (top, left)
+    return folds
+
+
+def _absorbs(reader: Node, pad: Node, graph: Graph, padding: tuple[int, int]) -> bool:
+    layer = reader.layer
+    if isinstance(layer, Conv2D):
+        return all(before == after for before, after in layer.paddings(reader.input_shape))
+    if isinstance(layer, MaxPool2D) and layer.padding == "valid":
+        source = pad.inputs[0]
+        fits = max(padding) <= layer.pool_size // 2
+        return fits and source != MODEL_INPUT and isinstance(graph.nodes[source].layer, _NON_NEGATIVE)
+    return False
 
 
 def plan_layout(graph: Graph) -> LayoutPlan:
@@ -83,22 +127,29 @@ def plan_layout(graph: Graph) -> LayoutPlan:
             steps.append(Step(-1, (source,), other[source], to_nchw if want_nchw else to_nhwc))
         return other[source]
 
+    folds = folded_paddings(graph)
+    absorbed: dict[int, tuple[int, int]] = {}
     channels_first: list[bool] = []
     for node in graph.nodes:
+        if node.index in folds:  # its reader pads instead
+            channels_first.append(False)
+            continue
+        inputs = tuple(graph.nodes[i].inputs[0] if i in folds else i for i in node.inputs)
+        absorbed.update((node.index, folds[i]) for i in node.inputs if i in folds)
         order = LAYERS[type(node.layer)].order
         if order is Order.CHANNELS_FIRST or order is Order.NEUTRAL:
             first = order is Order.CHANNELS_FIRST
         else:  # EITHER, REDUCES: the inputs' order; NCHW when they differ
-            first = any(nchw[source] for source in node.inputs)
+            first = any(nchw[source] for source in inputs)
         sources = tuple(
             read(source, first) if _is_image(shape) else source
-            for source, shape in zip(node.inputs, node.input_shapes, strict=True)
+            for source, shape in zip(inputs, node.input_shapes, strict=True)
         )
         steps.append(Step(node.index, sources, node.index))
         channels_first.append(first)
         nchw[node.index] = first and _is_image(node.output_shape)
     output = read(graph.output, False)
-    return LayoutPlan(tuple(channels_first), tuple(steps), output)
+    return LayoutPlan(tuple(channels_first), tuple(steps), output, absorbed)
 
 
 class GraphModule(nn.Module):
@@ -119,6 +170,8 @@ class GraphModule(nn.Module):
             if node.tied_to is not None:
                 tied = self.nodes[_module_key(node.path)]
                 tied.tie(self.nodes[_module_key(graph.nodes[node.tied_to].path)])  # type: ignore[operator]
+        for reader, padding in self.layout.absorbed.items():
+            self.nodes[_module_key(graph.nodes[reader].path)].absorb(padding)  # type: ignore[operator]
 
     def forward(
         self,

@@ -37,6 +37,7 @@ from crosstrain.core.augment import Augmentation, uniforms
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.sources.decoding import (
     IMAGES_EXTRA,
+    UNDECODABLE,
     WORKERS_VARIABLES,
     DecodePool,
     Reading,
@@ -171,7 +172,7 @@ def check_image_headers(paths: Iterable[str], field: str, source: str | None) ->
             with image.open(path) as opened:
                 if opened.format not in IMAGE_FORMATS:
                     return f"{path} is a {opened.format} image; images are read as {', '.join(IMAGE_FORMATS)}"
-        except (OSError, ValueError, SyntaxError) as error:
+        except UNDECODABLE as error:
             return f"cannot read image {path}: {error}"
         return None
 
