@@ -164,7 +164,7 @@ class ConvNode(NodeModule):
 
     def absorb(self, padding: tuple[int, int]) -> None:
         """Pad by ``padding`` (height, width) more on each side: a folded ``zero_pad2d``."""
-        height, width = self.conv.padding  # type: ignore[misc]
+        height, width = self.pads.symmetric  # the convolution's own
         self.conv.padding = (height + padding[0], width + padding[1])
 
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
@@ -447,7 +447,7 @@ class BatchNormNode(NodeModule):
         if context.weight is None and not context.distributed and self.native and x[:, 0].numel() > 1:
             # every row real, one process: torch's own batch norm is this one's statistics
             # and gradient (its running variance unbiased too), in fewer, fused kernels
-            return F.batch_norm(  # type: ignore[no-any-return]
+            return F.batch_norm(
                 x, self.moving_mean, self.moving_variance, self.scale, self.offset,
                 True, 1 - self.momentum, self.epsilon,
             )  # fmt: skip

@@ -101,7 +101,7 @@ def decode_image(
     failed = _decode_into([path], size, augmentation, None if draws is None else draws[None], row)
     if failed is not None:
         raise failed[1]
-    return row[0]
+    return np.asarray(row[0])
 
 
 def decode_rows(
