@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from crosstrain.api import (
     run_job,
     say_on_stderr,
 )
-from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, WorkerError
+from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, PlanError, WorkerError
 from crosstrain.launch import interrupts_raise
 from crosstrain.launch.process import exit_now
 from crosstrain.plot import add_plot_command
@@ -204,7 +205,43 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     add_plot_command(commands)
     _add_inference_commands(commands)
     _add_import_command(commands)
+    _add_data_command(commands)
     return parser
+
+
+def _add_data_command(commands: Any) -> None:
+    data = commands.add_parser("data", help="work on a plan's data ahead of its runs")
+    actions = data.add_subparsers(dest="action", required=True)
+    cache = actions.add_parser(
+        "cache",
+        help="decode an image plan's files once into data.cache (its runs then skip the decode)",
+    )
+    cache.add_argument("plan", help="plan file (.toml or .py) with data.source = 'images' and data.cache")
+    cache.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    cache.add_argument(
+        "--workers", type=int, default=None, help="decoding processes (default: this machine's cores)"
+    )
+    cache.set_defaults(handler=_data_cache)
+
+
+def _data_cache(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    from crosstrain.core.data import image_files
+    from crosstrain.core.sources.cache import write_cache
+
+    plan = prepare_plan(args.plan, args.overrides)
+    if plan.data.source != "images":
+        raise PlanError(
+            f"{plan.data.source!r}: only image files are cached", field="data.source", source=plan.source
+        )
+    if plan.data.cache is None:
+        raise PlanError("name the folder the cache goes in", field="data.cache", source=plan.source)
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers {args.workers}: at least 1")
+    paths = image_files(plan)
+    written = write_cache(Path(plan.data.cache), paths, args.workers or os.cpu_count() or 1)
+    line = f"{plan.data.cache}: {len(set(paths))} images decoded, {written / 1e6:,.1f} MB"
+    console.print(Text(line), soft_wrap=True)
+    return 0
 
 
 def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -97,3 +97,20 @@ def test_evaluate_and_predict_read_the_run_s_images(runs: RunCache, tmp_path: Pa
     predicted = run_cli("predict", str(run), "--data", str(folder), "--out", str(tmp_path / "logits.npy"))
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     assert np.load(tmp_path / "logits.npy").shape == (len(list(folder.iterdir())), 10)
+
+
+def test_a_run_reading_the_decoded_cache_trains_as_the_run_decoding_the_files(
+    runs: RunCache, tmp_path: Path
+) -> None:
+    """``crosstrain data cache``, then the plan with ``data.cache``: the steps of the run that
+    decoded the files, bit for bit (these 16x16 images never decode at a reduced JPEG scale,
+    so the cached pixels are the decoded ones)."""
+    plan = write_plan(tmp_path, "image_folder")
+    cache = ("--set", f"data.cache={tmp_path / 'digits.cache'}")
+    written = run_cli("data", "cache", str(plan), *cache)
+    assert written.returncode == 0, written.stderr[-3000:]
+    out = tmp_path / "run"
+    command = ("run", str(plan), "--backend", "torch", "--device", "cpu", "--out", str(out))
+    trained = run_cli(*command, "--set", STEPS, *cache)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert np.array_equal(step_losses(out), step_losses(runs("torch", "image_folder", 1, STEPS)))

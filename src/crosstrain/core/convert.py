@@ -167,7 +167,7 @@ def unstructure_plan(plan: Plan) -> dict[str, Any]:
 #: fields newer than the first plans: left out of plan.json while unset, so a run written
 #: before they existed hashes as it did (and still resumes); a layer's activation likewise
 _LEFT_OUT_UNSET = {
-    "data": ("eval_x_key", "eval_y_key", "image_size", "label", "tokenizer"),
+    "data": ("eval_x_key", "eval_y_key", "image_size", "label", "tokenizer", "cache"),
     "model": ("init",),
 }
 #: likewise, fields left out while at their default (section None: the plan's top level)
@@ -215,7 +215,7 @@ def _resolve_paths(data: DataSpec, base_dir: Path) -> DataSpec:
     def resolve(path: str | None) -> str | None:
         return None if path is None else str((base_dir / path).resolve())
 
-    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path", "tokenizer")
+    paths = ("path", "eval_path", "x_path", "y_path", "eval_x_path", "eval_y_path", "tokenizer", "cache")
     resolved: dict[str, Any] = {name: resolve(getattr(data, name)) for name in paths}
     return attrs.evolve(data, **resolved)
 

@@ -12,7 +12,7 @@ import importlib.util
 import math
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ from crosstrain.core.plan import CLASS_LOSSES, DataSpec, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.sources import table as tables
 from crosstrain.core.sources import text
+from crosstrain.core.sources.cache import CachedRows, cached_rows
 from crosstrain.core.sources.images import ImageRows, check_classes, read_image_index
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens, stdlib_files
 
@@ -490,7 +491,8 @@ def _image_datasets(plan: Plan) -> Datasets:
     assert spec.path is not None and spec.image_size is not None  # DataSpec refuses images without
     _check_image_model(plan)
     index = read_image_index(spec.path, "data.path", plan.source)
-    full = ArrayDataset(ImageRows(np.asarray(index.paths), spec.image_size), _targets(index.labels, plan))
+    rows = ImageRows(np.asarray(index.paths), spec.image_size, cached=_cached(plan, index.paths))
+    full = ArrayDataset(rows, _targets(index.labels, plan))
     if spec.limit is not None:
         full = full.take(np.arange(min(spec.limit, len(full))))
     if spec.eval_path is not None:
@@ -498,7 +500,7 @@ def _image_datasets(plan: Plan) -> Datasets:
         check_classes(index.classes, held_out.classes, "data.eval_path", plan.source)
         label_of = {name: label for label, name in enumerate(index.classes)}
         labels = np.asarray([label_of[held_out.classes[label]] for label in held_out.labels], np.int64)
-        rows = ImageRows(np.asarray(held_out.paths), spec.image_size)
+        rows = ImageRows(np.asarray(held_out.paths), spec.image_size, cached=_cached(plan, held_out.paths))
         datasets = Datasets(train=full, eval=ArrayDataset(rows, _targets(labels, plan)))
     else:
         datasets = _split(full, spec.eval_fraction, plan.seed)
@@ -506,6 +508,22 @@ def _image_datasets(plan: Plan) -> Datasets:
     assert isinstance(train.x, ImageRows)
     augmented = ArrayDataset(train.x.augmented(spec.augment, plan.seed), train.y)
     return _nonempty(Datasets(train=augmented, eval=datasets.eval), plan)
+
+
+def _cached(plan: Plan, paths: Sequence[str]) -> CachedRows | None:
+    """Where ``paths`` lie in the plan's decoded cache (None: the plan has none)."""
+    if plan.data.cache is None:
+        return None
+    return cached_rows(plan.data.cache, paths, "data.cache", plan.source)
+
+
+def image_files(plan: Plan) -> list[str]:
+    """Every image file an image plan reads: its training files and its held-out ones."""
+    assert plan.data.path is not None
+    paths = list(read_image_index(plan.data.path, "data.path", plan.source).paths)
+    if plan.data.eval_path is not None:
+        paths += read_image_index(plan.data.eval_path, "data.eval_path", plan.source).paths
+    return paths
 
 
 def _check_image_model(plan: Plan) -> None:

@@ -206,6 +206,9 @@ class DataSpec:
     tokenizer: str | None = None
     #: images: each decoded and resized to [height, width] (model.input_shape [h, w, 3])
     image_size: tuple[int, int] | None = attrs.field(default=None, validator=_positive_sizes)
+    #: images: a folder holding the files' decoded pixels (``crosstrain data cache PLAN``
+    #: writes it); rows are then read from it, not decoded
+    cache: str | None = None
     #: ``[data.augment]``: what training rows get (images: evaluation gets the centre box;
     #: token windows: ``window_offset``)
     augment: Augmentation = attrs.field(factory=Augmentation)
@@ -227,6 +230,8 @@ class DataSpec:
         self._check_table_fields()
         if self.augment.window_offset and self.source not in ("tokens", "python-stdlib", "text"):
             raise ValueError(f"augment.window_offset moves token windows; source {self.source!r} has none")
+        if self.cache is not None and self.source != "images":
+            raise ValueError(f"data.cache holds decoded images (source 'images'), not source {self.source!r}")
         if self.tokenizer is not None and self.source not in ("text", "python-stdlib"):
             raise ValueError(
                 f"tokenizer reads text (source 'text' or 'python-stdlib'), not source {self.source!r}"

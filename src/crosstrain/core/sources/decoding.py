@@ -90,6 +90,10 @@ def pillow() -> Any:
 
 #: what Pillow raises for a file it cannot read as an image
 UNDECODABLE = (OSError, ValueError, SyntaxError)
+#: a decoded cache's pixels file (core/sources/cache.py writes it)
+CACHE_PIXELS = "pixels.u8"
+#: where rows lie in a decoded cache: its folder, and per row (first byte, height, width)
+Cached = tuple[str, np.ndarray]
 
 
 def decode_image(
@@ -98,7 +102,7 @@ def decode_image(
     """One file as uint8 ``(h, w, 3)``: boxed, resized, padded-cropped and flipped as
     ``augmentation`` and this row's ``draws`` say (None: the centre box only)."""
     row = np.empty((1, *size, 3), np.uint8)
-    failed = _decode_into([path], size, augmentation, None if draws is None else draws[None], row)
+    failed = _decode_into([path], size, augmentation, None if draws is None else draws[None], row, None)
     if failed is not None:
         raise failed[1]
     return np.asarray(row[0])
@@ -110,10 +114,12 @@ def decode_rows(
     augmentation: Augmentation | None,
     draws: np.ndarray | None,
     out: np.ndarray,
+    cached: Cached | None = None,
 ) -> str | None:
-    """``out[k]`` = row k of ``paths`` decoded; the first file that does not decode stops
-    the chunk and is named in the line returned (None when every row decoded)."""
-    failed = _decode_into(paths, size, augmentation, draws, out)
+    """``out[k]`` = row k of ``paths`` decoded (its pixels read from a decoded cache where
+    ``cached`` says where they lie); the first file that does not decode stops the chunk and
+    is named in the line returned (None when every row decoded)."""
+    failed = _decode_into(paths, size, augmentation, draws, out, cached)
     return None if failed is None else f"cannot decode image {paths[failed[0]]}: {failed[1]}"
 
 
@@ -123,23 +129,29 @@ def _decode_into(
     augmentation: Augmentation | None,
     draws: np.ndarray | None,
     out: np.ndarray,
+    cached: Cached | None,
 ) -> tuple[int, Exception] | None:
     """The rows decoded into ``out``, their draws turned into boxes, offsets and flips for
     all of them at once (numpy's cost is per call, not per row: a row at a time, the crop
     boxes alone took an eighth of a row's time); the first row that failed and its error."""
-    image = pillow()
-    sizes = np.zeros((len(paths), 2), np.int64)  # (height, width): the headers only
-    for k, path in enumerate(paths):
-        try:
-            with image.open(path) as opened:
-                sizes[k] = opened.size[::-1]
-        except UNDECODABLE as error:
-            return k, error
+    if cached is not None:
+        sizes = cached[1][:, 1:]
+    else:
+        sizes = np.zeros((len(paths), 2), np.int64)  # (height, width): the headers only
+        for k, path in enumerate(paths):
+            try:
+                with pillow().open(path) as opened:
+                    sizes[k] = opened.size[::-1]
+            except UNDECODABLE as error:
+                return k, error
     augmented = augmentation if draws is not None else None
     boxes = _boxes(sizes, size, augmented, draws)
     for k, path in enumerate(paths):
         try:
-            out[k] = _resized(path, boxes[k], size)
+            if cached is None:
+                out[k] = _resized(path, boxes[k], size)
+            else:
+                out[k] = _resized_pixels(_cached_image(cached[0], cached[1][k]), boxes[k], size)
         except UNDECODABLE as error:
             return k, error
     if augmented is not None and draws is not None:
@@ -172,6 +184,30 @@ def _resized(path: str, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
             box=(left * scale_x, top * scale_y, (left + box_w) * scale_x, (top + box_h) * scale_y),
         )
         return np.asarray(resized, np.uint8)
+
+
+#: each process's maps of the caches it read (folder -> the pixels file, read-only)
+_CACHE_MAPS: dict[str, np.ndarray] = {}
+
+
+def _cached_image(folder: str, entry: np.ndarray) -> Image.Image:
+    """A cached image's pixels (first byte, height, width: ``entry``) as a Pillow image
+    over the cache's memory map (no copy)."""
+    pixels = _CACHE_MAPS.get(folder)
+    if pixels is None:
+        pixels = _CACHE_MAPS[folder] = np.memmap(os.path.join(folder, CACHE_PIXELS), np.uint8, mode="r")
+    start, height, width = (int(v) for v in entry)
+    row = pixels[start : start + height * width * 3]
+    image: Image.Image = pillow().frombuffer("RGB", (width, height), row, "raw", "RGB", 0, 1)
+    return image
+
+
+def _resized_pixels(decoded: Image.Image, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """A decoded image's ``box`` (top, left, height, width) resized to ``size``, uint8 HWC."""
+    top, left, box_h, box_w = (int(v) for v in box)
+    box_edges = (left, top, left + box_w, top + box_h)
+    resized = decoded.resize((size[1], size[0]), pillow().Resampling.BILINEAR, box=box_edges)
+    return np.asarray(resized, np.uint8)
 
 
 def _augment(rows: np.ndarray, augmentation: Augmentation, draws: np.ndarray) -> None:
@@ -218,6 +254,7 @@ class Chunk:
     size: tuple[int, int]
     augmentation: Augmentation | None
     draws: np.ndarray | None
+    cached: Cached | None = None
 
 
 def serve(task_fd: int, result_fd: int) -> None:
@@ -235,7 +272,7 @@ def serve(task_fd: int, result_fd: int) -> None:
         row_shape = (*chunk.size, 3)
         rows = np.ndarray((chunk.capacity // int(np.prod(row_shape)), *row_shape), np.uint8, buffer)
         target = rows[chunk.first : chunk.first + len(chunk.paths)]
-        error = decode_rows(chunk.paths, chunk.size, chunk.augmentation, chunk.draws, target)
+        error = decode_rows(chunk.paths, chunk.size, chunk.augmentation, chunk.draws, target, chunk.cached)
         del rows, target
         results.send((chunk.job, error))
 
@@ -339,6 +376,7 @@ class DecodePool:
         augmentation: Augmentation | None,
         draws: np.ndarray | None,
         out: np.ndarray,
+        cached: Cached | None = None,
     ) -> Reading:
         """Start decoding ``paths`` into ``out``, in contiguous chunks dealt to the workers
         as they free up; each chunk is copied into ``out`` as soon as its worker answers, so
@@ -365,6 +403,7 @@ class DecodePool:
                 number, slot.number, slot.memory.name, slot.memory.size, int(rows[0]),
                 paths[rows[0] : rows[-1] + 1], size, augmentation,
                 None if draws is None else draws[rows[0] : rows[-1] + 1],
+                None if cached is None else (cached[0], cached[1][rows[0] : rows[-1] + 1]),
             )
             for rows in cuts
         ]  # fmt: skip

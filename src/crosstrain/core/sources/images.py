@@ -35,6 +35,7 @@ import numpy as np
 
 from crosstrain.core.augment import Augmentation, uniforms
 from crosstrain.core.errors import InputError, PlanError
+from crosstrain.core.sources.cache import CachedRows
 from crosstrain.core.sources.decoding import (
     IMAGES_EXTRA,
     UNDECODABLE,
@@ -235,7 +236,8 @@ def decode_pool() -> DecodePool:
 class ImageRows:
     """Rows of image files, read as float32 channels-last ``(h, w, 3)`` rows (stored
     uint8: :meth:`read` gives them so). Rows read with an epoch are augmented as drawn for
-    that epoch (``augmentation``); rows read without one get the evaluation's centre box."""
+    that epoch (``augmentation``); rows read without one get the evaluation's centre box.
+    ``cached``: where the files' decoded pixels lie in a decoded cache (``data.cache``)."""
 
     def __init__(
         self,
@@ -243,11 +245,13 @@ class ImageRows:
         image_size: tuple[int, int],
         augmentation: Augmentation | None = None,
         seed: int = 0,
+        cached: CachedRows | None = None,
     ) -> None:
         self.paths = paths
         self.image_size = image_size
         self.augmentation = augmentation
         self.seed = seed
+        self.cached = cached
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -267,11 +271,12 @@ class ImageRows:
 
     def take(self, indices: np.ndarray) -> ImageRows:
         """Some rows, not decoded."""
-        return ImageRows(self.paths[indices], self.image_size, self.augmentation, self.seed)
+        cached = None if self.cached is None else self.cached.take(indices)
+        return ImageRows(self.paths[indices], self.image_size, self.augmentation, self.seed, cached)
 
     def augmented(self, augmentation: Augmentation | None, seed: int) -> ImageRows:
         """These rows, read with ``augmentation`` when read with an epoch."""
-        return ImageRows(self.paths, self.image_size, augmentation, seed)
+        return ImageRows(self.paths, self.image_size, augmentation, seed, self.cached)
 
     def read(
         self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
@@ -295,7 +300,8 @@ class ImageRows:
             assert epoch is not None
             draws = uniforms(self.seed, epoch, indices)
         paths = [str(path) for path in self.paths[indices]]
-        return decode_pool().submit(paths, self.image_size, augmentation, draws, out)
+        cached = None if self.cached is None else (self.cached.folder, self.cached.entries[indices])
+        return decode_pool().submit(paths, self.image_size, augmentation, draws, out, cached)
 
 
 def batches(
