@@ -187,7 +187,7 @@ def run_job(
     if owns_run_folder(job, cluster):
         with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
             # what evaluate, predict, export and a later --resume read
-            write_run_plan(Path(job.out_dir), job.plan, job.init_from)
+            write_run_plan(Path(job.out_dir), job.plan, job.init_from, job.table_statistics)
             summary = dict(strategy.launch(job).summary)
     else:
         Path(job.out_dir).mkdir(parents=True, exist_ok=True)  # rank 0's machine minds its contents

@@ -218,7 +218,8 @@ def test_an_unreadable_image_and_a_misfit_model_are_named(tmp_path: Path) -> Non
     plan = _plan(tmp_path, 'path = "photos"')
     with pytest.raises(PlanError, match=r"data\.path: cannot read image .*ant/9\.jpg"):
         check_image_files(plan, load_datasets(plan))
-    with pytest.raises(PlanError, match=r"model\.input_shape: images of data\.image_size \[8, 8\]"):
+    misfit = r"model\.input_shape: \[64\], but images of data\.image_size \[8, 8\] are rows \[8, 8, 3\]"
+    with pytest.raises(PlanError, match=misfit):
         load_datasets(_plan(tmp_path, 'path = "photos"', input_shape="[64]"))
 
 

@@ -109,6 +109,23 @@ BAD_TABLES = {
 }
 
 
+def test_the_run_folder_keeps_the_statistics_the_admission_computed_without_a_second_read(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The admission reads the table once (``load_datasets``); the run folder is written
+    from what it computed (``Job.table_statistics``), not from a second read of the file."""
+    write_churn_tables(str(tmp_path))
+    plan = load_plan(write_plan(TABLE_PLAN))
+    computed = load_datasets(plan).statistics
+    assert computed is not None and computed == table_datasets(plan)[1]
+    assert plan.data.path is not None
+    Path(plan.data.path).unlink()  # a second read would fail
+    run = tmp_path / "run"
+    run.mkdir()
+    write_data_statistics(run, plan, computed.to_json())
+    assert read_statistics(run) == computed
+
+
 @pytest.mark.parametrize("case", list(BAD_TABLES))
 def test_a_bad_table_is_refused_in_one_line_naming_file_column_and_row(
     case: str, write_plan: Callable[..., Path], tmp_path: Path

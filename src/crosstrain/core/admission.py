@@ -97,6 +97,8 @@ def admit(
     # the data must load and fit the model before any worker starts (a resumed run: with the
     # table statistics its folder keeps)
     datasets = load_datasets(job.plan, job.out_dir if job.resume else None)
+    if datasets.statistics is not None:
+        job = attrs.evolve(job, table_statistics=datasets.statistics.to_json())
     check_image_files(job.plan, datasets)
     if isinstance(strategy, SpeaksVocabulary):
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)

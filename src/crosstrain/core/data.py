@@ -75,6 +75,8 @@ def _take(rows: Rows, indices: np.ndarray) -> Rows:
 class Datasets:
     train: ArrayDataset
     eval: ArrayDataset | None
+    #: a table's statistics (codes, mean, std), kept or computed from its training rows
+    statistics: tables.TableStatistics | None = None
 
 
 @attrs.frozen(eq=False)
@@ -185,7 +187,8 @@ def load_datasets(plan: Plan, run_dir: str | Path | None = None) -> Datasets:
     as they are; without it (or where it keeps none) they are computed from the rows."""
     if plan.data.source == "table":
         datasets, statistics = table_datasets(plan, run_dir)
-        return _scaled(datasets, statistics.scaling() if plan.data.standardize else plan.data.scaling)
+        scaled = _scaled(datasets, statistics.scaling() if plan.data.standardize else plan.data.scaling)
+        return attrs.evolve(scaled, statistics=statistics)
     return _scaled(_load_raw_datasets(plan), plan.data.scaling)
 
 
@@ -279,19 +282,24 @@ def _table_spec(plan: Plan) -> tables.TableSpec:
 def _check_table_model(plan: Plan) -> None:
     """One input per feature column, as float32 numbers."""
     features = plan.data.features
-    if plan.model.input_shape != (len(features),):
+    _check_float_input(
+        plan,
+        (len(features),),
+        f"data.features names {len(features)} columns: the model reads [{len(features)}] "
+        "(one number per feature)",
+        "a table's features are float32 numbers (categories as their codes)",
+    )
+
+
+def _check_float_input(plan: Plan, needed: tuple[int, ...], why_shape: str, why_dtype: str) -> None:
+    """The model reads float32 rows of shape ``needed`` (a table's, an image source's), or
+    a PlanError naming model.input_shape or model.input_dtype and why."""
+    if tuple(plan.model.input_shape) != needed:
         raise PlanError(
-            f"{list(plan.model.input_shape)}, but data.features names {len(features)} columns: "
-            f"the model reads [{len(features)}] (one number per feature)",
-            field="model.input_shape",
-            source=plan.source,
+            f"{list(plan.model.input_shape)}, but {why_shape}", field="model.input_shape", source=plan.source
         )
     if plan.model.input_dtype != "float32":
-        raise PlanError(
-            "a table's features are float32 numbers (categories as their codes)",
-            field="model.input_dtype",
-            source=plan.source,
-        )
+        raise PlanError(why_dtype, field="model.input_dtype", source=plan.source)
 
 
 def _table_rows(
@@ -530,19 +538,12 @@ def _check_image_model(plan: Plan) -> None:
     """Images come as [h, w, 3] float rows: the model's input must be that."""
     assert plan.data.image_size is not None
     needed = (*plan.data.image_size, 3)
-    if tuple(plan.model.input_shape) != needed:
-        raise PlanError(
-            f"images of data.image_size {list(plan.data.image_size)} are rows {list(needed)}, "
-            f"but model.input_shape is {list(plan.model.input_shape)}",
-            field="model.input_shape",
-            source=plan.source,
-        )
-    if plan.model.input_dtype != "float32":
-        raise PlanError(
-            "images are float inputs: model.input_dtype must be 'float32'",
-            field="model.input_dtype",
-            source=plan.source,
-        )
+    _check_float_input(
+        plan,
+        needed,
+        f"images of data.image_size {list(plan.data.image_size)} are rows {list(needed)}",
+        "images are float inputs: model.input_dtype must be 'float32'",
+    )
 
 
 def image_classes(plan: Plan) -> tuple[str, ...]:

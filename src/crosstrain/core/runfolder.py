@@ -28,7 +28,7 @@ from crosstrain.core.data import table_datasets
 from crosstrain.core.errors import InputError, RunFolderError
 from crosstrain.core.plan import Plan, validate_plan
 from crosstrain.core.sources.images import CLASSES_FILE, read_image_index
-from crosstrain.core.sources.table import STATISTICS_FILE, write_statistics
+from crosstrain.core.sources.table import STATISTICS_FILE, TableStatistics, write_statistics
 
 LOCK_FILE = ".crosstrain.lock"
 #: the plan as run (overrides applied, data paths absolute): evaluate, predict and export
@@ -115,9 +115,16 @@ def _locked(out_dir: Path) -> Iterator[None]:
         handle.close()
 
 
-def write_run_plan(out_dir: Path, plan: Plan, init_from: str | None = None) -> Path:
+def write_run_plan(
+    out_dir: Path,
+    plan: Plan,
+    init_from: str | None = None,
+    table_statistics: Mapping[str, Any] | None = None,
+) -> Path:
     """The plan as run, as JSON, replaced atomically (a resumed run may change its output
-    and its length); ``init_from``: the weights a new run started from (``--init-from``)."""
+    and its length); ``init_from``: the weights a new run started from (``--init-from``);
+    ``table_statistics``: a table's statistics as the admission computed them (None: they
+    are computed here)."""
     from crosstrain.core.convert import unstructure_plan
 
     path = Path(out_dir) / PLAN_FILE
@@ -130,17 +137,19 @@ def write_run_plan(out_dir: Path, plan: Plan, init_from: str | None = None) -> P
         document["init_from"] = init_from
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, path)
-    write_data_statistics(Path(out_dir), plan)
+    write_data_statistics(Path(out_dir), plan, table_statistics)
     if plan.data.source == "images":
         write_classes(Path(out_dir), plan)
     return path
 
 
-def write_data_statistics(out_dir: Path, plan: Plan) -> None:
+def write_data_statistics(out_dir: Path, plan: Plan, computed: Mapping[str, Any] | None = None) -> None:
     """A table's statistics (category codes, mean and std: :data:`STATISTICS_FILE`), computed
-    from its training rows when the run starts; a resumed run keeps those it started with."""
+    from its training rows when the run starts (``computed``: already, by the admission); a
+    resumed run keeps those it started with."""
     if plan.data.source == "table" and not (out_dir / STATISTICS_FILE).is_file():
-        write_statistics(out_dir, table_datasets(plan)[1])
+        statistics = TableStatistics.from_json(computed) if computed else table_datasets(plan)[1]
+        write_statistics(out_dir, statistics)
 
 
 def write_classes(out_dir: Path, plan: Plan) -> Path:

@@ -98,6 +98,9 @@ class Job:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = ""
+    #: a table run's statistics as the admission computed them from its training rows (their
+    #: JSON), which the run folder keeps: the table is read once before launch, not twice
+    table_statistics: Mapping[str, Any] | None = None
     #: how each worker loads ``plugins`` (:func:`crosstrain.core.worker.run_worker` calls it):
     #: set by ``crosstrain.api.make_job`` to the plugin manager's ``hook_relay``. Core may not
     #: import the manager, so whoever makes the job hands it down; a module-level function,
