@@ -25,7 +25,8 @@ both), then is timed over two passes.
 ``--train`` (a GPU) then trains the zoo's ResNet-50 (examples/zoo/resnet50.toml, bf16,
 ``train.compile``, batch ``--batch``) with ``crosstrain run`` twice for ``--epochs``: from the
 folder (decoded, cropped and flipped each step as above) and from the same images decoded
-once into a uint8 ``.npy`` kept on the GPU (``placement = "device"``); images/s over epochs
+once into a uint8 ``.npy`` kept on the GPU (``placement = "device"``), and with ``--cache``
+from the decoded cache as well (``data.cache``); images/s over epochs
 2..N of each, and their ratio: 1.0 means the GPU never waits on decoding.
 
 Speed is measured here, never asserted in tests.
@@ -222,8 +223,9 @@ def resnet_plan(directory: Path, name: str, data: str, epochs: int, batch: int) 
 SCALING = "scale = 0.00392156862745098\nmean = [0.485, 0.456, 0.406]\nstd = [0.229, 0.224, 0.225]\n"
 
 
-def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int) -> None:
-    """ResNet-50 from the JPEG folder against ResNet-50 from the same images on the GPU."""
+def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached: bool) -> None:
+    """ResNet-50 from the JPEG folder (and from its decoded cache, ``cached``) against
+    ResNet-50 from the same images on the GPU."""
     from bench_e2e import run_crosstrain  # the end-to-end benchmark's reader of epoch lines
 
     from crosstrain.core.sources.images import ImageRows
@@ -240,14 +242,24 @@ def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int) -> None
         f'source = "npy"\nx_path = "{root / "x.npy"}"\ny_path = "{root / "y.npy"}"\neval_fraction = 0\n'
         f'placement = "device"\n{SCALING}'
     )
+    sides = [("from the JPEG folder", folder), ("from uint8 rows on the GPU", resident)]
+    if cached:  # the cache crosstrain_batches wrote
+        sides.insert(
+            1,
+            (
+                "from the decoded cache",
+                folder.replace("[data.augment]", f'cache = "{root / "photos.cache"}"\n[data.augment]'),
+            ),
+        )
     rates = {}
-    for name, data in (("from the JPEG folder", folder), ("from uint8 rows on the GPU", resident)):
+    for name, data in sides:
         plan = resnet_plan(root, name.split()[-1].lower(), data, epochs, batch)
         epoch_rates, _ = run_crosstrain(plan, root / f"run-{plan.stem}", "cuda", "torch")
         rates[name] = sum(epoch_rates) / len(epoch_rates)
         print(f"ResNet-50 bf16 compiled, {name:30s} {rates[name]:10,.0f} images/s")
-    ratio = rates["from the JPEG folder"] / rates["from uint8 rows on the GPU"]
-    print(f"JPEG folder / GPU-resident: {ratio:.2f}")
+    for name in rates:
+        if name != "from uint8 rows on the GPU":
+            print(f"{name} / GPU-resident: {rates[name] / rates['from uint8 rows on the GPU']:.2f}")
 
 
 # --------------------------------------------------------------------------- timing
@@ -294,7 +306,7 @@ def main() -> None:
         rate = images_per_second(ours, args.passes)
         print(f"{label:60s} {rate:10,.0f} images/s   {rate / native:.2f}x the DataLoader")
     if args.train:
-        train_resnet(root, paths, args.epochs, args.batch)
+        train_resnet(root, paths, args.epochs, args.batch, args.cache)
 
 
 if __name__ == "__main__":

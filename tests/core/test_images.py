@@ -23,6 +23,9 @@ from crosstrain.core.augment import (
     crop_boxes,
     flips,
     jitter_factors,
+    mix_rows,
+    mixed_targets,
+    mixing,
     pad_offsets,
     uniforms,
 )
@@ -476,3 +479,85 @@ def test_caching_a_plan_without_images_or_a_cache_folder_is_refused(
     )
     assert _write_cache(tmp_path) == 2
     assert found in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- mixup, cutmix
+
+
+def _reference_mixing(seed: int, epoch: int, row: int, train_rows: int, size: tuple[int, int], alphas):
+    """One row's partner, weight and cutmix box, by hand: the hash's draws 28..31, the Beta
+    draw from numpy's generator seeded by (seed, epoch, row), torchvision's CutMix box."""
+    mixup_alpha, cutmix_alpha = alphas
+    partner = math.floor(_draw(seed, epoch, row, 28) * train_rows)
+    cut = _draw(seed, epoch, row, 29) < 0.5 if mixup_alpha and cutmix_alpha else bool(cutmix_alpha)
+    generator = np.random.default_rng([0x4D495831, seed, epoch, row])
+    lam = float(generator.beta(*(2 * [cutmix_alpha if cut else mixup_alpha])))
+    if not cut:
+        return partner, lam, None
+    height, width = size
+    centre_y = math.floor(_draw(seed, epoch, row, 30) * height)
+    centre_x = math.floor(_draw(seed, epoch, row, 31) * width)
+    half = 0.5 * math.sqrt(1.0 - lam)
+    half_h, half_w = int(half * height), int(half * width)
+    box = (
+        max(centre_y - half_h, 0),
+        max(centre_x - half_w, 0),
+        min(centre_y + half_h, height),
+        min(centre_x + half_w, width),
+    )
+    return partner, 1.0 - (box[2] - box[0]) * (box[3] - box[1]) / (height * width), box
+
+
+@pytest.mark.parametrize("alphas", [(0.4, 1.0), (0.2, 0.0), (0.0, 1.0)])
+def test_mixup_and_cutmix_draws_equal_a_plain_reference(alphas) -> None:
+    augmentation = Augmentation(mixup=alphas[0], cutmix=alphas[1])
+    rows = np.arange(40, 80)
+    plan = mixing(augmentation, 3, 2, rows, 500, (16, 12))
+    for k, row in enumerate(rows):
+        partner, lam, box = _reference_mixing(3, 2, int(row), 500, (16, 12), alphas)
+        assert plan.partners[k] == partner and bool(plan.cut[k]) == (box is not None)
+        assert plan.lam[k] == pytest.approx(lam, abs=1e-12)
+        if box is not None:
+            assert tuple(plan.boxes[k]) == box
+
+
+def test_mixed_rows_and_targets_are_the_pairs_blended_or_pasted() -> None:
+    rng = np.random.default_rng(0)
+    rows, partners = (rng.integers(0, 256, (6, 16, 12, 3)).astype(np.uint8) for _ in range(2))
+    plan = mixing(Augmentation(mixup=0.4, cutmix=1.0), 1, 0, np.arange(6), 50, (16, 12))
+    assert plan.cut.any() and not plan.cut.all()
+    mixed = mix_rows(rows, partners, plan)
+    for k in range(6):
+        if plan.cut[k]:
+            top, left, bottom, right = plan.boxes[k]
+            expected = rows[k].copy()
+            expected[top:bottom, left:right] = partners[k, top:bottom, left:right]
+        else:
+            lam = np.float32(plan.lam[k])
+            blend = lam * rows[k].astype(np.float32) + (np.float32(1) - lam) * partners[k].astype(np.float32)
+            expected = np.floor(blend + np.float32(0.5)).astype(np.uint8)
+        assert np.array_equal(mixed[k], expected)
+    labels = np.arange(6) % 3
+    targets = mixed_targets(labels, labels[::-1], plan)
+    assert targets.dtype == np.float32 and targets.shape == (6, 3)
+    assert np.array_equal(targets[:, 2], plan.lam.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("setting", "found"),
+    [
+        ('metrics = ["loss"]\nloss = { name = "mse" }', "data.augment.mixup: mixes each row's class label"),
+        ("", "data.augment transforms images"),
+    ],
+)
+def test_mixing_needs_an_image_source_and_class_labels(tmp_path: Path, setting: str, found: str) -> None:
+    from crosstrain.core.planfile import load_plan
+
+    source = 'source = "images"\npath = "photos"\nimage_size = [8, 8]' if setting else 'source = "digits"'
+    (tmp_path / "plan.toml").write_text(
+        f"{setting}\n"
+        '[model]\ninput_shape = [8, 8, 3]\nlayers = [{ type = "flatten" }, { type = "dense", units = 3 }]\n'
+        f"[data]\n{source}\n[data.augment]\nmixup = 0.2\n"
+    )
+    with pytest.raises(PlanError, match=found):
+        load_plan(tmp_path / "plan.toml")

@@ -23,6 +23,17 @@ before the rows are copied: fewer bytes to move.
   uniform in [max(0, 1 - x), 1 + x] (draws 25, 26, 27), applied in that order on the host
   as torchvision applies them to uint8 images (each a blend clamped to 0..255 and truncated
   to uint8; contrast blends with the mean grey level, saturation with each pixel's grey).
+- mixup and cutmix (``mixup = a``, ``cutmix = a``: a Beta(a, a) mixing weight): each row is
+  mixed with a partner row of the training set, floor(u * rows) (draw 28) — any row, not
+  one of the same batch, so the pair is the same whichever process reads the row, at any
+  world size and after a resume (the partner is decoded with its own draws). With both on,
+  draw 29 < 1/2 picks cutmix. The weight lam is drawn from Beta(a, a) by numpy's generator
+  seeded with (seed, epoch, row) alone. Mixup: ``lam * row + (1 - lam) * partner`` rounded
+  to the nearest grey level (the rows stay uint8). Cutmix (torchvision's rule): a box of
+  half-sides ``floor(0.5 * sqrt(1 - lam) * side)`` around the centre (floor(u * height),
+  floor(u * width)) (draws 30, 31), clipped to the image, is the partner's; lam becomes the
+  share of the row left. The targets are (label, partner's label, lam): the loss is
+  ``lam * loss(label) + (1 - lam) * loss(partner's label)``.
 """
 
 from __future__ import annotations
@@ -43,7 +54,11 @@ TOP_DRAW, LEFT_DRAW = 20, 21
 FLIP_DRAW = 22
 PAD_TOP_DRAW, PAD_LEFT_DRAW = 23, 24
 JITTER_DRAWS = (25, 26, 27)  # brightness, contrast, saturation
-DRAWS = 28
+PARTNER_DRAW, CUTMIX_DRAW = 28, 29
+CUT_CENTRE_DRAWS = (30, 31)  # (down, right)
+DRAWS = 32
+#: a domain tag for the Beta draws' generator seeds
+MIX_TAG = 0x4D495831
 #: ITU-R 601 luma weights of a grey level (torchvision's rgb_to_grayscale)
 LUMA = (0.2989, 0.587, 0.114)
 #: torchvision's aspect-ratio range of a random resized crop
@@ -70,6 +85,13 @@ def _check_pad(instance: Any, attribute: attrs.Attribute[Any], value: int) -> No
         raise ValueError(f"'pad_crop' must be >= 0, got {value}")
 
 
+def _check_alpha(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ValueError(
+            f"'{attribute.name}' must be >= 0 (a Beta distribution's alpha; 0: off), got {value}"
+        )
+
+
 @attrs.frozen
 class Augmentation:
     """What ``[data.augment]`` asks of a training row (None, False, 0: not done)."""
@@ -81,11 +103,18 @@ class Augmentation:
     #: token sources: each training window starts 0..sequence_length-1 tokens later, drawn
     #: anew every epoch (:func:`crosstrain.core.sources.text.window_offsets`)
     window_offset: bool = False
+    #: images: the alpha of mixup's and cutmix's Beta(alpha, alpha) mixing weight (0: off)
+    mixup: float = attrs.field(default=0.0, validator=_check_alpha)
+    cutmix: float = attrs.field(default=0.0, validator=_check_alpha)
+
+    @property
+    def mixes(self) -> bool:
+        return self.mixup > 0 or self.cutmix > 0
 
     @property
     def transforms_images(self) -> bool:
         jitters = self.color_jitter is not None and any(self.color_jitter)
-        return self.crop_scale is not None or self.flip or self.pad_crop > 0 or jitters
+        return self.crop_scale is not None or self.flip or self.pad_crop > 0 or jitters or self.mixes
 
     @property
     def is_identity(self) -> bool:
@@ -210,3 +239,86 @@ def _blend(pixels: np.ndarray, other: np.ndarray | np.float32, ratio: np.float32
 def _clamp_and_truncate(pixels: np.ndarray) -> None:
     np.clip(pixels, 0.0, 255.0, out=pixels)
     np.floor(pixels, out=pixels)
+
+
+# --------------------------------------------------------------------------- mixup, cutmix
+
+
+@attrs.frozen(eq=False)
+class Mixing:
+    """How each row of a batch is mixed: its partner (a training row), its weight ``lam``
+    (the share of the row's own label in the loss) and, for cutmix, the box (top, left,
+    bottom, right) pasted from the partner (an empty box: mixup)."""
+
+    partners: np.ndarray  # int64 [rows]
+    lam: np.ndarray  # float64 [rows]
+    cut: np.ndarray  # bool [rows]
+    boxes: np.ndarray  # int64 [rows, 4]
+
+
+def mixing(
+    augmentation: Augmentation,
+    seed: int,
+    epoch: int,
+    rows: np.ndarray,
+    train_rows: int,
+    size: tuple[int, int],
+) -> Mixing:
+    """Each of ``rows``' partner, weight and cutmix box in ``epoch`` (images of ``size``)."""
+    draws = uniforms(seed, epoch, rows)
+    partners = below(draws[:, PARTNER_DRAW], train_rows)
+    if augmentation.mixup > 0 and augmentation.cutmix > 0:
+        cut = draws[:, CUTMIX_DRAW] < 0.5
+    else:
+        cut = np.full(len(rows), augmentation.cutmix > 0)
+    alphas = np.where(cut, augmentation.cutmix, augmentation.mixup)
+    lam = np.asarray(
+        [_beta(seed, epoch, int(row), float(alpha)) for row, alpha in zip(rows, alphas, strict=True)],
+        np.float64,
+    )
+    height, width = size
+    centre_y = below(draws[:, CUT_CENTRE_DRAWS[0]], height)
+    centre_x = below(draws[:, CUT_CENTRE_DRAWS[1]], width)
+    half = 0.5 * np.sqrt(1.0 - lam)
+    half_h, half_w = (half * height).astype(np.int64), (half * width).astype(np.int64)
+    boxes = np.stack(
+        [
+            np.maximum(centre_y - half_h, 0),
+            np.maximum(centre_x - half_w, 0),
+            np.minimum(centre_y + half_h, height),
+            np.minimum(centre_x + half_w, width),
+        ],
+        axis=1,
+    )
+    boxes[~cut] = 0
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    lam = np.where(cut, 1.0 - area / float(height * width), lam)
+    return Mixing(partners, lam, cut, boxes)
+
+
+def _beta(seed: int, epoch: int, row: int, alpha: float) -> float:
+    """Beta(alpha, alpha) for one row: numpy's generator seeded by (seed, epoch, row) only."""
+    entropy = [MIX_TAG, seed & MASK32, epoch & MASK32, row & MASK32]
+    return float(np.random.default_rng(entropy).beta(alpha, alpha))
+
+
+def mix_rows(rows: np.ndarray, partners: np.ndarray, plan: Mixing) -> np.ndarray:
+    """uint8 rows [n, h, w, 3] mixed with their partners' rows as ``plan`` says."""
+    mixed = np.empty_like(rows)
+    for k in range(len(rows)):
+        if plan.cut[k]:
+            top, left, bottom, right = (int(v) for v in plan.boxes[k])
+            mixed[k] = rows[k]
+            mixed[k, top:bottom, left:right] = partners[k, top:bottom, left:right]
+        else:
+            lam = np.float32(plan.lam[k])
+            blend = lam * rows[k].astype(np.float32) + (np.float32(1.0) - lam) * partners[k].astype(
+                np.float32
+            )
+            mixed[k] = np.floor(blend + np.float32(0.5)).astype(np.uint8)
+    return mixed
+
+
+def mixed_targets(labels: np.ndarray, partner_labels: np.ndarray, plan: Mixing) -> np.ndarray:
+    """float32 [n, 3]: each row's label, its partner's label and the row's weight."""
+    return np.stack([labels, partner_labels, plan.lam], axis=1).astype(np.float32)

@@ -28,7 +28,7 @@ from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.sources import table as tables
 from crosstrain.core.sources import text
 from crosstrain.core.sources.cache import CachedRows, cached_rows
-from crosstrain.core.sources.images import ImageRows, check_classes, read_image_index
+from crosstrain.core.sources.images import ImageRows, MixedTargets, check_classes, read_image_index
 from crosstrain.core.tokens import TokenWindows, load_token_file, python_stdlib_tokens, stdlib_files
 
 
@@ -514,7 +514,9 @@ def _image_datasets(plan: Plan) -> Datasets:
         datasets = _split(full, spec.eval_fraction, plan.seed)
     train = datasets.train
     assert isinstance(train.x, ImageRows)
-    augmented = ArrayDataset(train.x.augmented(spec.augment, plan.seed), train.y)
+    images = train.x.augmented(spec.augment, plan.seed)
+    targets: Rows = MixedTargets(np.asarray(train.y), images) if spec.augment.mixes else train.y
+    augmented = ArrayDataset(images, targets)
     return _nonempty(Datasets(train=augmented, eval=datasets.eval), plan)
 
 
@@ -761,7 +763,10 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_rows(rows: Rows, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
-    """``rows[indices]``, read in ``epoch`` (image rows: augmented as drawn for it)."""
+    """``rows[indices]``, read in ``epoch`` (image rows: augmented as drawn for it; a mixing
+    set's labels: mixed as its images are)."""
+    if isinstance(rows, MixedTargets):
+        return rows.read(indices, epoch)
     images = image_rows(rows)
     if images is None:
         return np.asarray(rows[indices])

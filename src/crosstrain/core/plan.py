@@ -268,8 +268,8 @@ def _check_augmentation(spec: DataSpec) -> None:
     augment = spec.augment
     if augment.transforms_images and spec.source != "images":
         raise ValueError(
-            "data.augment transforms images (crop_scale, flip, pad_crop, color_jitter): "
-            "it needs source 'images'"
+            "data.augment transforms images (crop_scale, flip, pad_crop, color_jitter, mixup, "
+            "cutmix): it needs source 'images'"
         )
     if augment.window_offset and spec.source not in TOKEN_SOURCES:
         raise ValueError(
@@ -441,6 +441,15 @@ def validate_plan(plan: Plan) -> None:
             )
     _check_scaling(plan)
     _check_metrics(plan)
+    augment = plan.data.augment
+    if augment.mixes and (plan.loss.name != "cross_entropy" or plan.model.native is not None):
+        field = "data.augment.mixup" if augment.mixup else "data.augment.cutmix"
+        raise PlanError(
+            "mixes each row's class label with its partner's: it needs loss 'cross_entropy' and a "
+            "model of layers",
+            field=field,
+            source=plan.source,
+        )
     if plan.optimizer.decay != "all" and plan.model.native is not None:
         raise PlanError(
             f"decay {plan.optimizer.decay!r} chooses among the neutral layers' weights; a native "

@@ -467,6 +467,8 @@ crop_scale = [0.35, 1.0]
 flip = true
 pad_crop = 2
 color_jitter = [0.4, 0.4, 0.4]
+mixup = 0.4    # each row mixed with a partner: mixup or cutmix, one of the two a row
+cutmix = 1.0
 [optimizer]
 name = "sgd"
 lr = 0.02

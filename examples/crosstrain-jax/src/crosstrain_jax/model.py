@@ -771,7 +771,13 @@ def _cross_entropy(
 ) -> jax.Array:
     """Logits [batch, ..., classes], targets [batch, ...]: the SUM over a row's positions;
     label smoothing e: (1 - e) x the label's negative log-probability plus e x the classes'
-    mean one (torch's formula)."""
+    mean one (torch's formula). Float targets [batch, 3] are a mixed row's (label, partner's
+    label, lam) (mixup, cutmix): lam x the loss of the label + (1 - lam) x the partner's."""
+    if jnp.issubdtype(targets.dtype, jnp.floating):
+        own = _cross_entropy(logits, targets[:, 0].astype(jnp.int32), label_smoothing)
+        partner = _cross_entropy(logits, targets[:, 1].astype(jnp.int32), label_smoothing)
+        lam = targets[:, 2].astype(own.dtype)
+        return lam * own + (1 - lam) * partner
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     if label_smoothing:

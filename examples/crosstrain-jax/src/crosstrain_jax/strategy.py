@@ -299,7 +299,10 @@ def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
 def _targets(batch: Batch, plan: Plan) -> np.ndarray:
     from crosstrain_jax.model import LOSSES
 
-    # jax runs 32-bit by default: int64 class ids go in as int32
+    # jax runs 32-bit by default: int64 class ids go in as int32; a mixed row's targets
+    # (label, partner's label, lam: mixup, cutmix) stay float32
+    if batch.y.dtype.kind == "f" and plan.loss.name == "cross_entropy":
+        return batch.y.astype(np.float32)
     return batch.y.astype(LOSSES[plan.loss.name].target_dtype)
 
 

@@ -173,7 +173,14 @@ def _rows_of(tensor: Any) -> Any:
 def _cross_entropy_rows(outputs: Any, targets: Any, loss: LossSpec) -> Any:
     """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions;
     with label smoothing e, (1 - e) x the label's negative log-probability plus e x the mean
-    over the classes of theirs (torch's formula)."""
+    over the classes of theirs (torch's formula). Float targets [batch, 3] are a mixed row's
+    (label, partner's label, lam) (mixup, cutmix): lam x the loss of the label + (1 - lam) x
+    the loss of the partner's."""
+    if targets.dtype.is_floating:
+        own = _cross_entropy_rows(outputs, tf.cast(targets[:, 0], tf.int64), loss)
+        partner = _cross_entropy_rows(outputs, tf.cast(targets[:, 1], tf.int64), loss)
+        lam = tf.cast(targets[:, 2], own.dtype)
+        return lam * own + (1.0 - lam) * partner
     if not loss.label_smoothing:
         per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
     else:

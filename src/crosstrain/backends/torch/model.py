@@ -257,7 +257,14 @@ def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
 
 
 def _cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: LossSpec) -> torch.Tensor:
-    """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions."""
+    """Logits [batch, ..., classes], targets [batch, ...]: the sum over each row's positions.
+    Float targets [batch, 3] are a mixed row's (label, partner's label, lam) (mixup, cutmix):
+    lam x the loss of the label + (1 - lam) x the loss of the partner's."""
+    if targets.is_floating_point():
+        own = _cross_entropy_rows(outputs, targets[:, 0].long(), loss)
+        partner = _cross_entropy_rows(outputs, targets[:, 1].long(), loss)
+        lam = targets[:, 2].to(own.dtype)
+        return lam * own + (1 - lam) * partner
     classes = outputs.shape[-1]
     losses = F.cross_entropy(
         outputs.reshape(-1, classes),
@@ -306,7 +313,7 @@ def summed_loss(
     """The loss summed over a micro-batch's real rows (``weight``: the row mask; None when
     every row is real). Without padding, cross entropy sums inside its own kernel: a step
     of a small model is bound by the host, and this is one launch and a few calls fewer."""
-    if weight is None and loss.name == "cross_entropy":
+    if weight is None and loss.name == "cross_entropy" and not targets.is_floating_point():
         classes = outputs.shape[-1]
         flat = full_precision(outputs).reshape(-1, classes)
         return F.cross_entropy(

@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from crosstrain.core.augment import Augmentation, uniforms
+from crosstrain.core.augment import Augmentation, Mixing, mix_rows, mixed_targets, mixing, uniforms
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.sources.cache import CachedRows
 from crosstrain.core.sources.decoding import (
@@ -288,10 +288,19 @@ class ImageRows:
 
     def start_read(
         self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
-    ) -> Reading:
+    ) -> Reading | MixedReading:
         """Start decoding rows ``indices``: :meth:`read` without waiting (several batches
-        can be in flight: :func:`batches`)."""
+        can be in flight: :func:`batches`). With mixup or cutmix, each row's partner is
+        decoded in the same batch (its own draws), and the pair mixed once both are in."""
         indices = np.asarray(indices, np.int64)
+        augmentation = self.augmentation
+        if epoch is not None and augmentation is not None and augmentation.mixes:
+            plan = mixing(augmentation, self.seed, epoch, indices, len(self), self.image_size)
+            both = self._start_decoding(np.concatenate([indices, plan.partners]), epoch, None)
+            return MixedReading(both, plan, out)
+        return self._start_decoding(indices, epoch, out)
+
+    def _start_decoding(self, indices: np.ndarray, epoch: int | None, out: np.ndarray | None) -> Reading:
         if out is None:
             out = np.empty((len(indices), *self.image_size, 3), np.uint8)
         augmentation = self.augmentation if epoch is not None else None
@@ -304,12 +313,65 @@ class ImageRows:
         return decode_pool().submit(paths, self.image_size, augmentation, draws, out, cached)
 
 
+@attrs.frozen(eq=False)
+class MixedReading:
+    """A batch decoded with its partners (the rows after the batch's own), mixed once read."""
+
+    both: Reading
+    plan: Mixing
+    out: np.ndarray | None
+
+    def result(self) -> np.ndarray:
+        decoded = self.both.result()
+        count = len(self.plan.lam)
+        mixed = mix_rows(decoded[:count], decoded[count:], self.plan)
+        if self.out is None:
+            return mixed
+        self.out[...] = mixed
+        return self.out
+
+    def discard(self) -> None:
+        self.both.discard()
+
+
+class MixedTargets:
+    """A mixing training set's labels: read in an epoch, each row's (label, partner's label,
+    lam) as float32 [rows, 3], the pairs and weights its images are mixed with; read
+    without one (or indexed), the labels."""
+
+    def __init__(self, labels: np.ndarray, images: ImageRows) -> None:
+        assert images.augmentation is not None and images.augmentation.mixes
+        self.labels, self.images = labels, images
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.labels.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.labels.dtype
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, indices: Any) -> np.ndarray:
+        return np.asarray(self.labels[indices])
+
+    def read(self, indices: np.ndarray, epoch: int | None) -> np.ndarray:
+        if epoch is None:
+            return np.asarray(self.labels[indices])
+        augmentation, images = self.images.augmentation, self.images
+        assert augmentation is not None
+        plan = mixing(augmentation, images.seed, epoch, indices, len(images), images.image_size)
+        return mixed_targets(self.labels[indices], self.labels[plan.partners], plan)
+
+
 def batches(
     rows: ImageRows, index_batches: Iterable[np.ndarray], epoch: int | None, ahead: int = 2
 ) -> Iterator[np.ndarray]:
     """uint8 batches of ``rows`` for each index array in turn, ``ahead`` batches decoding
     in the workers before they are asked for (what a benchmark, or a loop of its own, drives)."""
-    pending: collections.deque[Reading] = collections.deque()
+    pending: collections.deque[Reading | MixedReading] = collections.deque()
     try:
         for indices in index_batches:
             pending.append(rows.start_read(indices, epoch))
