@@ -36,7 +36,7 @@ BYTE_VOCABULARY = 256
 #: bytes of text handed to the tokenizer at once (it encodes a batch's files in parallel)
 BATCH_BYTES = 8 << 20
 #: changes when the way text becomes tokens changes, so old cache files are not reused
-CACHE_VERSION = b"crosstrain-text-1"
+CACHE_VERSION = b"crosstrain-text-2"
 
 
 @attrs.frozen
@@ -101,14 +101,15 @@ def _token_dtype(vocabulary: int) -> type[np.unsignedinteger[Any]]:
 
 
 def cache_key(files: Sequence[Path], tokenizer: str | None) -> str:
-    """The token file's name in the cache: a hash of every file's content, in order, and of
-    the tokenizer file (or of "bytes")."""
+    """The token file's name in the cache: a hash of every file's path, size and
+    modification time, in order (what every process of a run computes as it loads, so
+    never the contents: a large corpus would be read whole by each), and of the tokenizer
+    file's content (or of "bytes"). An edited file is another corpus."""
     digest = hashlib.sha256(CACHE_VERSION)
     digest.update(hashlib.sha256(Path(tokenizer).read_bytes()).digest() if tokenizer else b"bytes")
     for file in files:
-        content = file.read_bytes()
-        digest.update(len(content).to_bytes(8, "little"))
-        digest.update(hashlib.sha256(content).digest())
+        stat = file.stat()
+        digest.update(f"{file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:32]
 
 
