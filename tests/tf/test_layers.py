@@ -23,7 +23,8 @@ pytest.importorskip("tensorflow")
 
 import tensorflow as tf
 
-from crosstrain.backends.tf.layers import LAYERS, keep_mask
+from crosstrain.backends.tf.dense import keep_mask
+from crosstrain.backends.tf.layers import LAYERS
 from crosstrain.backends.tf.model import (
     build_model,
     correct_per_row,

@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.layers import BatchNormNode, ForwardContext  # noqa: E402
+from crosstrain.backends.torch.nodes import ForwardContext  # noqa: E402
+from crosstrain.backends.torch.norms import BatchNormNode  # noqa: E402
 from crosstrain.core.graph import Node  # noqa: E402
 from crosstrain.core.layers import BatchNorm  # noqa: E402
 

@@ -66,7 +66,7 @@ def test_gpu_request_without_enough_gpus_is_refused(tmp_path: Path) -> None:
 
 def test_dropout_masks_on_the_gpu_equal_the_numpy_reference() -> None:
 
-    from crosstrain.backends.torch.layers import keep_mask
+    from crosstrain.backends.torch.dense import keep_mask
     from crosstrain.core.dropout import keep_mask as reference
 
     rows = np.array([0, 3, 2**31 + 5, 2**32 - 1], np.int64)

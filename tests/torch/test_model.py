@@ -36,8 +36,10 @@ from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 
 torch = pytest.importorskip("torch")
 
-from crosstrain.backends.torch.layers import LAYERS, Order, keep_mask  # noqa: E402
+from crosstrain.backends.torch.dense import keep_mask  # noqa: E402
+from crosstrain.backends.torch.layers import LAYERS  # noqa: E402
 from crosstrain.backends.torch.model import build_module, folded_paddings, load_neutral, neutral_state  # noqa: E402
+from crosstrain.backends.torch.nodes import Order  # noqa: E402
 from crosstrain.backends.torch.strategy import TorchStrategy  # noqa: E402
 
 pytestmark = pytest.mark.torch

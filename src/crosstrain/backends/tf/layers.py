@@ -6,14 +6,16 @@ own layers serve where they compute what docs/layers.md specifies; batch norm, d
 embeddings and attention are written here, because the spec fixes what Keras leaves open
 (statistics over real rows of every replica, hash-based masks, fp32 softmax).
 
-A :class:`ContextLayer` also receives the row mask, the rows' global positions and the
-optimizer step (what batch norm and dropout need); the others take their input alone. A
-row also says how ``crosstrain export --format keras`` writes its layer (export.py).
+A :class:`ContextLayer` (nodes.py) also receives the row mask, the rows' global positions
+and the optimizer step (what batch norm and dropout need); the others take their input
+alone. A row also says how ``crosstrain export --format keras`` writes its layer
+(export.py). The layers written here live by family beside this table, as torch's node
+modules do: dense.py (hashed dropout, layer scale, the tied dense), norms.py (batch norm,
+RMS norm), sequences.py (embeddings, attention, class token, padding mask).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, Literal, TypeVar
 
@@ -21,7 +23,16 @@ import attrs
 import keras
 import tensorflow as tf
 
-from crosstrain.core import dropout as neutral_dropout
+from crosstrain.backends.tf.dense import FeatureScale, HashDropout, TiedDense
+from crosstrain.backends.tf.nodes import NodeOptions
+from crosstrain.backends.tf.norms import NeutralBatchNorm, RootMeanSquareNorm
+from crosstrain.backends.tf.sequences import (
+    ClassTokenLayer,
+    PaddingMaskLayer,
+    PositionTable,
+    SelfAttention,
+    TokenEmbedding,
+)
 from crosstrain.core.errors import InputError
 from crosstrain.core.graph import Node
 from crosstrain.core.layers import (
@@ -65,312 +76,12 @@ from crosstrain.core.layers import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
-
-
-@attrs.frozen
-class NodeOptions:
-    """What every builder gets besides the layer and its node: the Keras dtype policy's
-    name and the plan's seed (dropout hashes it)."""
-
-    policy: str
-    seed: int
+from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS
 
 
 def exact_gelu(x: Any) -> Any:
     """GELU with erf, as torch's default; Keras's op defaults to the tanh approximation."""
     return keras.activations.gelu(x, approximate=False)
-
-
-class ContextLayer(keras.layers.Layer):  # type: ignore[misc]
-    """A layer whose training forward needs more than its input: ``weight`` (float row
-    mask, 1 real / 0 padding), ``rows`` (int64 positions in the step's global batch) and
-    ``step`` (int64 optimizer step). Without them every row is real, rows count from 0
-    and the step is 0."""
-
-    def call(
-        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
-    ) -> Any:
-        raise NotImplementedError
-
-
-# --------------------------------------------------------------------------- batch norm
-
-
-def sum_across_replicas(tensor: Any) -> Any:
-    """The sum over every replica of every process, differentiable (the gradient of an
-    all-reduced sum is the all-reduced sum of the gradients); the identity at world 1."""
-    context = tf.distribute.get_replica_context()
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, tensor)
-
-
-class NeutralBatchNorm(ContextLayer):
-    """docs/layers.md's batch norm, in fp32 (built with the float32 policy; float64 under fp64).
-
-    The moving statistics are non-trainable variables updated in the forward pass. Every
-    replica computes the same global statistics; ``ONLY_FIRST_REPLICA`` makes each update
-    write replica 0's value to every copy, so the copies stay identical bit for bit."""
-
-    def __init__(
-        self, momentum: float, epsilon: float, scale: bool = True, center: bool = True, **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self.momentum, self.epsilon = momentum, epsilon
-        self.has_scale, self.has_offset = scale, center
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        features = (int(input_shape[-1]),)  # type: ignore[arg-type]
-        # absent under Keras's scale=False / center=False
-        self.scale = (
-            self.add_weight(shape=features, initializer="ones", name="scale") if self.has_scale else None
-        )
-        self.offset = (
-            self.add_weight(shape=features, initializer="zeros", name="offset") if self.has_offset else None
-        )
-        self.moving_mean = self._statistic(features, "zeros", "moving_mean")
-        self.moving_variance = self._statistic(features, "ones", "moving_variance")
-
-    def _statistic(self, shape: tuple[int], initializer: str, name: str) -> Any:
-        return self.add_weight(
-            shape=shape,
-            initializer=initializer,
-            trainable=False,
-            autocast=False,
-            aggregation="only_first_replica",
-            name=name,
-        )
-
-    def call(
-        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
-    ) -> Any:
-        x = tf.cast(inputs, self.variable_dtype)
-        if training:
-            mean, variance = self._batch_statistics(x, weight)
-        else:
-            mean, variance = self.moving_mean, self.moving_variance
-        y = (x - mean) / tf.sqrt(variance + self.epsilon)
-        if self.scale is not None:
-            y = y * self.scale
-        if self.offset is not None:
-            y = y + self.offset
-        return y
-
-    def _batch_statistics(self, x: Any, weight: Any) -> tuple[Any, Any]:
-        """Two all-reduced passes over the real rows: the mean, then the biased variance."""
-        rank = len(x.shape)
-        axes = list(range(rank - 1))
-        row_weight = tf.ones(tf.shape(x)[:1], x.dtype) if weight is None else tf.cast(weight, x.dtype)
-        broadcast = tf.reshape(row_weight, [-1] + [1] * (rank - 1))
-        positions = math.prod(x.shape[1:-1])
-        count = tf.reduce_sum(row_weight) * positions
-        first = sum_across_replicas(tf.concat([tf.reduce_sum(x * broadcast, axes), count[None]], 0))
-        count = tf.stop_gradient(first[-1])
-        # a micro-batch of padding alone (the end of an epoch) has no statistics: divide by
-        # 1 instead of 0 so nothing turns NaN, and leave the moving statistics alone
-        divisor = tf.maximum(count, 1.0)
-        mean = first[:-1] / divisor
-        variance = sum_across_replicas(tf.reduce_sum(tf.square(x - mean) * broadcast, axes)) / divisor
-        self._update_moving(tf.stop_gradient(mean), tf.stop_gradient(variance), count)
-        return mean, variance
-
-    def _update_moving(self, mean: Any, variance: Any, count: Any) -> None:
-        unbiased = variance * (count / tf.maximum(count - 1.0, 1.0))
-        real = count > 0.0
-        for variable, batch in ((self.moving_mean, mean), (self.moving_variance, unbiased)):
-            moved = self.momentum * variable + (1.0 - self.momentum) * batch
-            variable.assign(tf.where(real, moved, variable))
-
-
-# --------------------------------------------------------------------------- dropout
-
-
-def _mix(value: Any) -> Any:
-    """crosstrain.core.dropout.mix in TensorFlow's int64 ops (products stay below 2**63)."""
-    first, second = neutral_dropout.MULTIPLIERS
-    mask = tf.constant(neutral_dropout.MASK32, tf.int64)
-    value = tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(16, tf.int64)))
-    value = tf.bitwise.bitwise_and(value * first, mask)
-    value = tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(15, tf.int64)))
-    value = tf.bitwise.bitwise_and(value * second, mask)
-    return tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(16, tf.int64)))
-
-
-def keep_mask(seed: int, step: Any, layer: int, rows: Any, features: int, rate: float) -> Any:
-    """bool [rows, features], bit for bit :func:`crosstrain.core.dropout.keep_mask`."""
-    mask = tf.constant(neutral_dropout.MASK32, tf.int64)
-    step = tf.bitwise.bitwise_and(tf.cast(step, tf.int64), mask)
-    state = _mix(tf.constant(seed & neutral_dropout.MASK32, tf.int64))
-    state = _mix(tf.bitwise.bitwise_xor(state, step))
-    state = _mix(tf.bitwise.bitwise_xor(state, tf.constant(layer & neutral_dropout.MASK32, tf.int64)))
-    per_row = _mix(
-        tf.bitwise.bitwise_xor(state, tf.bitwise.bitwise_and(tf.cast(rows, tf.int64), mask)[:, None])
-    )
-    hashed = _mix(tf.bitwise.bitwise_xor(per_row, tf.range(features, dtype=tf.int64)[None, :]))
-    top = tf.bitwise.right_shift(hashed, tf.constant(32 - neutral_dropout.KEEP_BITS, tf.int64))
-    return top >= neutral_dropout.threshold(rate)
-
-
-class HashDropout(ContextLayer):
-    """Dropout whose mask hashes (seed, step, node index, global row, feature): the same
-    units drop in every framework and at every world size, with no generator state."""
-
-    def __init__(
-        self, rate: float, seed: int, layer_index: int, per_row: bool = False, **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self.rate, self.seed, self.layer_index, self.per_row = rate, seed, layer_index, per_row
-
-    def call(
-        self, inputs: Any, training: bool = False, weight: Any = None, rows: Any = None, step: Any = None
-    ) -> Any:
-        if not training or self.rate == 0.0:
-            return inputs
-        rows = tf.range(tf.shape(inputs)[0], dtype=tf.int64) if rows is None else rows
-        step = tf.zeros((), tf.int64) if step is None else step
-        # per row: one unit a row, broadcast over the row's values
-        features = 1 if self.per_row else math.prod(inputs.shape[1:])
-        keep = keep_mask(self.seed, step, self.layer_index, rows, features, self.rate)
-        shape = [-1] + [1] * (len(inputs.shape) - 1) if self.per_row else tf.shape(inputs)
-        keep = tf.cast(tf.reshape(keep, shape), inputs.dtype)
-        return (inputs * keep) * (1.0 / (1.0 - self.rate))
-
-
-# --------------------------------------------------------------------------- sequences
-
-
-class TokenEmbedding(keras.layers.Layer):  # type: ignore[misc]
-    """``table[ids]``; the table's gradient comes back as IndexedSlices."""
-
-    def __init__(self, vocab_size: int, units: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.vocab_size, self.units = vocab_size, units
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        self.table = self.add_weight(shape=(self.vocab_size, self.units), initializer="zeros", name="table")
-
-    def call(self, inputs: Any) -> Any:
-        return tf.cast(tf.gather(self.table, tf.cast(inputs, tf.int32)), self.compute_dtype)
-
-
-class PositionTable(keras.layers.Layer):  # type: ignore[misc]
-    """``x + table``, the table [length, units] broadcast over the batch."""
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        self.table = self.add_weight(shape=tuple(input_shape[1:]), initializer="zeros", name="table")
-
-    def call(self, inputs: Any) -> Any:
-        return inputs + tf.cast(self.table, inputs.dtype)
-
-
-class SelfAttention(keras.layers.Layer):  # type: ignore[misc]
-    """Multi-head self-attention as docs/layers.md writes it: projections in the compute
-    dtype, scores scaled by 1/sqrt(head units) and softmaxed in fp32 (the variables' dtype:
-    float64 under fp64), later positions masked when causal. Grouped keys and values
-    (``kv_heads``) serve ``heads / kv_heads`` consecutive query heads each; ``rotary`` turns
-    queries and keys by core's tables; a second input, the padding mask [batch, length],
-    adds -1e9 to padded keys' scores."""
-
-    def __init__(self, layer: Attention, length: int, units: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.heads, self.causal, self.use_bias = layer.heads, layer.causal, layer.use_bias
-        self.depth = units // layer.heads
-        self.groups = layer.heads // layer.key_heads
-        self.rotary = (
-            tuple(tf.constant(table) for table in rotary_tables(length, self.depth, layer.rotary_base))
-            if layer.rotary
-            else None
-        )
-
-    def build(self, input_shape: Any) -> None:
-        shape = input_shape[0] if isinstance(input_shape, list) else input_shape
-        units = int(shape[-1])
-        key_units = self.depth * (self.heads // self.groups)
-        for projection in ATTENTION_PROJECTIONS:
-            width = key_units if projection in ("key", "value") else units
-            kernel = self.add_weight(shape=(units, width), initializer="zeros", name=f"{projection}_kernel")
-            setattr(self, f"{projection}_kernel", kernel)
-            if self.use_bias:
-                bias = self.add_weight(shape=(width,), initializer="zeros", name=f"{projection}_bias")
-                setattr(self, f"{projection}_bias", bias)
-
-    def _project(self, x: Any, projection: str) -> Any:
-        kernel = tf.cast(getattr(self, f"{projection}_kernel"), self.compute_dtype)
-        projected = tf.matmul(x, kernel)
-        if not self.use_bias:
-            return projected
-        return projected + tf.cast(getattr(self, f"{projection}_bias"), self.compute_dtype)
-
-    def _rotate(self, x: Any) -> Any:
-        """x [batch, heads, length, depth] turned by the rotary tables (half-split)."""
-        assert self.rotary is not None
-        cos, sin = (tf.cast(table, x.dtype) for table in self.rotary)
-        half = self.depth // 2
-        turned = tf.concat([-x[..., half:], x[..., :half]], axis=-1)
-        return x * cos + turned * sin
-
-    def call(self, inputs: Any) -> Any:
-        x, padding = (inputs[0], inputs[1]) if isinstance(inputs, list | tuple) else (inputs, None)
-        length, units = int(x.shape[1]), int(x.shape[2])
-
-        def split(projection: str) -> Any:  # [batch, length, units] -> [batch, heads, length, depth]
-            projected = self._project(x, projection)
-            heads = int(projected.shape[-1]) // self.depth
-            return tf.transpose(tf.reshape(projected, [-1, length, heads, self.depth]), [0, 2, 1, 3])
-
-        query, key, value = split("query"), split("key"), split("value")
-        if self.rotary is not None:
-            query, key = self._rotate(query), self._rotate(key)
-        if self.groups > 1:
-            key, value = tf.repeat(key, self.groups, axis=1), tf.repeat(value, self.groups, axis=1)
-        full = self.variable_dtype
-        scores = tf.cast(tf.matmul(query, key, transpose_b=True), full) / math.sqrt(self.depth)
-        if padding is not None:
-            scores = scores + ((tf.cast(padding, full) - 1.0) * 1e9)[:, None, None, :]
-        if self.causal:
-            allowed = tf.linalg.band_part(tf.ones((length, length), tf.bool), -1, 0)
-            scores = tf.where(allowed, scores, tf.constant(-math.inf, full))
-        weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
-        attended = tf.transpose(tf.matmul(weights, value), [0, 2, 1, 3])
-        return self._project(tf.reshape(attended, [-1, length, units]), "output")
-
-
-class RootMeanSquareNorm(keras.layers.Layer):  # type: ignore[misc]
-    """docs/layers.md's RMS norm of the last axis, in the variables' dtype (fp32 under bf16 and
-    fp16, float64 under fp64) whatever the compute dtype."""
-
-    def __init__(self, epsilon: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.epsilon = epsilon
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        self.scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="ones", name="scale")  # type: ignore[arg-type]
-
-    def call(self, inputs: Any) -> Any:
-        x = tf.cast(inputs, self.variable_dtype)
-        normed = x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + self.epsilon)
-        return tf.cast(normed * self.scale, self.compute_dtype)
-
-
-class FeatureScale(keras.layers.Layer):  # type: ignore[misc]
-    """``x * scale`` over the last axis, as Keras's LayerScale computes it (the scale in the
-    compute dtype)."""
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        self.scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="ones", name="scale")  # type: ignore[arg-type]
-
-    def call(self, inputs: Any) -> Any:
-        return inputs * tf.cast(self.scale, inputs.dtype)
-
-
-class ClassTokenLayer(keras.layers.Layer):  # type: ignore[misc]
-    """The learned token [1, units] before each row's sequence."""
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        self.token = self.add_weight(shape=(1, int(input_shape[-1])), initializer="zeros", name="token")  # type: ignore[arg-type]
-
-    def call(self, inputs: Any) -> Any:
-        token = tf.cast(self.token, inputs.dtype)[None]  # [1, 1, units]
-        return tf.concat([tf.tile(token, [tf.shape(inputs)[0], 1, 1]), inputs], axis=1)
 
 
 class TakePosition(keras.layers.Layer):  # type: ignore[misc]
@@ -382,44 +93,6 @@ class TakePosition(keras.layers.Layer):  # type: ignore[misc]
 
     def call(self, inputs: Any) -> Any:
         return inputs[:, self.index]
-
-
-class TiedDense(keras.layers.Layer):  # type: ignore[misc]
-    """A dense whose kernel is an embedding's table transposed (``tie``): the graph model
-    hands it that embedding (:meth:`tie`); its own variable is the bias alone."""
-
-    def __init__(self, units: int, use_bias: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.units, self.use_bias = units, use_bias
-        self.table: Callable[[], Any] = _untied
-
-    def tie(self, embedding: keras.layers.Layer) -> None:
-        # read through a function: an attribute holding the layer would make Keras track the
-        # embedding, and its table, a second time
-        self.table = lambda: embedding.table
-
-    def build(self, input_shape: tuple[int | None, ...]) -> None:
-        if self.use_bias:
-            self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias")
-
-    def call(self, inputs: Any) -> Any:
-        outputs = tf.matmul(inputs, tf.cast(self.table(), self.compute_dtype), transpose_b=True)
-        return outputs + tf.cast(self.bias, self.compute_dtype) if self.use_bias else outputs
-
-
-def _untied() -> Any:
-    raise RuntimeError("a tied dense runs after GraphModel.tie hands it its embedding")
-
-
-class PaddingMaskLayer(keras.layers.Layer):  # type: ignore[misc]
-    """Token ids -> 1 (a real token) or 0 (``pad_id``), in the compute dtype."""
-
-    def __init__(self, pad_id: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pad_id = pad_id
-
-    def call(self, inputs: Any) -> Any:
-        return tf.cast(tf.not_equal(inputs, self.pad_id), self.compute_dtype)
 
 
 # --------------------------------------------------------------------------- the tables

@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from crosstrain.backends.common import native_factory
-from crosstrain.backends.tf.layers import LAYERS, ContextLayer, NodeOptions
+from crosstrain.backends.tf.layers import LAYERS
+from crosstrain.backends.tf.nodes import ContextLayer, NodeOptions
 from crosstrain.core.graph import MODEL_INPUT, Graph
 from crosstrain.core.plan import LossSpec, Plan
 

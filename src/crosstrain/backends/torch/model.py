@@ -18,14 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from crosstrain.backends.common import native_factory
-from crosstrain.backends.torch.layers import (
-    LAYERS,
-    ForwardContext,
-    NodeModule,
-    Order,
-    to_nchw,
-    to_nhwc,
-)
+from crosstrain.backends.torch.layers import LAYERS
+from crosstrain.backends.torch.nodes import ForwardContext, NodeModule, Order, to_nchw, to_nhwc
 from crosstrain.core.graph import MODEL_INPUT, Graph, Node
 from crosstrain.core.layers import Conv2D, MaxPool2D, ReLU, ReLU6, ZeroPad2D
 from crosstrain.core.optimizers import decayed_weights
