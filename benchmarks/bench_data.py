@@ -9,9 +9,11 @@ validation image), in 10 class folders. Then, on the same files and the same cor
 
 - crosstrain: the ``source = "images"`` pipeline with ``[data.augment] crop_scale =
   [0.08, 1.0]`` and ``flip = true`` (torchvision's RandomResizedCrop defaults), batches of
-  ``--batch`` uint8 rows of 224x224x3, decoded by its pool of worker processes;
+  ``--batch`` uint8 rows of 224x224x3, decoded by its pool of worker processes; twice:
+  resized by Pillow's antialiased bilinear filter (``data.antialias = true``, the default)
+  and by OpenCV's exact bilinear one (``data.antialias = false``);
 - with ``--cache``, the same reading a decoded cache (``data.cache``, written first as
-  ``crosstrain data cache`` writes it: every image decoded once);
+  ``crosstrain data cache`` writes it: every image decoded once), resized by OpenCV;
 - torch's DataLoader with ``--workers`` worker processes, each decoding with torchvision's
   ``decode_jpeg`` and transforming with ``v2.RandomResizedCrop(224)`` and
   ``v2.RandomHorizontalFlip()``, collated into uint8 batches. Where torchvision cannot be
@@ -23,11 +25,12 @@ Each side reads every image once as warm-up (the page cache then holds the files
 both), then is timed over two passes.
 
 ``--train`` (a GPU) then trains the zoo's ResNet-50 (examples/zoo/resnet50.toml, bf16,
-``train.compile``, batch ``--batch``) with ``crosstrain run`` twice for ``--epochs``: from the
-folder (decoded, cropped and flipped each step as above) and from the same images decoded
-once into a uint8 ``.npy`` kept on the GPU (``placement = "device"``), and with ``--cache``
-from the decoded cache as well (``data.cache``); images/s over epochs
-2..N of each, and their ratio: 1.0 means the GPU never waits on decoding.
+``train.compile``, batch ``--batch``) with ``crosstrain run`` for ``--epochs``: from the
+folder (decoded, cropped and flipped each step as above; resized by OpenCV, and with
+``--pillow`` by Pillow too) and from the same images decoded once into a uint8 ``.npy`` kept
+on the GPU (``placement = "device"``), and with ``--cache`` from the decoded cache as well
+(``data.cache``); images/s over epochs 2..N of each, and their ratio: 1.0 means the GPU never
+waits on decoding.
 
 Speed is measured here, never asserted in tests.
 """
@@ -170,12 +173,12 @@ def dataloader_batches(paths: list[Path], batch: int, workers: int) -> tuple[str
 
 
 def crosstrain_batches(
-    paths: list[Path], batch: int, workers: int, cache: Path | None = None
+    paths: list[Path], batch: int, workers: int, antialias: bool, cache: Path | None = None
 ) -> tuple[str, Callable[[], Iterable[Any]]]:
     """The images source's own reader (:class:`ImageRows`, the rows a training step reads),
-    with torchvision's crop defaults and a flip, one pool of ``workers`` decoding processes;
-    reading a decoded cache at ``cache`` (written there first, as ``crosstrain data cache``
-    writes it) when given."""
+    with torchvision's crop defaults and a flip, one pool of ``workers`` decoding processes,
+    resized by Pillow (``antialias``) or OpenCV; reading a decoded cache at ``cache`` (written
+    there first, as ``crosstrain data cache`` writes it) when given."""
     os.environ["CROSSTRAIN_DECODE_WORKERS"] = str(workers)
     from crosstrain.core.augment import Augmentation
     from crosstrain.core.sources.cache import cached_rows, write_cache
@@ -189,7 +192,9 @@ def crosstrain_batches(
         print(f"decoded cache: {written / 1e9:.1f} GB in {time.perf_counter() - started:.0f} s")
         cached = cached_rows(str(cache), files, "data.cache", None)
     augmentation = Augmentation(crop_scale=(0.08, 1.0), flip=True)
-    rows = ImageRows(np.asarray(files), (SIDE, SIDE), augmentation, seed=0, cached=cached)
+    rows = ImageRows(
+        np.asarray(files), (SIDE, SIDE), augmentation, seed=0, cached=cached, antialias=antialias
+    )
     epochs = iter(range(1_000_000))
 
     def one_epoch() -> Iterable[Any]:
@@ -198,8 +203,9 @@ def crosstrain_batches(
         index_batches = [order[i : i + batch] for i in range(0, len(order) - batch + 1, batch)]
         return ((images,) for images in batches(rows, index_batches, epoch))
 
-    read = "from the decoded cache" if cache is not None else "Pillow"
-    return f"crosstrain images source ({workers} worker processes, {read})", one_epoch
+    read = "the decoded cache" if cache is not None else "files"
+    resize = "Pillow" if antialias else "OpenCV"
+    return f"crosstrain images source ({workers} workers, {read}, {resize})", one_epoch
 
 
 # --------------------------------------------------------------------------- training
@@ -223,9 +229,9 @@ def resnet_plan(directory: Path, name: str, data: str, epochs: int, batch: int) 
 SCALING = "scale = 0.00392156862745098\nmean = [0.485, 0.456, 0.406]\nstd = [0.229, 0.224, 0.225]\n"
 
 
-def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached: bool) -> None:
-    """ResNet-50 from the JPEG folder (and from its decoded cache, ``cached``) against
-    ResNet-50 from the same images on the GPU."""
+def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached: bool, pillow: bool) -> None:
+    """ResNet-50 from the JPEG folder (resized by OpenCV, and by Pillow too with ``pillow``;
+    and from its decoded cache, ``cached``) against ResNet-50 from the same images on the GPU."""
     from bench_e2e import run_crosstrain  # the end-to-end benchmark's reader of epoch lines
 
     from crosstrain.core.sources.images import ImageRows
@@ -236,13 +242,15 @@ def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached:
     folder = (
         f'source = "images"\npath = "{root / "photos"}"\nimage_size = [{SIDE}, {SIDE}]\neval_fraction = 0\n'
         + SCALING
-        + "[data.augment]\ncrop_scale = [0.08, 1.0]\nflip = true\n"
+        + "antialias = false\n[data.augment]\ncrop_scale = [0.08, 1.0]\nflip = true\n"
     )
     resident = (
         f'source = "npy"\nx_path = "{root / "x.npy"}"\ny_path = "{root / "y.npy"}"\neval_fraction = 0\n'
         f'placement = "device"\n{SCALING}'
     )
     sides = [("from the JPEG folder", folder), ("from uint8 rows on the GPU", resident)]
+    if pillow:
+        sides.insert(1, ("from the JPEG folder, Pillow", folder.replace("antialias = false\n", "")))
     if cached:  # the cache crosstrain_batches wrote
         sides.insert(
             1,
@@ -253,7 +261,7 @@ def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached:
         )
     rates = {}
     for name, data in sides:
-        plan = resnet_plan(root, name.split()[-1].lower(), data, epochs, batch)
+        plan = resnet_plan(root, name.split()[-1].lower().strip(","), data, epochs, batch)
         epoch_rates, _ = run_crosstrain(plan, root / f"run-{plan.stem}", "cuda", "torch")
         rates[name] = sum(epoch_rates) / len(epoch_rates)
         print(f"ResNet-50 bf16 compiled, {name:30s} {rates[name]:10,.0f} images/s")
@@ -285,6 +293,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--cache", action="store_true", help="also read the images from a decoded cache")
     parser.add_argument("--train", action="store_true", help="also train ResNet-50 from the folder (a GPU)")
+    parser.add_argument("--pillow", action="store_true", help="train from the folder resized by Pillow too")
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="bench-data-"))
@@ -298,15 +307,13 @@ def main() -> None:
     label, loader = dataloader_batches(paths, args.batch, args.workers)
     native = images_per_second(lambda: loader, args.passes)
     print(f"{label:60s} {native:10,.0f} images/s")
-    label, ours = crosstrain_batches(paths, args.batch, args.workers)
-    rate = images_per_second(ours, args.passes)
-    print(f"{label:60s} {rate:10,.0f} images/s   {rate / native:.2f}x the DataLoader")
-    if args.cache:
-        label, ours = crosstrain_batches(paths, args.batch, args.workers, root / "photos.cache")
+    readers = [(True, None), (False, None)] + [(False, root / "photos.cache")] * args.cache
+    for antialias, cache in readers:
+        label, ours = crosstrain_batches(paths, args.batch, args.workers, antialias, cache)
         rate = images_per_second(ours, args.passes)
         print(f"{label:60s} {rate:10,.0f} images/s   {rate / native:.2f}x the DataLoader")
     if args.train:
-        train_resnet(root, paths, args.epochs, args.batch, args.cache)
+        train_resnet(root, paths, args.epochs, args.batch, args.cache, args.pillow)
 
 
 if __name__ == "__main__":

@@ -319,7 +319,7 @@ def _read_images(path: Path, plan: Plan) -> np.ndarray:
         check_image_headers(files, "--data", None)
     except PlanError as error:
         raise InputError(f"--data {error.message}") from None
-    rows = ImageRows(np.asarray(files), plan.data.image_size)
+    rows = ImageRows(np.asarray(files), plan.data.image_size, antialias=plan.data.antialias)
     return plan.data.scaling.apply(rows.read(np.arange(len(files))))
 
 

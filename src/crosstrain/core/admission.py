@@ -64,6 +64,7 @@ from crosstrain.core.loop import total_steps
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.runfolder import check_request
+from crosstrain.core.sources.decoding import opencv
 from crosstrain.core.sources.images import check_image_headers
 from crosstrain.core.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
@@ -138,6 +139,11 @@ def check_image_files(plan: Plan, datasets: Datasets) -> None:
     behind a sound header are met when a step decodes them (named with the rank)."""
     if plan.data.source != "images":
         return
+    if not plan.data.antialias:
+        try:
+            opencv()
+        except InputError as error:
+            raise PlanError(str(error), field="data.antialias", source=plan.source) from None
     eval_field = "data.eval_path" if plan.data.eval_path is not None else "data.path"
     for part, field in ((datasets.train, "data.path"), (datasets.eval, eval_field)):
         rows = None if part is None else image_rows(part.x)

@@ -181,6 +181,7 @@ _LEFT_OUT_AT_DEFAULT: dict[str | None, dict[str, Any]] = {
         "features": [],
         "categorical": [],
         "standardize": False,
+        "antialias": True,
     },
 }
 

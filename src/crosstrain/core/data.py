@@ -499,7 +499,9 @@ def _image_datasets(plan: Plan) -> Datasets:
     assert spec.path is not None and spec.image_size is not None  # DataSpec refuses images without
     _check_image_model(plan)
     index = read_image_index(spec.path, "data.path", plan.source)
-    rows = ImageRows(np.asarray(index.paths), spec.image_size, cached=_cached(plan, index.paths))
+    rows = ImageRows(
+        np.asarray(index.paths), spec.image_size, cached=_cached(plan, index.paths), antialias=spec.antialias
+    )
     full = ArrayDataset(rows, _targets(index.labels, plan))
     if spec.limit is not None:
         full = full.take(np.arange(min(spec.limit, len(full))))
@@ -508,7 +510,8 @@ def _image_datasets(plan: Plan) -> Datasets:
         check_classes(index.classes, held_out.classes, "data.eval_path", plan.source)
         label_of = {name: label for label, name in enumerate(index.classes)}
         labels = np.asarray([label_of[held_out.classes[label]] for label in held_out.labels], np.int64)
-        rows = ImageRows(np.asarray(held_out.paths), spec.image_size, cached=_cached(plan, held_out.paths))
+        cached = _cached(plan, held_out.paths)
+        rows = ImageRows(np.asarray(held_out.paths), spec.image_size, cached=cached, antialias=spec.antialias)
         datasets = Datasets(train=full, eval=ArrayDataset(rows, _targets(labels, plan)))
     else:
         datasets = _split(full, spec.eval_fraction, plan.seed)

@@ -206,6 +206,9 @@ class DataSpec:
     tokenizer: str | None = None
     #: images: each decoded and resized to [height, width] (model.input_shape [h, w, 3])
     image_size: tuple[int, int] | None = attrs.field(default=None, validator=_positive_sizes)
+    #: images: resized by Pillow's antialiased bilinear filter (true), or by OpenCV's
+    #: bit-exact bilinear interpolation without antialiasing (false: about twice as fast)
+    antialias: bool = True
     #: images: a folder holding the files' decoded pixels (``crosstrain data cache PLAN``
     #: writes it); rows are then read from it, not decoded
     cache: str | None = None
@@ -230,6 +233,10 @@ class DataSpec:
         self._check_table_fields()
         if self.augment.window_offset and self.source not in ("tokens", "python-stdlib", "text"):
             raise ValueError(f"augment.window_offset moves token windows; source {self.source!r} has none")
+        if not self.antialias and self.source != "images":
+            raise ValueError(
+                f"data.antialias is how images are resized (source 'images'), not source {self.source!r}"
+            )
         if self.cache is not None and self.source != "images":
             raise ValueError(f"data.cache holds decoded images (source 'images'), not source {self.source!r}")
         if self.tokenizer is not None and self.source not in ("text", "python-stdlib"):

@@ -96,13 +96,31 @@ CACHE_PIXELS = "pixels.u8"
 Cached = tuple[str, np.ndarray]
 
 
+def opencv() -> Any:
+    """OpenCV's module, set to one thread (each worker is one core's worth), or one line
+    naming the extra that brings it."""
+    try:
+        import cv2
+    except ImportError:
+        raise InputError(f"data.antialias = false resizes with OpenCV: {IMAGES_EXTRA}") from None
+    cv2.setNumThreads(1)
+    return cv2
+
+
 def decode_image(
-    path: str, size: tuple[int, int], augmentation: Augmentation | None, draws: np.ndarray | None
+    path: str,
+    size: tuple[int, int],
+    augmentation: Augmentation | None,
+    draws: np.ndarray | None,
+    antialias: bool = True,
 ) -> np.ndarray:
     """One file as uint8 ``(h, w, 3)``: boxed, resized, padded-cropped and flipped as
-    ``augmentation`` and this row's ``draws`` say (None: the centre box only)."""
+    ``augmentation`` and this row's ``draws`` say (None: the centre box only); resized by
+    Pillow's antialiased bilinear filter, or without ``antialias`` by OpenCV's bit-exact
+    bilinear interpolation."""
     row = np.empty((1, *size, 3), np.uint8)
-    failed = _decode_into([path], size, augmentation, None if draws is None else draws[None], row, None)
+    one_draw = None if draws is None else draws[None]
+    failed = _decode_into([path], size, augmentation, one_draw, row, None, antialias)
     if failed is not None:
         raise failed[1]
     return np.asarray(row[0])
@@ -115,11 +133,12 @@ def decode_rows(
     draws: np.ndarray | None,
     out: np.ndarray,
     cached: Cached | None = None,
+    antialias: bool = True,
 ) -> str | None:
     """``out[k]`` = row k of ``paths`` decoded (its pixels read from a decoded cache where
     ``cached`` says where they lie); the first file that does not decode stops the chunk and
     is named in the line returned (None when every row decoded)."""
-    failed = _decode_into(paths, size, augmentation, draws, out, cached)
+    failed = _decode_into(paths, size, augmentation, draws, out, cached, antialias)
     return None if failed is None else f"cannot decode image {paths[failed[0]]}: {failed[1]}"
 
 
@@ -130,6 +149,7 @@ def _decode_into(
     draws: np.ndarray | None,
     out: np.ndarray,
     cached: Cached | None,
+    antialias: bool,
 ) -> tuple[int, Exception] | None:
     """The rows decoded into ``out``, their draws turned into boxes, offsets and flips for
     all of them at once (numpy's cost is per call, not per row: a row at a time, the crop
@@ -138,20 +158,23 @@ def _decode_into(
         sizes = cached[1][:, 1:]
     else:
         sizes = np.zeros((len(paths), 2), np.int64)  # (height, width): the headers only
+        jpeg = np.zeros(len(paths), bool)
         for k, path in enumerate(paths):
             try:
                 with pillow().open(path) as opened:
-                    sizes[k] = opened.size[::-1]
+                    sizes[k], jpeg[k] = opened.size[::-1], opened.format == "JPEG"
             except UNDECODABLE as error:
                 return k, error
     augmented = augmentation if draws is not None else None
     boxes = _boxes(sizes, size, augmented, draws)
     for k, path in enumerate(paths):
         try:
-            if cached is None:
+            if cached is not None:
+                _resize_cached(cached[0], cached[1][k], boxes[k], out[k], antialias)
+            elif antialias:
                 out[k] = _resized(path, boxes[k], size)
             else:
-                out[k] = _resized_pixels(_cached_image(cached[0], cached[1][k]), boxes[k], size)
+                _resize_exact(path, bool(jpeg[k]), sizes[k], boxes[k], out[k])
         except UNDECODABLE as error:
             return k, error
     if augmented is not None and draws is not None:
@@ -186,28 +209,66 @@ def _resized(path: str, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return np.asarray(resized, np.uint8)
 
 
+def _resize_exact(path: str, jpeg: bool, full: np.ndarray, box: np.ndarray, out: np.ndarray) -> None:
+    """The file's ``box`` (top, left, height, width) resized into ``out`` by OpenCV: decoded
+    by the libjpeg-turbo Pillow uses too (the same pixels), at the DCT scale Pillow's
+    ``draft`` picks; the box, scaled with it, rounded to whole pixels."""
+    cv2 = opencv()
+    height, width = (int(v) for v in full)
+    top, left, box_h, box_w = (int(v) for v in box)
+    reduction = _dct_reduction(width, height, box_h, box_w, out.shape[:2]) if jpeg else 1
+    encoded = np.fromfile(path, np.uint8)
+    decoded = cv2.imdecode(encoded, _REDUCED_READS[reduction])
+    if decoded is None:
+        raise ValueError("OpenCV cannot decode it (damaged or cut short)")
+    scale_y, scale_x = decoded.shape[0] / height, decoded.shape[1] / width
+    rows = slice(round(top * scale_y), max(round(top * scale_y) + 1, round((top + box_h) * scale_y)))
+    columns = slice(round(left * scale_x), max(round(left * scale_x) + 1, round((left + box_w) * scale_x)))
+    _resize_into(cv2, decoded[rows, columns], out)
+
+
+def _resize_into(cv2: Any, pixels: np.ndarray, out: np.ndarray) -> None:
+    """``pixels`` (uint8 HWC) resized into ``out`` by OpenCV's bit-exact bilinear filter."""
+    cv2.resize(pixels, (out.shape[1], out.shape[0]), dst=out, interpolation=cv2.INTER_LINEAR_EXACT)
+
+
+def _dct_reduction(width: int, height: int, box_h: int, box_w: int, size: tuple[int, ...]) -> int:
+    """The DCT scale (1, 2, 4, 8) Pillow's ``draft`` picks for the box's output pixels."""
+    needed = (-(-width * size[1] // box_w), -(-height * size[0] // box_h))
+    scale = min(width // needed[0], height // needed[1])
+    return next((denominator for denominator in (8, 4, 2) if scale >= denominator), 1)
+
+
+#: OpenCV's read flags per DCT reduction: RGB (not its usual BGR), three channels
+_REDUCED_READS = {1: 256, 2: 256 | 16, 4: 256 | 32, 8: 256 | 64}  # IMREAD_COLOR_RGB | IMREAD_REDUCED_*
+
+
 #: each process's maps of the caches it read (folder -> the pixels file, read-only)
 _CACHE_MAPS: dict[str, np.ndarray] = {}
 
 
-def _cached_image(folder: str, entry: np.ndarray) -> Image.Image:
-    """A cached image's pixels (first byte, height, width: ``entry``) as a Pillow image
-    over the cache's memory map (no copy)."""
+def _cached_pixels(folder: str, entry: np.ndarray) -> np.ndarray:
+    """A cached image's pixels (first byte, height, width: ``entry``), uint8 HWC over the
+    cache's memory map (no copy)."""
     pixels = _CACHE_MAPS.get(folder)
     if pixels is None:
         pixels = _CACHE_MAPS[folder] = np.memmap(os.path.join(folder, CACHE_PIXELS), np.uint8, mode="r")
     start, height, width = (int(v) for v in entry)
-    row = pixels[start : start + height * width * 3]
-    image: Image.Image = pillow().frombuffer("RGB", (width, height), row, "raw", "RGB", 0, 1)
-    return image
+    return pixels[start : start + height * width * 3].reshape(height, width, 3)
 
 
-def _resized_pixels(decoded: Image.Image, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """A decoded image's ``box`` (top, left, height, width) resized to ``size``, uint8 HWC."""
+def _resize_cached(folder: str, entry: np.ndarray, box: np.ndarray, out: np.ndarray, antialias: bool) -> None:
+    """A cached image's ``box`` (top, left, height, width) resized into ``out``."""
+    pixels = _cached_pixels(folder, entry)
     top, left, box_h, box_w = (int(v) for v in box)
+    if not antialias:
+        _resize_into(opencv(), pixels[top : top + box_h, left : left + box_w], out)
+        return
+    image = pillow()
+    decoded = image.frombuffer("RGB", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGB", 0, 1)
     box_edges = (left, top, left + box_w, top + box_h)
-    resized = decoded.resize((size[1], size[0]), pillow().Resampling.BILINEAR, box=box_edges)
-    return np.asarray(resized, np.uint8)
+    resized = decoded.resize((out.shape[1], out.shape[0]), image.Resampling.BILINEAR, box=box_edges)
+    out[...] = np.asarray(resized, np.uint8)
 
 
 def _augment(rows: np.ndarray, augmentation: Augmentation, draws: np.ndarray) -> None:
@@ -255,6 +316,7 @@ class Chunk:
     augmentation: Augmentation | None
     draws: np.ndarray | None
     cached: Cached | None = None
+    antialias: bool = True
 
 
 def serve(task_fd: int, result_fd: int) -> None:
@@ -272,7 +334,9 @@ def serve(task_fd: int, result_fd: int) -> None:
         row_shape = (*chunk.size, 3)
         rows = np.ndarray((chunk.capacity // int(np.prod(row_shape)), *row_shape), np.uint8, buffer)
         target = rows[chunk.first : chunk.first + len(chunk.paths)]
-        error = decode_rows(chunk.paths, chunk.size, chunk.augmentation, chunk.draws, target, chunk.cached)
+        error = decode_rows(
+            chunk.paths, chunk.size, chunk.augmentation, chunk.draws, target, chunk.cached, chunk.antialias
+        )
         del rows, target
         results.send((chunk.job, error))
 
@@ -377,6 +441,7 @@ class DecodePool:
         draws: np.ndarray | None,
         out: np.ndarray,
         cached: Cached | None = None,
+        antialias: bool = True,
     ) -> Reading:
         """Start decoding ``paths`` into ``out``, in contiguous chunks dealt to the workers
         as they free up; each chunk is copied into ``out`` as soon as its worker answers, so
@@ -404,6 +469,7 @@ class DecodePool:
                 paths[rows[0] : rows[-1] + 1], size, augmentation,
                 None if draws is None else draws[rows[0] : rows[-1] + 1],
                 None if cached is None else (cached[0], cached[1][rows[0] : rows[-1] + 1]),
+                antialias,
             )
             for rows in cuts
         ]  # fmt: skip

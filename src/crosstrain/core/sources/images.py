@@ -237,7 +237,9 @@ class ImageRows:
     """Rows of image files, read as float32 channels-last ``(h, w, 3)`` rows (stored
     uint8: :meth:`read` gives them so). Rows read with an epoch are augmented as drawn for
     that epoch (``augmentation``); rows read without one get the evaluation's centre box.
-    ``cached``: where the files' decoded pixels lie in a decoded cache (``data.cache``)."""
+    ``cached``: where the files' decoded pixels lie in a decoded cache (``data.cache``);
+    ``antialias``: resized by Pillow's antialiased filter, else OpenCV's exact bilinear one
+    (``data.antialias``)."""
 
     def __init__(
         self,
@@ -246,12 +248,14 @@ class ImageRows:
         augmentation: Augmentation | None = None,
         seed: int = 0,
         cached: CachedRows | None = None,
+        antialias: bool = True,
     ) -> None:
         self.paths = paths
         self.image_size = image_size
         self.augmentation = augmentation
         self.seed = seed
         self.cached = cached
+        self.antialias = antialias
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -272,11 +276,13 @@ class ImageRows:
     def take(self, indices: np.ndarray) -> ImageRows:
         """Some rows, not decoded."""
         cached = None if self.cached is None else self.cached.take(indices)
-        return ImageRows(self.paths[indices], self.image_size, self.augmentation, self.seed, cached)
+        return ImageRows(
+            self.paths[indices], self.image_size, self.augmentation, self.seed, cached, self.antialias
+        )
 
     def augmented(self, augmentation: Augmentation | None, seed: int) -> ImageRows:
         """These rows, read with ``augmentation`` when read with an epoch."""
-        return ImageRows(self.paths, self.image_size, augmentation, seed, self.cached)
+        return ImageRows(self.paths, self.image_size, augmentation, seed, self.cached, self.antialias)
 
     def read(
         self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
@@ -310,7 +316,7 @@ class ImageRows:
             draws = uniforms(self.seed, epoch, indices)
         paths = [str(path) for path in self.paths[indices]]
         cached = None if self.cached is None else (self.cached.folder, self.cached.entries[indices])
-        return decode_pool().submit(paths, self.image_size, augmentation, draws, out, cached)
+        return decode_pool().submit(paths, self.image_size, augmentation, draws, out, cached, self.antialias)
 
 
 @attrs.frozen(eq=False)
