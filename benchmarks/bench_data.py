@@ -249,16 +249,11 @@ def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached:
         f'placement = "device"\n{SCALING}'
     )
     sides = [("from the JPEG folder", folder), ("from uint8 rows on the GPU", resident)]
-    if pillow:
-        sides.insert(1, ("from the JPEG folder, Pillow", folder.replace("antialias = false\n", "")))
     if cached:  # the cache crosstrain_batches wrote
-        sides.insert(
-            1,
-            (
-                "from the decoded cache",
-                folder.replace("[data.augment]", f'cache = "{root / "photos.cache"}"\n[data.augment]'),
-            ),
-        )
+        cache_line = f'cache = "{root / "photos.cache"}"\n[data.augment]'
+        sides.append(("from the decoded cache", folder.replace("[data.augment]", cache_line)))
+    if pillow:
+        sides.append(("from the JPEG folder, Pillow", folder.replace("antialias = false\n", "")))
     rates = {}
     for name, data in sides:
         plan = resnet_plan(root, name.split()[-1].lower().strip(","), data, epochs, batch)
