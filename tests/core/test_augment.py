@@ -3,6 +3,7 @@ padded crops and colour jitter (torchvision's uint8 steps), mixup and cutmix."""
 
 from __future__ import annotations
 
+import colorsys
 import math
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from crosstrain.core.augment import (
     mixed_targets,
     mixing,
     pad_offsets,
+    shift_hue,
     uniforms,
 )
 from crosstrain.core.errors import PlanError
@@ -116,6 +118,39 @@ def test_color_jitter_equals_torchvision_s_uint8_steps() -> None:
     images = np.random.default_rng(1).integers(0, 256, (40, 9, 7, 3), dtype=np.uint8)
     for image, row_factors in zip(images, factors, strict=True):
         assert np.array_equal(color_jitter(image, row_factors), _torchvision_jitter(image, list(row_factors)))
+
+
+def _colorsys_hue(image: np.ndarray, shift: float) -> np.ndarray:
+    """The hue turned pixel by pixel by Python's colorsys, in float64 (rounded, not
+    truncated: it is the exact value, where torchvision's steps truncate float32's)."""
+    out = np.empty_like(image)
+    for index in np.ndindex(image.shape[:2]):
+        h, s, v = colorsys.rgb_to_hsv(*(image[index] / 255.0))
+        out[index] = np.round(np.array(colorsys.hsv_to_rgb((h + shift) % 1.0, s, v)) * 255.0)
+    return out
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.07, -0.31, 0.5])
+def test_a_hue_shift_is_colorsys_s_to_within_a_grey_level_and_keeps_greys(shift: float) -> None:
+    image = np.random.default_rng(2).integers(0, 256, (12, 11, 3), dtype=np.uint8)
+    image[0] = image[0, :, :1]  # a row of greys: no hue to turn
+    turned = shift_hue(image, shift)
+    assert np.abs(turned.astype(int) - _colorsys_hue(image, shift)).max() <= 1
+    assert np.array_equal(turned[0], image[0])
+
+
+def test_hue_jitter_draws_its_shift_from_draw_32_and_runs_after_saturation() -> None:
+    rows = np.arange(6, dtype=np.int64)
+    factors = jitter_factors(uniforms(3, 2, rows), (0.4, 0.2, 0.6, 0.1))
+    assert np.allclose(
+        factors[:, 3], [-0.1 + 0.2 * _draw(3, 2, row, 32) for row in range(6)], rtol=0, atol=1e-15
+    )
+    image = np.random.default_rng(4).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    expected = shift_hue(color_jitter(image, factors[0, :3]), float(factors[0, 3]))
+    assert np.array_equal(color_jitter(image, factors[0]), expected)
+    for strengths in ([0.4, 0.4, 0.4, 0.6], [0.4, 0.4], [0.4, 0.4, 0.4, -0.1]):
+        with pytest.raises(ValueError, match="'color_jitter' must be"):
+            Augmentation(color_jitter=tuple(strengths))
 
 
 # --------------------------------------------------------------------------- mixup, cutmix

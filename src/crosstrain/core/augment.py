@@ -19,10 +19,12 @@ before the rows are copied: fewer bytes to move.
 - flip (``flip = true``): mirrored left-right when draw 22 < 1/2.
 - padded crop (``pad_crop = N``): zero-padded by N on every side, then the image's size
   cut at offsets floor(u * (2N + 1)) down (draw 23) and right (draw 24).
-- color jitter (``color_jitter = [b, c, s]``): brightness, contrast and saturation factors
-  uniform in [max(0, 1 - x), 1 + x] (draws 25, 26, 27), applied in that order on the host
-  as torchvision applies them to uint8 images (each a blend clamped to 0..255 and truncated
-  to uint8; contrast blends with the mean grey level, saturation with each pixel's grey).
+- color jitter (``color_jitter = [b, c, s]`` or ``[b, c, s, h]``): brightness, contrast and
+  saturation factors uniform in [max(0, 1 - x), 1 + x] (draws 25, 26, 27) and a hue shift
+  uniform in [-h, h] (draw 32), applied in that order on the host as torchvision applies
+  them to uint8 images (each a blend clamped to 0..255 and truncated to uint8; contrast
+  blends with the mean grey level, saturation with each pixel's grey; the hue turns the
+  pixels to HSV in float32, shifts h, and back).
 - mixup and cutmix (``mixup = a``, ``cutmix = a``: a Beta(a, a) mixing weight): each row is
   mixed with a partner row of the training set, floor(u * rows) (draw 28) — any row, not
   one of the same batch, so the pair is the same whichever process reads the row, at any
@@ -56,7 +58,8 @@ PAD_TOP_DRAW, PAD_LEFT_DRAW = 23, 24
 JITTER_DRAWS = (25, 26, 27)  # brightness, contrast, saturation
 PARTNER_DRAW, CUTMIX_DRAW = 28, 29
 CUT_CENTRE_DRAWS = (30, 31)  # (down, right)
-DRAWS = 32
+HUE_DRAW = 32
+DRAWS = 33
 #: a domain tag for the Beta draws' generator seeds
 MIX_TAG = 0x4D495831
 #: ITU-R 601 luma weights of a grey level (torchvision's rgb_to_grayscale)
@@ -74,9 +77,12 @@ def _check_crop_scale(
 
 
 def _check_jitter(instance: Any, attribute: attrs.Attribute[Any], value: tuple[float, ...] | None) -> None:
-    if value is not None and (len(value) != 3 or any(strength < 0 for strength in value)):
+    if value is None:
+        return
+    if len(value) not in (3, 4) or any(strength < 0 for strength in value) or value[3:4] > (0.5,):
         raise ValueError(
-            f"'color_jitter' must be [brightness, contrast, saturation], each >= 0, got {list(value)}"
+            "'color_jitter' must be [brightness, contrast, saturation] or [brightness, contrast, "
+            f"saturation, hue], each >= 0 (hue <= 0.5), got {list(value)}"
         )
 
 
@@ -196,26 +202,75 @@ def pad_crop(image: np.ndarray, pad: int, offset: np.ndarray) -> np.ndarray:
 
 
 def jitter_factors(draws: np.ndarray, strengths: tuple[float, ...]) -> np.ndarray:
-    """float64 [rows, 3]: each row's brightness, contrast and saturation factors."""
+    """float64 [rows, 3 or 4]: each row's brightness, contrast and saturation factors, and
+    with a hue strength its hue shift."""
     columns = []
-    for draw, strength in zip(JITTER_DRAWS, strengths, strict=True):
+    for draw, strength in zip(JITTER_DRAWS, strengths[:3], strict=True):
         low, high = max(0.0, 1.0 - strength), 1.0 + strength
         columns.append(low + (high - low) * draws[:, draw])
+    for strength in strengths[3:]:
+        columns.append(-strength + 2.0 * strength * draws[:, HUE_DRAW])
     return np.stack(columns, axis=1)
 
 
 def color_jitter(image: np.ndarray, factors: np.ndarray) -> np.ndarray:
-    """A uint8 HWC image's brightness, contrast and saturation changed by ``factors``. Each
-    step is torchvision's on uint8 images, ``ratio * image + (1 - ratio) * other`` clamped to
-    0..255 and truncated; kept in float32 between the steps (their values are whole numbers:
-    the floor is the truncation), one pass of numpy each."""
-    brightness, contrast, saturation = (np.float32(factor) for factor in factors)
+    """A uint8 HWC image's brightness, contrast and saturation changed by ``factors`` (and
+    its hue shifted by a fourth). Each of the first three is torchvision's step on uint8
+    images, ``ratio * image + (1 - ratio) * other`` clamped to 0..255 and truncated; kept in
+    float32 between the steps (their values are whole numbers: the floor is the
+    truncation), one pass of numpy each."""
+    brightness, contrast, saturation = (np.float32(factor) for factor in factors[:3])
     pixels = image.astype(np.float32)
     pixels *= brightness
     _clamp_and_truncate(pixels)
     _blend(pixels, np.float32(grey(pixels).mean(dtype=np.float32)), contrast)
     _blend(pixels, grey(pixels)[..., None], saturation)
-    return pixels.astype(np.uint8)
+    jittered = pixels.astype(np.uint8)
+    return jittered if len(factors) < 4 else shift_hue(jittered, float(factors[3]))
+
+
+#: which of (v, p, q, t) is red, green and blue in each sixth of the hue circle
+_SEXTANTS = np.array([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
+
+
+def shift_hue(image: np.ndarray, shift: float) -> np.ndarray:
+    """A uint8 HWC image with its hue turned by ``shift`` (of a full turn), as torchvision's
+    ``adjust_hue`` turns a uint8 image: to float32 in [0, 1], to HSV (Pillow's formulas), h
+    plus the shift modulo 1, back to RGB, times 255.999 truncated to uint8: float32
+    throughout, each operation in torchvision's order and precision."""
+    one = np.float32(1.0)
+    planes = np.moveaxis(image, -1, 0).astype(np.float32)  # channels first: contiguous planes
+    planes *= np.float32(1.0 / 255.0)
+    red, green, blue = planes
+    value = np.maximum(np.maximum(red, green), blue)
+    low = np.minimum(np.minimum(red, green), blue)
+    grey_pixel = value == low
+    spread = value - low
+    saturation = spread / np.where(grey_pixel, one, value)
+    red_c, green_c, blue_c = (value - planes) / np.where(grey_pixel, one, spread)
+    not_red, is_green = value != red, value == green
+    hue = (blue_c - green_c) * ~not_red
+    hue += (red_c + np.float32(2.0) - blue_c) * (is_green & not_red)
+    hue += (green_c + np.float32(4.0) - red_c) * (not_red & ~is_green)
+    hue *= np.float32(1.0 / 6.0)
+    hue += one
+    np.fmod(hue, one, out=hue)
+    hue += np.float32(shift)
+    np.remainder(hue, one, out=hue)
+    hue *= np.float32(6.0)  # from here on, sixths of a turn
+    sextant = np.floor(hue)
+    hue -= sextant  # the fraction into the sextant
+    s_f = saturation * hue
+    one_minus_s = one - saturation
+    vpqt = np.empty((4, *value.shape), np.float32)
+    vpqt[0] = value
+    np.clip(one_minus_s * value, 0.0, 1.0, out=vpqt[1])
+    np.clip((one - s_f) * value, 0.0, 1.0, out=vpqt[2])
+    np.clip((s_f + one_minus_s) * value, 0.0, 1.0, out=vpqt[3])
+    chosen = _SEXTANTS[:, np.remainder(sextant.astype(np.int32), 6)]  # [3, h, w]
+    rgb = np.take_along_axis(vpqt, chosen, axis=0)
+    rgb *= np.float32(255.999)
+    return np.moveaxis(rgb.astype(np.uint8), 0, -1)
 
 
 def grey(pixels: np.ndarray) -> np.ndarray:
