@@ -466,7 +466,7 @@ std = [0.25]
 crop_scale = [0.35, 1.0]
 flip = true
 pad_crop = 2
-color_jitter = [0.4, 0.4, 0.4]
+color_jitter = [0.4, 0.4, 0.4, 0.1]  # brightness, contrast, saturation, hue
 mixup = 0.4    # each row mixed with a partner: mixup or cutmix, one of the two a row
 cutmix = 1.0
 [optimizer]
