@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from crosstrain.core.augment import (
     Augmentation,
@@ -158,12 +159,12 @@ def test_hue_jitter_draws_its_shift_from_draw_32_and_runs_after_saturation() -> 
 
 def _reference_mixing(seed: int, epoch: int, row: int, train_rows: int, size: tuple[int, int], alphas):
     """One row's partner, weight and cutmix box, by hand: the hash's draws 28..31, the Beta
-    draw from numpy's generator seeded by (seed, epoch, row), torchvision's CutMix box."""
+    weight as scipy.stats' quantile of draw 33, torchvision's CutMix box."""
     mixup_alpha, cutmix_alpha = alphas
     partner = math.floor(_draw(seed, epoch, row, 28) * train_rows)
     cut = _draw(seed, epoch, row, 29) < 0.5 if mixup_alpha and cutmix_alpha else bool(cutmix_alpha)
-    generator = np.random.default_rng([0x4D495831, seed, epoch, row])
-    lam = float(generator.beta(*(2 * [cutmix_alpha if cut else mixup_alpha])))
+    alpha = cutmix_alpha if cut else mixup_alpha
+    lam = float(scipy.stats.beta(alpha, alpha).ppf(_draw(seed, epoch, row, 33)))
     if not cut:
         return partner, lam, None
     height, width = size

@@ -29,13 +29,13 @@ before the rows are copied: fewer bytes to move.
   mixed with a partner row of the training set, floor(u * rows) (draw 28) — any row, not
   one of the same batch, so the pair is the same whichever process reads the row, at any
   world size and after a resume (the partner is decoded with its own draws). With both on,
-  draw 29 < 1/2 picks cutmix. The weight lam is drawn from Beta(a, a) by numpy's generator
-  seeded with (seed, epoch, row) alone. Mixup: ``lam * row + (1 - lam) * partner`` rounded
-  to the nearest grey level (the rows stay uint8). Cutmix (torchvision's rule): a box of
-  half-sides ``floor(0.5 * sqrt(1 - lam) * side)`` around the centre (floor(u * height),
-  floor(u * width)) (draws 30, 31), clipped to the image, is the partner's; lam becomes the
-  share of the row left. The targets are (label, partner's label, lam): the loss is
-  ``lam * loss(label) + (1 - lam) * loss(partner's label)``.
+  draw 29 < 1/2 picks cutmix. The weight lam is Beta(a, a)'s quantile of draw 33 (scipy's
+  ``betaincinv``, the inverse regularized incomplete beta function). Mixup: ``lam * row +
+  (1 - lam) * partner`` rounded to the nearest grey level (the rows stay uint8). Cutmix
+  (torchvision's rule): a box of half-sides ``floor(0.5 * sqrt(1 - lam) * side)`` around
+  the centre (floor(u * height), floor(u * width)) (draws 30, 31), clipped to the image, is
+  the partner's; lam becomes the share of the row left. The targets are (label, partner's
+  label, lam): the loss is ``lam * loss(label) + (1 - lam) * loss(partner's label)``.
 """
 
 from __future__ import annotations
@@ -59,9 +59,8 @@ JITTER_DRAWS = (25, 26, 27)  # brightness, contrast, saturation
 PARTNER_DRAW, CUTMIX_DRAW = 28, 29
 CUT_CENTRE_DRAWS = (30, 31)  # (down, right)
 HUE_DRAW = 32
-DRAWS = 33
-#: a domain tag for the Beta draws' generator seeds
-MIX_TAG = 0x4D495831
+LAM_DRAW = 33  # mixup's and cutmix's Beta weight, by its quantile
+DRAWS = 34
 #: ITU-R 601 luma weights of a grey level (torchvision's rgb_to_grayscale)
 LUMA = (0.2989, 0.587, 0.114)
 #: torchvision's aspect-ratio range of a random resized crop
@@ -327,10 +326,9 @@ def mixing(
     else:
         cut = np.full(len(rows), augmentation.cutmix > 0)
     alphas = np.where(cut, augmentation.cutmix, augmentation.mixup)
-    lam = np.asarray(
-        [_beta(seed, epoch, int(row), float(alpha)) for row, alpha in zip(rows, alphas, strict=True)],
-        np.float64,
-    )
+    from scipy.special import betaincinv  # here: the decoding workers never mix, nor import it
+
+    lam = np.asarray(betaincinv(alphas, alphas, draws[:, LAM_DRAW]), np.float64)
     height, width = size
     centre_y = below(draws[:, CUT_CENTRE_DRAWS[0]], height)
     centre_x = below(draws[:, CUT_CENTRE_DRAWS[1]], width)
@@ -349,12 +347,6 @@ def mixing(
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     lam = np.where(cut, 1.0 - area / float(height * width), lam)
     return Mixing(partners, lam, cut, boxes)
-
-
-def _beta(seed: int, epoch: int, row: int, alpha: float) -> float:
-    """Beta(alpha, alpha) for one row: numpy's generator seeded by (seed, epoch, row) only."""
-    entropy = [MIX_TAG, seed & MASK32, epoch & MASK32, row & MASK32]
-    return float(np.random.default_rng(entropy).beta(alpha, alpha))
 
 
 def mix_rows(rows: np.ndarray, partners: np.ndarray, plan: Mixing) -> np.ndarray:
