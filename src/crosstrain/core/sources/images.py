@@ -16,7 +16,7 @@ runs. Every backend reads rows through this one decoder, so torch, tf and jax se
 pixels.
 
 Rows of a batch are decoded by a pool of worker processes writing into shared memory
-(:mod:`crosstrain.core.sources.decoding`: Pillow holds the GIL for much of the work, so
+(:mod:`crosstrain.core.sources.pool`: Pillow holds the GIL for much of the work, so
 threads do not scale), each training process decoding only the rows of its own shard.
 """
 
@@ -36,15 +36,8 @@ import numpy as np
 from crosstrain.core.augment import Augmentation, Mixing, mix_rows, mixed_targets, mixing, uniforms
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.sources.cache import CachedRows
-from crosstrain.core.sources.decoding import (
-    IMAGES_EXTRA,
-    UNDECODABLE,
-    WORKERS_VARIABLES,
-    DecodePool,
-    Reading,
-    decode_image,
-    pillow,
-)
+from crosstrain.core.sources.decoding import IMAGES_EXTRA, UNDECODABLE, decode_image, pillow
+from crosstrain.core.sources.pool import WORKERS_VARIABLES, DecodePool, Reading
 
 __all__ = ["IMAGES_EXTRA", "ImageIndex", "ImageRows", "batches", "decode_image", "pillow"]
 
