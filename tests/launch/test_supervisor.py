@@ -89,6 +89,18 @@ def test_a_failing_worker_stops_the_others_at_once(tmp_path: Path) -> None:
     assert stuck.poll() is not None  # stopped, not left running
 
 
+def test_an_abort_waits_for_the_peer_death_it_echoes(tmp_path: Path) -> None:
+    """Seen in CI under load: rank 0 aborted (its gloo peer's socket closed) and exited
+    before rank 1, SIGKILLed first, finished tearing down; rank 1 is the cause named."""
+    aborted = _child("import os; os.abort()")
+    killed = _child("import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)")
+    try:
+        with pytest.raises(WorkerError, match="rank 1 failed: killed by signal SIGKILL"):
+            supervise({0: aborted, 1: killed}, tmp_path)
+    finally:
+        stop_processes([aborted, killed])
+
+
 def test_stop_kills_a_worker_that_ignores_sigterm() -> None:
     stubborn = _child(
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

@@ -73,6 +73,12 @@ def blame_order(code: int | None, reported_at: float | None) -> tuple[int, float
     return (0, 0.0)
 
 
+def only_echoes(failed: Sequence[int], codes: Mapping[int, int | None], run_dir: Path) -> bool:
+    """Every failed rank aborted itself without a report: likely echoes of a peer's death
+    (:func:`blame_order`), not yet a cause to name."""
+    return all(codes.get(rank) == -signal.SIGABRT and read_error(run_dir, rank) is None for rank in failed)
+
+
 def first_failure(failed: Sequence[int], codes: Mapping[int, int | None], run_dir: Path) -> WorkerError:
     """The failure that caused the others (:func:`blame_order`)."""
     reports = {rank: report for rank in codes if (report := read_error(run_dir, rank)) is not None}

@@ -38,11 +38,14 @@ from crosstrain.core.errors import WorkerError
 from crosstrain.core.heartbeat import HEARTBEAT_DIR
 from crosstrain.launch.monitor import StallMonitor
 from crosstrain.launch.process import interrupts_raise, start_process, stop_processes
-from crosstrain.launch.reports import error_path, first_failure, read_result, result_path
+from crosstrain.launch.reports import error_path, first_failure, only_echoes, read_result, result_path
 from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK, RESTART_COUNT
 
 POLL_SECONDS = 0.1
 EXIT_GRACE_SECONDS = 30.0  # a worker that reported its result but does not exit is stopped
+#: how long ranks that aborted themselves (SIGABRT, no report) wait for a peer's failure
+#: they may echo before they are blamed
+ECHO_GRACE_SECONDS = 3.0
 #: a worker's PlanError, InputError or BackendError: bad input, which a restart cannot mend
 BAD_INPUT_EXIT_CODE = 2
 _FOLDER = re.compile(r"crosstrain-[\w.]+-(\d+)-")
@@ -159,6 +162,7 @@ def supervise(
 ) -> None:
     """Wait until every worker has exited cleanly; raise on the first failure or stall."""
     all_reported_at: float | None = None
+    echoes_since: float | None = None
     while True:
         codes = {rank: process.poll() for rank, process in processes.items()}
         failed = [
@@ -166,6 +170,13 @@ def supervise(
             for rank, code in codes.items()
             if code is not None and (code != 0 or not result_path(folder, rank).exists())
         ]
+        if failed and None in codes.values() and only_echoes(failed, codes, folder):
+            # an abort may echo a peer's death that is still being torn down (a SIGKILLed
+            # process with much memory exits after its peers noticed): wait for the cause
+            echoes_since = echoes_since or time.monotonic()
+            if time.monotonic() - echoes_since < ECHO_GRACE_SECONDS:
+                time.sleep(POLL_SECONDS)
+                continue
         if failed:
             raise first_failure(failed, codes, folder)
         if all(code == 0 for code in codes.values()):
