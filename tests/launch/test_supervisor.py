@@ -76,29 +76,37 @@ def _child(code: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
 
 
+def _supervised_failure(folder: Path, *codes: str) -> tuple[str, list[subprocess.Popen[bytes]]]:
+    """The failure :func:`supervise` names for children running ``codes`` (rank k the k-th),
+    and the children, stopped."""
+    children = [_child(code) for code in codes]
+    try:
+        with pytest.raises(WorkerError) as raised:
+            supervise(dict(enumerate(children)), folder)
+    finally:
+        stop_processes(children)
+    return str(raised.value), children
+
+
 def test_a_failing_worker_stops_the_others_at_once(tmp_path: Path) -> None:
     """A peer stuck forever (as in a collective whose partner died) is terminated."""
     _error_file(tmp_path, 1, "RuntimeError: injected", when=time.time())
-    stuck = _child("import time; time.sleep(600)")
-    failing = _child("import time, sys; time.sleep(0.5); sys.exit(1)")
-    try:
-        with pytest.raises(WorkerError, match="rank 1 failed: RuntimeError: injected"):
-            supervise({0: stuck, 1: failing}, tmp_path)
-    finally:
-        stop_processes([stuck, failing])
+    failure, (stuck, _) = _supervised_failure(
+        tmp_path, "import time; time.sleep(600)", "import time, sys; time.sleep(0.5); sys.exit(1)"
+    )
+    assert failure.startswith("rank 1 failed: RuntimeError: injected")
     assert stuck.poll() is not None  # stopped, not left running
 
 
 def test_an_abort_waits_for_the_peer_death_it_echoes(tmp_path: Path) -> None:
     """Seen in CI under load: rank 0 aborted (its gloo peer's socket closed) and exited
     before rank 1, SIGKILLed first, finished tearing down; rank 1 is the cause named."""
-    aborted = _child("import os; os.abort()")
-    killed = _child("import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)")
-    try:
-        with pytest.raises(WorkerError, match="rank 1 failed: killed by signal SIGKILL"):
-            supervise({0: aborted, 1: killed}, tmp_path)
-    finally:
-        stop_processes([aborted, killed])
+    failure, _ = _supervised_failure(
+        tmp_path,
+        "import os; os.abort()",
+        "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)",
+    )
+    assert failure == "rank 1 failed: killed by signal SIGKILL"
 
 
 def test_stop_kills_a_worker_that_ignores_sigterm() -> None:

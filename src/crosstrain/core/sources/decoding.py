@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 
 from crosstrain.core.augment import (
@@ -61,6 +62,29 @@ def opencv() -> Any:
     return cv2
 
 
+@attrs.frozen(eq=False)
+class FileRows:
+    """Rows to decode: their files, the output size, the augmentation and each row's draws
+    (None: the evaluation's centre box), where a decoded cache holds their pixels, and how
+    they are resized (``antialias``: Pillow's filter, else OpenCV's exact one)."""
+
+    paths: list[str]
+    size: tuple[int, int]
+    augmentation: Augmentation | None = None
+    draws: np.ndarray | None = None
+    cached: Cached | None = None
+    antialias: bool = True
+
+    def part(self, start: int, stop: int) -> FileRows:
+        """Rows ``start`` to ``stop``: what one worker's chunk carries."""
+        return attrs.evolve(
+            self,
+            paths=self.paths[start:stop],
+            draws=None if self.draws is None else self.draws[start:stop],
+            cached=None if self.cached is None else (self.cached[0], self.cached[1][start:stop]),
+        )
+
+
 def decode_image(
     path: str,
     size: tuple[int, int],
@@ -74,40 +98,25 @@ def decode_image(
     bilinear interpolation."""
     row = np.empty((1, *size, 3), np.uint8)
     one_draw = None if draws is None else draws[None]
-    failed = _decode_into([path], size, augmentation, one_draw, row, None, antialias)
+    failed = _decode_into(FileRows([path], size, augmentation, one_draw, None, antialias), row)
     if failed is not None:
         raise failed[1]
     return np.asarray(row[0])
 
 
-def decode_rows(
-    paths: list[str],
-    size: tuple[int, int],
-    augmentation: Augmentation | None,
-    draws: np.ndarray | None,
-    out: np.ndarray,
-    cached: Cached | None = None,
-    antialias: bool = True,
-) -> str | None:
-    """``out[k]`` = row k of ``paths`` decoded (its pixels read from a decoded cache where
-    ``cached`` says where they lie); the first file that does not decode stops the chunk and
-    is named in the line returned (None when every row decoded)."""
-    failed = _decode_into(paths, size, augmentation, draws, out, cached, antialias)
-    return None if failed is None else f"cannot decode image {paths[failed[0]]}: {failed[1]}"
+def decode_rows(rows: FileRows, out: np.ndarray) -> str | None:
+    """``out[k]`` = row k decoded (its pixels read from a decoded cache where ``rows.cached``
+    says where they lie); the first file that does not decode stops the chunk and is named
+    in the line returned (None when every row decoded)."""
+    failed = _decode_into(rows, out)
+    return None if failed is None else f"cannot decode image {rows.paths[failed[0]]}: {failed[1]}"
 
 
-def _decode_into(
-    paths: list[str],
-    size: tuple[int, int],
-    augmentation: Augmentation | None,
-    draws: np.ndarray | None,
-    out: np.ndarray,
-    cached: Cached | None,
-    antialias: bool,
-) -> tuple[int, Exception] | None:
+def _decode_into(rows: FileRows, out: np.ndarray) -> tuple[int, Exception] | None:
     """The rows decoded into ``out``, their draws turned into boxes, offsets and flips for
     all of them at once (numpy's cost is per call, not per row: a row at a time, the crop
     boxes alone took an eighth of a row's time); the first row that failed and its error."""
+    paths, size, draws, cached, antialias = rows.paths, rows.size, rows.draws, rows.cached, rows.antialias
     if cached is not None:
         sizes = cached[1][:, 1:]
     else:
@@ -119,7 +128,7 @@ def _decode_into(
                     sizes[k], jpeg[k] = opened.size[::-1], opened.format == "JPEG"
             except UNDECODABLE as error:
                 return k, error
-    augmented = augmentation if draws is not None else None
+    augmented = rows.augmentation if draws is not None else None
     boxes = _boxes(sizes, size, augmented, draws)
     for k, path in enumerate(paths):
         try:

@@ -36,7 +36,7 @@ import numpy as np
 from crosstrain.core.augment import Augmentation, Mixing, mix_rows, mixed_targets, mixing, uniforms
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.sources.cache import CachedRows
-from crosstrain.core.sources.decoding import IMAGES_EXTRA, UNDECODABLE, decode_image, pillow
+from crosstrain.core.sources.decoding import IMAGES_EXTRA, UNDECODABLE, FileRows, decode_image, pillow
 from crosstrain.core.sources.pool import WORKERS_VARIABLES, DecodePool, Reading
 
 __all__ = ["IMAGES_EXTRA", "ImageIndex", "ImageRows", "batches", "decode_image", "pillow"]
@@ -309,7 +309,8 @@ class ImageRows:
             draws = uniforms(self.seed, epoch, indices)
         paths = [str(path) for path in self.paths[indices]]
         cached = None if self.cached is None else (self.cached.folder, self.cached.entries[indices])
-        return decode_pool().submit(paths, self.image_size, augmentation, draws, out, cached, self.antialias)
+        rows = FileRows(paths, self.image_size, augmentation, draws, cached, self.antialias)
+        return decode_pool().submit(rows, out)
 
 
 @attrs.frozen(eq=False)

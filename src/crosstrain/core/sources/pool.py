@@ -42,9 +42,8 @@ from multiprocessing.shared_memory import SharedMemory
 import attrs
 import numpy as np
 
-from crosstrain.core.augment import Augmentation
 from crosstrain.core.errors import InputError
-from crosstrain.core.sources.decoding import Cached, decode_rows
+from crosstrain.core.sources.decoding import FileRows, decode_rows
 
 #: the variable that sets the workers per training process (the old name still works)
 WORKERS_VARIABLES = ("CROSSTRAIN_DECODE_WORKERS", "CROSSTRAIN_DECODE_THREADS")
@@ -73,12 +72,7 @@ class Chunk:
     buffer: str  # the shared memory's name
     capacity: int  # its bytes
     first: int  # the chunk's first row in the batch
-    paths: list[str]
-    size: tuple[int, int]
-    augmentation: Augmentation | None
-    draws: np.ndarray | None
-    cached: Cached | None = None
-    antialias: bool = True
+    rows: FileRows
 
 
 def serve(task_fd: int, result_fd: int) -> None:
@@ -93,12 +87,10 @@ def serve(task_fd: int, result_fd: int) -> None:
         except EOFError:
             return
         buffer = _map(mapped, chunk)
-        row_shape = (*chunk.size, 3)
+        row_shape = (*chunk.rows.size, 3)
         rows = np.ndarray((chunk.capacity // int(np.prod(row_shape)), *row_shape), np.uint8, buffer)
-        target = rows[chunk.first : chunk.first + len(chunk.paths)]
-        error = decode_rows(
-            chunk.paths, chunk.size, chunk.augmentation, chunk.draws, target, chunk.cached, chunk.antialias
-        )
+        target = rows[chunk.first : chunk.first + len(chunk.rows.paths)]
+        error = decode_rows(chunk.rows, target)
         del rows, target
         results.send((chunk.job, error))
 
@@ -148,7 +140,7 @@ class _Worker:
     def describe_death(self) -> str:
         code = self.process.wait()
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        files = self.sent[0].paths if self.sent else []
+        files = self.sent[0].rows.paths if self.sent else []
         doing = f" while decoding {len(files)} files, the first {files[0]}" if files else ""
         return f"image decoding worker {self.number} (pid {self.process.pid}) died ({how}){doing}"
 
@@ -195,24 +187,16 @@ class DecodePool:
         )
         self._collector.start()
 
-    def submit(
-        self,
-        paths: list[str],
-        size: tuple[int, int],
-        augmentation: Augmentation | None,
-        draws: np.ndarray | None,
-        out: np.ndarray,
-        cached: Cached | None = None,
-        antialias: bool = True,
-    ) -> Reading:
-        """Start decoding ``paths`` into ``out``, in contiguous chunks dealt to the workers
+    def submit(self, rows: FileRows, out: np.ndarray) -> Reading:
+        """Start decoding ``rows`` into ``out``, in contiguous chunks dealt to the workers
         as they free up; each chunk is copied into ``out`` as soon as its worker answers, so
         only the last chunk's copy is left when the batch is done."""
-        shape = (len(paths), *size, 3)
+        paths = rows.paths
+        shape = (len(paths), *rows.size, 3)
         if out.shape != shape or out.dtype != np.uint8:
             raise ValueError(f"decoded rows go into uint8 {shape}, not {out.dtype} {out.shape}")
         pieces = min(len(paths), len(self.workers) * CHUNKS_PER_WORKER)
-        cuts = [rows for rows in np.array_split(np.arange(len(paths)), pieces) if len(rows)] if pieces else []
+        cuts = [cut for cut in np.array_split(np.arange(len(paths)), pieces) if len(cut)] if pieces else []
         with self._state:
             if self.broken is not None:
                 self.reported = True
@@ -227,13 +211,10 @@ class DecodePool:
                 job.future.set_result(None)
         chunks = [
             Chunk(
-                number, slot.number, slot.memory.name, slot.memory.size, int(rows[0]),
-                paths[rows[0] : rows[-1] + 1], size, augmentation,
-                None if draws is None else draws[rows[0] : rows[-1] + 1],
-                None if cached is None else (cached[0], cached[1][rows[0] : rows[-1] + 1]),
-                antialias,
+                number, slot.number, slot.memory.name, slot.memory.size, int(cut[0]),
+                rows.part(int(cut[0]), int(cut[-1]) + 1),
             )
-            for rows in cuts
+            for cut in cuts
         ]  # fmt: skip
         with self._sending:
             self._waiting.extend(chunks)
@@ -306,8 +287,8 @@ class DecodePool:
         with self._state:
             job = self._jobs[chunk.job]
         if error is None:
-            rows = slice(chunk.first, chunk.first + len(chunk.paths))
-            view = job.slot.rows(rows.stop, chunk.size)
+            rows = slice(chunk.first, chunk.first + len(chunk.rows.paths))
+            view = job.slot.rows(rows.stop, chunk.rows.size)
             np.copyto(job.out[rows], view[rows])
             del view  # held only here: the buffer can be regrown or closed once freed
         with self._state:
