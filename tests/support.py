@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from crosstrain.core.data import Batch, Datasets, load_datasets
+from crosstrain.core.data import Batch, Datasets
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.plan import Plan
 from crosstrain.core.planfile import load_plan
 from crosstrain.testing import assert_same_eval, max_relative_difference, step_losses, summary

@@ -225,7 +225,7 @@ def _add_data_command(commands: Any) -> None:
 
 
 def _data_cache(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
-    from crosstrain.core.data import image_files
+    from crosstrain.core.loading import image_files
     from crosstrain.core.sources.cache import write_cache
 
     plan = prepare_plan(args.plan, args.overrides)

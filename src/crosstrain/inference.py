@@ -27,17 +27,11 @@ from crosstrain.core.checkpoint import (
     load_checkpoint,
     step_folder,
 )
-from crosstrain.core.data import (
-    ArrayDataset,
-    TargetMisfit,
-    fit_targets,
-    image_classes,
-    load_datasets,
-    read_table_rows,
-)
+from crosstrain.core.data import ArrayDataset
 from crosstrain.core.errors import BackendError, InputError, PlanError
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
+from crosstrain.core.loading import image_classes, load_datasets, read_table_rows
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_classes, read_run_plan, run_plan_source
@@ -45,6 +39,7 @@ from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.sources.images import IMAGE_SUFFIXES, ImageRows, check_image_headers
 from crosstrain.core.sources.table import STATISTICS_FILE, TABLE_FORMATS, read_statistics
 from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
+from crosstrain.core.targets import TargetMisfit, fit_targets
 from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,

@@ -10,8 +10,9 @@ import attrs
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets, read_rows
+from crosstrain.core.data import read_rows
 from crosstrain.core.errors import PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.plan import Plan
 from crosstrain.core.sources.images import (
     ImageRows,

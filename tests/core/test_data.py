@@ -8,15 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import (
-    ArrayDataset,
-    GlobalSampler,
-    epoch_slice,
-    load_datasets,
-    load_digits_arrays,
-    step_batch,
-)
+from crosstrain.core.data import ArrayDataset, GlobalSampler, epoch_slice, step_batch
 from crosstrain.core.errors import PlanError
+from crosstrain.core.loading import load_datasets, load_digits_arrays
 from crosstrain.core.planfile import load_plan
 
 

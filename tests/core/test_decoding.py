@@ -12,8 +12,8 @@ from PIL import Image
 
 from crosstrain.core.admission import check_image_files
 from crosstrain.core.augment import centre_box
-from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.sources.images import ImageRows, decode_image
 from tests.core.image_files import image_plan, photographs, write_folder
 

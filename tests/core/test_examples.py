@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.data import load_datasets
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.plan import check_world_fits
 from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import DIGITS_MLP_PLAN

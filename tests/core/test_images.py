@@ -12,8 +12,9 @@ import pytest
 
 from crosstrain.core.admission import check_image_files
 from crosstrain.core.convert import structure_plan
-from crosstrain.core.data import load_datasets, read_rows
+from crosstrain.core.data import read_rows
 from crosstrain.core.errors import InputError, PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.sources.images import (
     ImageRows,
     batches,

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.planfile import load_plan
 

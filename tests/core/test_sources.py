@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from crosstrain.core.data import epoch_rows, load_datasets, table_datasets
 from crosstrain.core.errors import InputError, PlanError
+from crosstrain.core.loading import epoch_rows, load_datasets, table_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import write_data_statistics
 from crosstrain.core.sources import text

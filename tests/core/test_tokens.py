@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.tokens import stdlib_files
 from crosstrain.testing.plans import GPT_PLAN, write_tokens

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.data import load_datasets
 from crosstrain.core.layers import Block, Layer
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.planfile import load_plan
 from crosstrain.describe import describe_graph

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
 from crosstrain.core.layers import Flatten, MaxPool2D, ReLU
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.loop import initial_weights
 from crosstrain.core.plan import ModelSpec, Plan
 from crosstrain.core.planfile import load_plan

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from crosstrain.core.checkpoint import complete_checkpoints
-from crosstrain.core.data import GlobalSampler, load_datasets
+from crosstrain.core.data import GlobalSampler
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.sources.images import ImageRows
 from crosstrain.testing.conformance import fail_then_resume

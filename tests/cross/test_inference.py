@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
 from crosstrain.core.errors import CheckpointError, InputError, RunFolderError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import read_run_plan
 from crosstrain.core.scaling import ScaledRows

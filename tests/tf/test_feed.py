@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import load_datasets
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import (
     DROPOUT_MLP_PLAN,

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import Batch, load_datasets, stored_rows
+from crosstrain.core.data import Batch, stored_rows
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens

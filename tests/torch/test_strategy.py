@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.torch.strategy import TorchStrategy
-from crosstrain.core.data import Batch, StepBatch, load_datasets
+from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.loop import initial_weights
 from crosstrain.core.planfile import load_plan
 

@@ -25,7 +25,7 @@ from crosstrain import (
 from crosstrain.api import prepare_plan
 
 # the loop's own pieces, driven by hand here: internals, not the public surface
-from crosstrain.core.data import load_datasets
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.loop import evaluate, initial_weights
 from crosstrain.testing import assert_same_eval
 

@@ -58,8 +58,9 @@ from crosstrain.core.checkpoint import (
     weights_file,
 )
 from crosstrain.core.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
-from crosstrain.core.data import Datasets, image_rows, load_datasets
+from crosstrain.core.data import Datasets, image_rows
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.loop import total_steps
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports

@@ -27,13 +27,12 @@ from crosstrain.core.data import (
     Datasets,
     GlobalSampler,
     StepBatch,
-    epoch_rows,
     eval_batches,
-    load_datasets,
     shard,
     step_batch,
 )
 from crosstrain.core.heartbeat import Heartbeat
+from crosstrain.core.loading import epoch_rows, load_datasets
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
 from crosstrain.core.schedule import LearningRateSchedule

@@ -24,8 +24,8 @@ from typing import IO, Any
 import attrs
 
 from crosstrain.core.checkpoint import MODEL_FILE, last_checkpoint
-from crosstrain.core.data import table_datasets
 from crosstrain.core.errors import InputError, RunFolderError
+from crosstrain.core.loading import table_datasets
 from crosstrain.core.plan import Plan, validate_plan
 from crosstrain.core.sources.images import CLASSES_FILE, read_image_index
 from crosstrain.core.sources.table import STATISTICS_FILE, TableStatistics, write_statistics

@@ -44,8 +44,9 @@ import numpy as np
 import pytest
 
 from crosstrain.core.checkpoint import complete_checkpoints, load_checkpoint
-from crosstrain.core.data import GlobalSampler, load_datasets
+from crosstrain.core.data import GlobalSampler
 from crosstrain.core.errors import PlanError
+from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names

@@ -22,15 +22,7 @@ import numpy as np
 import torch
 
 from crosstrain.backends.common import PREFETCH_TIMEOUT_SECONDS, Prefetched, should_place, unplaceable
-from crosstrain.core.data import (
-    Batch,
-    Datasets,
-    Rows,
-    epoch_slice,
-    image_rows,
-    input_scaling,
-    stored_rows,
-)
+from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, image_rows, input_scaling, stored_rows
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
