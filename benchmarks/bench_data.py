@@ -30,7 +30,7 @@ folder (decoded, cropped and flipped each step as above; resized by OpenCV, and 
 ``--pillow`` by Pillow too) and from the same images decoded once into a uint8 ``.npy`` kept
 on the GPU (``placement = "device"``), and with ``--cache`` from the decoded cache as well
 (``data.cache``); images/s over epochs 2..N of each, and their ratio: 1.0 means the GPU never
-waits on decoding.
+waits on decoding. ``--train-only`` skips the readers' comparison (device time is dear).
 
 Speed is measured here, never asserted in tests.
 """
@@ -279,6 +279,19 @@ def images_per_second(batches: Callable[[], Iterable[Any]], passes: int) -> floa
     return images / (time.perf_counter() - started)
 
 
+def compare_readers(root: Path, paths: list[Path], args: argparse.Namespace) -> None:
+    """torch's DataLoader, then crosstrain's reader resized by Pillow, by OpenCV, and (with
+    ``--cache``) from the decoded cache: images/s of each, and its ratio to the DataLoader."""
+    label, loader = dataloader_batches(paths, args.batch, args.workers)
+    native = images_per_second(lambda: loader, args.passes)
+    print(f"{label:60s} {native:10,.0f} images/s")
+    readers = [(True, None), (False, None)] + [(False, root / "photos.cache")] * args.cache
+    for antialias, cache in readers:
+        label, ours = crosstrain_batches(paths, args.batch, args.workers, antialias, cache)
+        rate = images_per_second(ours, args.passes)
+        print(f"{label:60s} {rate:10,.0f} images/s   {rate / native:.2f}x the DataLoader")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=4096)
@@ -289,6 +302,9 @@ def main() -> None:
     parser.add_argument("--cache", action="store_true", help="also read the images from a decoded cache")
     parser.add_argument("--train", action="store_true", help="also train ResNet-50 from the folder (a GPU)")
     parser.add_argument("--pillow", action="store_true", help="train from the folder resized by Pillow too")
+    parser.add_argument(
+        "--train-only", action="store_true", help="with --train: skip the readers' comparison"
+    )
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="bench-data-"))
@@ -299,14 +315,13 @@ def main() -> None:
         f"{len(paths)} JPEGs of 500x375, {size / 1e3:.1f} KB on average, in {root / 'photos'}"
         f" ({time.perf_counter() - started:.0f} s); {args.workers} workers, batch {args.batch}"
     )
-    label, loader = dataloader_batches(paths, args.batch, args.workers)
-    native = images_per_second(lambda: loader, args.passes)
-    print(f"{label:60s} {native:10,.0f} images/s")
-    readers = [(True, None), (False, None)] + [(False, root / "photos.cache")] * args.cache
-    for antialias, cache in readers:
-        label, ours = crosstrain_batches(paths, args.batch, args.workers, antialias, cache)
-        rate = images_per_second(ours, args.passes)
-        print(f"{label:60s} {rate:10,.0f} images/s   {rate / native:.2f}x the DataLoader")
+    if args.train_only:
+        if args.cache:
+            from crosstrain.core.sources.cache import write_cache
+
+            write_cache(root / "photos.cache", [str(path) for path in paths], args.workers)
+    else:
+        compare_readers(root, paths, args)
     if args.train:
         train_resnet(root, paths, args.epochs, args.batch, args.cache, args.pillow)
 
