@@ -185,9 +185,14 @@ def _resize_exact(path: str, jpeg: bool, full: np.ndarray, box: np.ndarray, out:
     if decoded is None:
         raise ValueError("OpenCV cannot decode it (damaged or cut short)")
     scale_y, scale_x = decoded.shape[0] / height, decoded.shape[1] / width
-    rows = slice(round(top * scale_y), max(round(top * scale_y) + 1, round((top + box_h) * scale_y)))
-    columns = slice(round(left * scale_x), max(round(left * scale_x) + 1, round((left + box_w) * scale_x)))
-    _resize_into(cv2, decoded[rows, columns], out)
+    _resize_into(cv2, decoded[_scaled_span(top, box_h, scale_y), _scaled_span(left, box_w, scale_x)], out)
+
+
+def _scaled_span(start: int, length: int, scale: float) -> slice:
+    """Pixels ``start`` to ``start + length`` of the full image, at ``scale``: rounded to whole
+    pixels, at least one."""
+    first = round(start * scale)
+    return slice(first, max(first + 1, round((start + length) * scale)))
 
 
 def _resize_into(cv2: Any, pixels: np.ndarray, out: np.ndarray) -> None:
@@ -197,7 +202,7 @@ def _resize_into(cv2: Any, pixels: np.ndarray, out: np.ndarray) -> None:
 
 def _dct_reduction(width: int, height: int, box_h: int, box_w: int, size: tuple[int, ...]) -> int:
     """The DCT scale (1, 2, 4, 8) Pillow's ``draft`` picks for the box's output pixels."""
-    needed = (-(-width * size[1] // box_w), -(-height * size[0] // box_h))
+    needed = _draft_size(width, height, box_h, box_w, size)
     scale = min(width // needed[0], height // needed[1])
     return next((denominator for denominator in (8, 4, 2) if scale >= denominator), 1)
 
@@ -256,7 +261,11 @@ def _draft(
     """A JPEG set to decode at the smallest of its DCT scales (1/1, 1/2, 1/4, 1/8) at which
     the box still has the output's pixels; other formats as they are."""
     if opened.format == "JPEG":
-        width, height = full
-        needed = (-(-width * size[1] // box_w), -(-height * size[0] // box_h))
-        opened.draft("RGB", needed)
+        opened.draft("RGB", _draft_size(*full, box_h, box_w, size))
     return opened
+
+
+def _draft_size(width: int, height: int, box_h: int, box_w: int, size: tuple[int, ...]) -> tuple[int, int]:
+    """The whole image's (width, height) at which the box has the output's pixels: what a
+    reduced JPEG decode must keep."""
+    return -(-width * size[1] // box_w), -(-height * size[0] // box_h)
