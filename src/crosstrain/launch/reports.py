@@ -69,14 +69,20 @@ def blame_order(code: int | None, reported_at: float | None) -> tuple[int, float
     if reported_at is not None:
         return (1, reported_at)
     if code == -signal.SIGABRT:
-        return (2, 0.0)
+        return _ECHO
     return (0, 0.0)
+
+
+#: :func:`blame_order` of a rank that aborted itself without a report
+_ECHO = (2, 0.0)
 
 
 def only_echoes(failed: Sequence[int], codes: Mapping[int, int | None], run_dir: Path) -> bool:
     """Every failed rank aborted itself without a report: likely echoes of a peer's death
     (:func:`blame_order`), not yet a cause to name."""
-    return all(codes.get(rank) == -signal.SIGABRT and read_error(run_dir, rank) is None for rank in failed)
+    return all(
+        blame_order(codes.get(rank), None) == _ECHO and read_error(run_dir, rank) is None for rank in failed
+    )
 
 
 def first_failure(failed: Sequence[int], codes: Mapping[int, int | None], run_dir: Path) -> WorkerError:
