@@ -10,6 +10,7 @@ from crosstrain.core import dropout
 from crosstrain.core import layers as _layers
 from crosstrain.core.context import RunContext
 from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.data_spec import DataSpec
 from crosstrain.core.errors import (
     BackendError,
     CrosstrainError,
@@ -23,7 +24,6 @@ from crosstrain.core.layers import *  # noqa: F403 (the layer types, named once 
 from crosstrain.core.layers.sequences import rotary_tables
 from crosstrain.core.optimizers import DECAY_MODES, decayed_weights
 from crosstrain.core.plan import (
-    DataSpec,
     LossSpec,
     ModelSpec,
     NativeModel,

@@ -15,10 +15,11 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationNote
 
 from crosstrain.core.augment import Augmentation
+from crosstrain.core.data_spec import DataSpec
 from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.layers import LAYER_TYPES, Layer
 from crosstrain.core.layers.convolutions import as_padding2d
-from crosstrain.core.plan import DataSpec, LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
+from crosstrain.core.plan import LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
 
 
 def _strict_int(value: Any, _: type) -> int:

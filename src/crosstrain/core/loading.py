@@ -18,11 +18,12 @@ import attrs
 import numpy as np
 
 from crosstrain.core.data import ArrayDataset, Datasets, Rows
+from crosstrain.core.data_spec import DataSpec
 from crosstrain.core.errors import InputError, PlanError, closest_name
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
 from crosstrain.core.mapped import MappedRows, map_npy
-from crosstrain.core.plan import CLASS_LOSSES, DataSpec, Plan, output_shape
+from crosstrain.core.plan import CLASS_LOSSES, Plan, output_shape
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.sources import table as tables
 from crosstrain.core.sources import text
