@@ -13,7 +13,7 @@ from crosstrain.core.loading import load_datasets
 from crosstrain.core.plan import Plan
 from crosstrain.core.planfile import load_plan
 from crosstrain.testing import assert_same_eval, max_relative_difference, step_losses, summary
-from crosstrain.testing.plans import write_images
+from crosstrain.testing.data_plans import write_images
 
 __all__ = [
     "StepRecorder",

@@ -67,7 +67,8 @@ def test_the_plan_as_run_is_kept_and_read_back(tmp_path: Path) -> None:
     absolute data paths included, and a run output that --overwrite replaces."""
     from crosstrain.core.planfile import load_plan
     from crosstrain.core.runfolder import PLAN_FILE, RUN_OUTPUTS, read_run_plan, write_run_plan
-    from crosstrain.testing.plans import GPT_PLAN, write_tokens
+    from crosstrain.testing.data_plans import write_tokens
+    from crosstrain.testing.plans import GPT_PLAN
 
     write_tokens(str(tmp_path / "tokens.npy"))
     (tmp_path / "gpt.toml").write_text(GPT_PLAN)
@@ -90,7 +91,8 @@ def test_a_continued_run_keeps_its_plan_and_changes_only_what_may_change(tmp_pat
     from crosstrain.core.errors import InputError
     from crosstrain.core.planfile import load_plan
     from crosstrain.core.runfolder import continued_plan, write_run_plan
-    from crosstrain.testing.plans import GPT_PLAN, write_tokens
+    from crosstrain.testing.data_plans import write_tokens
+    from crosstrain.testing.plans import GPT_PLAN
 
     write_tokens(str(tmp_path / "tokens.npy"))
     (tmp_path / "gpt.toml").write_text(GPT_PLAN)

@@ -14,7 +14,7 @@ from crosstrain.core.loading import load_datasets
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.testing.plans import SCALED_IMAGES_PLAN, write_images
+from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images
 
 
 def test_rows_are_scaled_per_channel_as_read_and_stay_raw_until_then(

@@ -20,7 +20,8 @@ from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import write_data_statistics
 from crosstrain.core.sources import text
 from crosstrain.core.sources.table import STATISTICS_FILE, read_statistics
-from crosstrain.testing.plans import GPT_PLAN, TABLE_PLAN, churn_columns, write_churn_tables, write_tokens
+from crosstrain.testing.data_plans import TABLE_PLAN, churn_columns, write_churn_tables, write_tokens
+from crosstrain.testing.plans import GPT_PLAN
 from tests.conftest import EXAMPLES
 
 BPE = EXAMPLES / "tokenizers" / "stdlib_bpe_4096.json"

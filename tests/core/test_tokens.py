@@ -12,7 +12,8 @@ from crosstrain.core.errors import PlanError
 from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.tokens import stdlib_files
-from crosstrain.testing.plans import GPT_PLAN, write_tokens
+from crosstrain.testing.data_plans import write_tokens
+from crosstrain.testing.plans import GPT_PLAN
 
 
 def test_windows_are_next_token_pairs_read_from_a_memory_map(

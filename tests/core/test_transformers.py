@@ -27,8 +27,9 @@ from crosstrain.core.optimizers import DECAY, DECAY_MODES, decayed_weights
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary
 from crosstrain.describe import describe_graph
+from crosstrain.testing.data_plans import MULTILABEL_PLAN
 from crosstrain.testing.null import NullStrategy
-from crosstrain.testing.plans import DIGITS_MLP_PLAN, GPT2_PLAN, GPT_PLAN, LLAMA_PLAN, MULTILABEL_PLAN
+from crosstrain.testing.plans import DIGITS_MLP_PLAN, GPT2_PLAN, GPT_PLAN, LLAMA_PLAN
 
 
 def test_a_llama_decoder_has_grouped_rotary_attention_and_a_tied_output(

@@ -12,14 +12,8 @@ import pytest
 
 from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
-from crosstrain.testing.plans import (
-    DROPOUT_MLP_PLAN,
-    GPT_PLAN,
-    RESNET_PLAN,
-    SCALED_IMAGES_PLAN,
-    write_images,
-    write_tokens,
-)
+from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens
+from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN, RESNET_PLAN
 from tests.conftest import json_from_fresh_process
 from tests.support import scaled_images_on_the_host
 

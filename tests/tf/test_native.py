@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.testing.plans import GPT_PLAN, write_tokens
+from crosstrain.testing.data_plans import write_tokens
+from crosstrain.testing.plans import GPT_PLAN
 from tests.conftest import run_cli
 from tests.support import step_losses, summary
 

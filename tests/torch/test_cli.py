@@ -16,7 +16,8 @@ import crosstrain
 from crosstrain import cli
 from crosstrain.core.checkpoint import load_checkpoint
 from crosstrain.core.planfile import load_plan
-from crosstrain.testing.plans import GPT_PLAN, write_tokens
+from crosstrain.testing.data_plans import write_tokens
+from crosstrain.testing.plans import GPT_PLAN
 from tests.conftest import EXAMPLES, run_cli, worker_env
 from tests.support import step_losses, summary
 

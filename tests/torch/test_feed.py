@@ -14,7 +14,8 @@ from crosstrain.core.data import Batch, stored_rows
 from crosstrain.core.loading import load_datasets
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.planfile import load_plan
-from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN, SCALED_IMAGES_PLAN, write_images, write_tokens
+from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens
+from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 from tests.support import scaled_images_on_the_host
 
 torch = pytest.importorskip("torch")

@@ -305,7 +305,7 @@ epochs = 1
 
 def write_tied_gpt2(directory: Path) -> Path:
     """TIED_GPT2_PLAN and its tokens (a noisy pattern over 512 ids, 24 batches of windows)."""
-    from crosstrain.testing.plans import write_tokens
+    from crosstrain.testing.data_plans import write_tokens
 
     directory.mkdir(parents=True, exist_ok=True)
     write_tokens(str(directory / "tokens.npy"), count=64 * 16 * 24 + 1, vocabulary=512)

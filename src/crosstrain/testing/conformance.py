@@ -51,6 +51,7 @@ from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
+from crosstrain.testing.data_plans import NAN_ROW_PLAN, write_nan_row_data
 from crosstrain.testing.launches import (
     PLAN_SETTINGS,
     PLANS,
@@ -62,7 +63,6 @@ from crosstrain.testing.launches import (
     train_refused,
     write_plan,
 )
-from crosstrain.testing.plans import NAN_ROW_PLAN, write_nan_row_data
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
 
 #: the plans trained with their data placed on the device (``data.placement = "device"``):

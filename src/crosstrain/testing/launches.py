@@ -12,22 +12,18 @@ from pathlib import Path
 import attrs
 import pytest
 
-from crosstrain.testing.plans import (
-    DIGITS_MLP_PLAN,
-    DROPOUT_MLP_PLAN,
-    GPT_PLAN,
+from crosstrain.testing.data_plans import (
     IMAGE_FOLDER_PLAN,
     MULTILABEL_PLAN,
-    RESNET_PLAN,
     SCALED_IMAGES_PLAN,
     TABLE_PLAN,
-    VISION_PLAN,
     write_churn_tables,
     write_image_folder,
     write_images,
     write_multilabel_data,
     write_tokens,
 )
+from crosstrain.testing.plans import DIGITS_MLP_PLAN, DROPOUT_MLP_PLAN, GPT_PLAN, RESNET_PLAN, VISION_PLAN
 from crosstrain.testing.zoo import ZOO
 
 PLANS = {
