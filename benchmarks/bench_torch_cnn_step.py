@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_e2e import CONFIGS, plan_text
+from e2e_configs import CONFIGS, plan_text
 
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data import Batch, StepBatch

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e import CONFIGS, plan_text
+from e2e_configs import CONFIGS, plan_text
 
 
 def profile_crosstrain(plan: Path, out: Path, device: str, top: int) -> None:
