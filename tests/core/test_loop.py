@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from crosstrain.core.data import StepBatch
-from crosstrain.core.loop import train
+from crosstrain.core.loop import _named_ahead, train
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job
 from crosstrain.testing.null import NullStrategy
@@ -65,3 +65,9 @@ def test_the_steps_that_ran_before_a_failure_are_logged(
     with pytest.raises(RuntimeError, match="failed at step 8"):
         train(CountingStrategy(fail_at=8), _job(write_plan, tmp_path, every=5), recorder)  # type: ignore[arg-type]
     assert [step for step, _ in recorder.steps] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_the_loop_names_each_step_ahead_once_the_first_with_the_two_after_it() -> None:
+    assert list(_named_ahead(iter(range(5)), 2)) == [(0, [0, 1, 2]), (1, [3]), (2, [4]), (3, []), (4, [])]
+    assert list(_named_ahead(iter(range(2)), 2)) == [(0, [0, 1]), (1, [])]
+    assert list(_named_ahead(iter(()), 2)) == []

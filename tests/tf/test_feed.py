@@ -72,8 +72,8 @@ def test_host_placement_and_auto_on_a_cpu_place_nothing(write_plan: Callable[...
 
 
 def _on_the_host(text: str, batch: str, epochs: int, accumulation: int) -> str:
-    """A plan whose rows stay on the host, trained over ``epochs`` (each epoch's first step
-    is read in the step: the loop names only the next step ahead)."""
+    """A plan whose rows stay on the host, trained over ``epochs`` (the loop names every
+    step ahead, each epoch's first with the two after it)."""
     text = text.replace("[data]\n", '[data]\nplacement = "host"\n')
     text = text.replace(f"global_batch_size = {batch}\nepochs = 1", "")
     train = f"global_batch_size = 24\nepochs = {epochs}\ngrad_accum_steps = {accumulation}"
@@ -101,6 +101,6 @@ def test_rows_read_ahead_to_each_replicas_device_train_as_rows_read_in_the_step(
         assert len(run["losses"]) == steps * epochs
         assert run["prefetched_losses"] == run["losses"]
         assert run["max_weight_difference"] == 0.0
-        # every step but each epoch's first found its rows on the replicas' devices
-        assert run["prefetched_steps"] == (steps - 1) * epochs
+        # every step, each epoch's first too, found its rows on the replicas' devices
+        assert run["prefetched_steps"] == steps * epochs
         assert run["traces"] == [1]  # per-replica rows do not retrace the step

@@ -129,10 +129,9 @@ _Result = TypeVar("_Result")
 
 
 class Prefetched(Generic[_Result]):
-    """Work started in the background for the step the loop names next, found again by
-    that step's first batch (the loop hands the same objects to ``train_step``). A step
-    the loop never named (an epoch's first, a resumed run's first) finds nothing and is
-    read in the step, as without prefetching."""
+    """Work started in the background for the steps the loop names ahead, found again by
+    each step's first batch (the loop hands the same objects to ``train_step``). A step
+    the loop never named finds nothing and is read in the step, as without prefetching."""
 
     def __init__(self, timeout_seconds: float = PREFETCH_TIMEOUT_SECONDS) -> None:
         self.timeout_seconds = timeout_seconds

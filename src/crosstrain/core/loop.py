@@ -7,7 +7,9 @@ backend runs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import math
 import sys
 import time
@@ -48,6 +50,10 @@ from crosstrain.core.strategy import (
 
 CHECKPOINT_FILE = "model.safetensors"
 _T = TypeVar("_T")
+#: steps whose rows the backend is asked to read ahead: two keep a pool of image decoders
+#: busy while a step computes (one step ahead, it idled at each hand-over), and an epoch's
+#: first step is named too, so it is read in the background in its turn, not in the step
+PREFETCH_STEPS = 2
 
 
 def total_steps(plan: Plan, train_rows: int) -> int:
@@ -282,11 +288,12 @@ def _train_epoch(
     prefetcher = strategy if isinstance(strategy, PrefetchesBatches) else None
     clock = time.perf_counter()
     try:
-        for (index, batch), upcoming in _with_next(
-            _epoch_steps(context, datasets, sampler, epoch, progress.step)
+        for (index, batch), named in _named_ahead(
+            _epoch_steps(context, datasets, sampler, epoch, progress.step), PREFETCH_STEPS
         ):
-            if upcoming is not None and prefetcher is not None:
-                prefetcher.prefetch(state, upcoming[1])
+            if prefetcher is not None:
+                for _, upcoming in named:
+                    prefetcher.prefetch(state, upcoming)
             lr = schedule(progress.step)
             clock = progress.add_data_time(clock)
             heartbeat.beat("step")
@@ -364,14 +371,16 @@ def _epoch_steps(
         step += 1
 
 
-def _with_next(items: Iterator[_T]) -> Iterator[tuple[_T, _T | None]]:
-    """Each item with the one after it (None for the last): the next step's rows can be
-    prefetched while this one runs."""
-    current = next(items, None)
-    while current is not None:
-        upcoming = next(items, None)
-        yield current, upcoming
-        current = upcoming
+def _named_ahead(items: Iterator[_T], depth: int) -> Iterator[tuple[_T, list[_T]]]:
+    """Each item with the items to name to the backend before it runs: first the item and
+    the ``depth`` after it, then each time the one that comes within ``depth`` of it."""
+    window = collections.deque(itertools.islice(items, depth + 1))
+    named = list(window)
+    while window:
+        yield window[0], named
+        window.popleft()
+        named = list(itertools.islice(items, 1))
+        window.extend(named)
 
 
 @attrs.frozen

@@ -175,9 +175,10 @@ class ResolvesMetrics(Protocol):
 
 @runtime_checkable
 class PrefetchesBatches(Protocol):
-    """Optional capability: the loop names the next step's batch before it runs the current
-    one, so the backend can read its rows and copy them to the device meanwhile (a
-    background thread and a side stream); ``train_step`` then finds them there."""
+    """Optional capability: the loop names each step's batch before the steps ahead of it
+    run (``PREFETCH_STEPS`` ahead, in order), so the backend can read its rows and copy them
+    to the device meanwhile (a background thread and a side stream); ``train_step`` then
+    finds them there."""
 
     def prefetch(self, state: Any, step: StepBatch) -> None:
         """Start bringing ``step``'s rows to the device; returns at once."""
