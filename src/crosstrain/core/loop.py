@@ -40,6 +40,7 @@ from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
 from crosstrain.core.schedule import LearningRateSchedule
 from crosstrain.core.sources.images import share_cores
 from crosstrain.core.strategy import (
+    PREFETCH_STEPS,
     DistributedStrategy,
     Job,
     PlacesData,
@@ -50,10 +51,6 @@ from crosstrain.core.strategy import (
 
 CHECKPOINT_FILE = "model.safetensors"
 _T = TypeVar("_T")
-#: steps whose rows the backend is asked to read ahead: two keep a pool of image decoders
-#: busy while a step computes (one step ahead, it idled at each hand-over), and an epoch's
-#: first step is named too, so it is read in the background in its turn, not in the step
-PREFETCH_STEPS = 2
 
 
 def total_steps(plan: Plan, train_rows: int) -> int:

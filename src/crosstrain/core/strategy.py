@@ -173,6 +173,13 @@ class ResolvesMetrics(Protocol):
         ...
 
 
+#: steps the loop names to a backend ahead of the one it runs (an epoch's first step with
+#: the ones after it): a backend can have them all in flight at once (the image decoders'
+#: pool works on the next two batches while a step computes: one batch at a time, each
+#: batch's slowest chunk left the other workers idle)
+PREFETCH_STEPS = 2
+
+
 @runtime_checkable
 class PrefetchesBatches(Protocol):
     """Optional capability: the loop names each step's batch before the steps ahead of it

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
@@ -26,6 +27,9 @@ from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, image_rows,
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
+from crosstrain.core.sources.decoding import Reading
+from crosstrain.core.sources.images import MixedReading
+from crosstrain.core.strategy import PREFETCH_STEPS
 from crosstrain.core.tokens import TokenWindows
 
 #: dtypes torch indexes natively; other integer token arrays are widened to int32 once
@@ -248,14 +252,15 @@ class _Staging:
     """Reusable pinned host buffers for one array of the batch. A buffer is written again only
     after the device copy that read it has finished (its event)."""
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = STAGING_DEPTH) -> None:
         self.buffers: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
         self.turn = 0
+        self.depth = depth
 
     def next_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
         """A pinned buffer of the shape, free to overwrite (waits for its last copy)."""
         torch_dtype = as_torch_dtype(dtype)
-        slot = self.turn % STAGING_DEPTH
+        slot = self.turn % self.depth
         self.turn += 1
         if slot < len(self.buffers):
             buffer, copied = self.buffers[slot]
@@ -276,6 +281,15 @@ class _Staging:
                 self.buffers[slot] = (held, copied)
 
 
+@attrs.frozen(eq=False)
+class _Decoding:
+    """A batch's image rows decoding into a pinned buffer, and the shape they take."""
+
+    buffer: torch.Tensor
+    shape: tuple[int, ...]
+    reading: Reading | MixedReading
+
+
 class _Prefetcher:
     """Background threads that gather a batch's rows on the host straight into pinned staging
     buffers (no pageable copy, no pinning per step) and copy them to the GPU on a side
@@ -289,13 +303,30 @@ class _Prefetcher:
             max_workers=GATHER_THREADS, thread_name_prefix="crosstrain-gather"
         )
         self.staging: dict[str, _Staging] = {name: _Staging() for name in ("x", "y", "weight", "rows")}
+        #: decoded images' buffers: one per batch the loop names ahead, and the one copying
+        self.decoded = _Staging(PREFETCH_STEPS + 1)
         self.pending: Prefetched[tuple[tuple[torch.Tensor, ...], torch.cuda.Event]] = Prefetched(
             timeout_seconds
         )
 
     def submit(self, batch: Batch, convert_x: Convert | None) -> None:
-        """Start reading the batch; ``convert_x`` turns its x rows as stored into the model's."""
-        self.pending.put(batch, self.pool.submit(self._copy, batch, convert_x))
+        """Start reading the batch; ``convert_x`` turns its x rows as stored into the model's.
+        Image files start decoding here, in the decoders' pool, so the batches the loop names
+        ahead decode at once (the copying thread takes one batch at a time)."""
+        decoding = self._start_decoding(batch)
+        self.pending.put(batch, self.pool.submit(self._copy, batch, convert_x, decoding))
+
+    def _start_decoding(self, batch: Batch) -> _Decoding | None:
+        """The batch's image rows set decoding straight into a pinned buffer; None when its
+        x rows are not image files."""
+        source = batch.source
+        images = None if source is None else image_rows(source.dataset.x)
+        if images is None:
+            return None
+        assert source is not None
+        shape = (len(source.indices), *images.shape[1:])
+        buffer = self.decoded.next_buffer(shape, np.dtype(np.uint8))
+        return _Decoding(buffer, shape, images.start_read(source.indices, source.epoch, out=buffer.numpy()))
 
     def settle(self) -> None:
         self.pending.settle()
@@ -312,9 +343,13 @@ class _Prefetcher:
         return tensors
 
     def _copy(
-        self, batch: Batch, convert_x: Convert | None
+        self, batch: Batch, convert_x: Convert | None, decoding: _Decoding | None
     ) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event]:
-        x, x_shape = self._stage_rows("x", batch)
+        if decoding is not None:
+            decoding.reading.result()
+            x, x_shape = decoding.buffer, decoding.shape
+        else:
+            x, x_shape = self._stage_rows("x", batch)
         y, y_shape = self._stage_rows("y", batch)
         staged = {"x": x, "y": y, "weight": self._stage("weight", batch.weight)}
         staged["rows"] = self._stage("rows", batch.rows)
@@ -326,7 +361,9 @@ class _Prefetcher:
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(self.stream)
         for name, buffer in staged.items():
-            self.staging[name].mark_copied(buffer, copied)
+            (self.decoded if name == "x" and decoding is not None else self.staging[name]).mark_copied(
+                buffer, copied
+            )
         return (x, y, weight, rows), copied
 
     def _stage(self, name: str, array: np.ndarray) -> torch.Tensor:
@@ -335,18 +372,11 @@ class _Prefetcher:
         return buffer
 
     def _stage_rows(self, name: str, batch: Batch) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """The batch's rows of x or y in a pinned buffer as their data set stores them (a
-        file's uint8 images stay uint8: a quarter of the bytes to copy), and the shape they
-        take. Rows of an array torch has the dtype of are gathered straight into the buffer
+        """The batch's rows of x or y in a pinned buffer as their data set stores them (image
+        files: :meth:`_start_decoding`, uint8 as decoded: a quarter of float32's bytes to
+        copy), and the shape they take. Rows of an array torch has the dtype of are gathered straight into the buffer
         by parallel chunks; token windows are read by numpy, then staged."""
         source = batch.source
-        images = None if source is None else image_rows(getattr(source.dataset, name))
-        if images is not None:  # decoded by the pool's worker processes, copied straight into the buffer
-            assert source is not None
-            shape = (len(source.indices), *images.shape[1:])
-            buffer = self.staging[name].next_buffer(shape, np.dtype(np.uint8))
-            images.read(source.indices, source.epoch, out=buffer.numpy())
-            return buffer, shape
         found = (
             None
             if source is None
