@@ -27,7 +27,7 @@ from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, image_rows,
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.sources.decoding import Reading
+from crosstrain.core.sources.pool import Reading
 from crosstrain.core.sources.images import MixedReading
 from crosstrain.core.strategy import PREFETCH_STEPS
 from crosstrain.core.tokens import TokenWindows
