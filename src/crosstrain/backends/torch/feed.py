@@ -27,8 +27,8 @@ from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, image_rows,
 from crosstrain.core.mapped import MappedRows
 from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.sources.pool import Reading
 from crosstrain.core.sources.images import MixedReading
+from crosstrain.core.sources.pool import Reading
 from crosstrain.core.strategy import PREFETCH_STEPS
 from crosstrain.core.tokens import TokenWindows
 
@@ -373,9 +373,9 @@ class _Prefetcher:
 
     def _stage_rows(self, name: str, batch: Batch) -> tuple[torch.Tensor, tuple[int, ...]]:
         """The batch's rows of x or y in a pinned buffer as their data set stores them (image
-        files: :meth:`_start_decoding`, uint8 as decoded: a quarter of float32's bytes to
-        copy), and the shape they take. Rows of an array torch has the dtype of are gathered straight into the buffer
-        by parallel chunks; token windows are read by numpy, then staged."""
+        files: :meth:`_start_decoding`), and the shape they take. Rows of an array torch has
+        the dtype of are gathered straight into the buffer by parallel chunks; token windows
+        are read by numpy, then staged."""
         source = batch.source
         found = (
             None
