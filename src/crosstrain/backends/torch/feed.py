@@ -13,6 +13,7 @@ into pinned staging buffers and copied on a side stream while the current step c
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,6 @@ from crosstrain.core.plan import Plan
 from crosstrain.core.scaling import InputScaling, ScaledRows
 from crosstrain.core.sources.images import MixedReading
 from crosstrain.core.sources.pool import Reading
-from crosstrain.core.strategy import PREFETCH_STEPS
 from crosstrain.core.tokens import TokenWindows
 
 #: dtypes torch indexes natively; other integer token arrays are widened to int32 once
@@ -252,15 +252,14 @@ class _Staging:
     """Reusable pinned host buffers for one array of the batch. A buffer is written again only
     after the device copy that read it has finished (its event)."""
 
-    def __init__(self, depth: int = STAGING_DEPTH) -> None:
+    def __init__(self) -> None:
         self.buffers: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
         self.turn = 0
-        self.depth = depth
 
     def next_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
         """A pinned buffer of the shape, free to overwrite (waits for its last copy)."""
         torch_dtype = as_torch_dtype(dtype)
-        slot = self.turn % self.depth
+        slot = self.turn % STAGING_DEPTH
         self.turn += 1
         if slot < len(self.buffers):
             buffer, copied = self.buffers[slot]
@@ -279,6 +278,32 @@ class _Staging:
         for slot, (held, _) in enumerate(self.buffers):
             if held is buffer:
                 self.buffers[slot] = (held, copied)
+
+
+class _DecodedBuffers:
+    """Pinned buffers decoded images land in: one per batch in flight, however many the loop
+    names ahead (each micro-batch of a step is one); a buffer is taken again only once the
+    copy to the device that read it has finished."""
+
+    def __init__(self) -> None:
+        self._returned: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+        self._lock = threading.Lock()  # taken on the loop's thread, given back on the copier's
+
+    def take(self, shape: tuple[int, ...]) -> torch.Tensor:
+        with self._lock:
+            found = next(
+                (k for k, (buffer, _) in enumerate(self._returned) if tuple(buffer.shape) == shape), None
+            )
+            returned = None if found is None else self._returned.pop(found)
+        if returned is None:
+            return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        buffer, copied = returned
+        copied.synchronize()
+        return buffer
+
+    def give_back(self, buffer: torch.Tensor, copied: torch.cuda.Event) -> None:
+        with self._lock:
+            self._returned.append((buffer, copied))
 
 
 @attrs.frozen(eq=False)
@@ -303,8 +328,7 @@ class _Prefetcher:
             max_workers=GATHER_THREADS, thread_name_prefix="crosstrain-gather"
         )
         self.staging: dict[str, _Staging] = {name: _Staging() for name in ("x", "y", "weight", "rows")}
-        #: decoded images' buffers: one per batch the loop names ahead, and the one copying
-        self.decoded = _Staging(PREFETCH_STEPS + 1)
+        self.decoded = _DecodedBuffers()
         self.pending: Prefetched[tuple[tuple[torch.Tensor, ...], torch.cuda.Event]] = Prefetched(
             timeout_seconds
         )
@@ -325,7 +349,7 @@ class _Prefetcher:
             return None
         assert source is not None
         shape = (len(source.indices), *images.shape[1:])
-        buffer = self.decoded.next_buffer(shape, np.dtype(np.uint8))
+        buffer = self.decoded.take(shape)
         return _Decoding(buffer, shape, images.start_read(source.indices, source.epoch, out=buffer.numpy()))
 
     def settle(self) -> None:
@@ -361,9 +385,10 @@ class _Prefetcher:
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(self.stream)
         for name, buffer in staged.items():
-            (self.decoded if name == "x" and decoding is not None else self.staging[name]).mark_copied(
-                buffer, copied
-            )
+            if name == "x" and decoding is not None:
+                self.decoded.give_back(buffer, copied)
+            else:
+                self.staging[name].mark_copied(buffer, copied)
         return (x, y, weight, rows), copied
 
     def _stage(self, name: str, array: np.ndarray) -> torch.Tensor:
