@@ -5,7 +5,7 @@ A run folder holds the plan as run (``plan.json``), the final weights
 (``model.safetensors``) and its checkpoints (``checkpoints/step-NNNNNNNN/``), all under
 neutral names, so any backend rebuilds the model: a run trained on torch evaluates on tf
 to the same numbers within parity tolerance. Everything here runs in this process, at
-world 1: core's exact :func:`~crosstrain.core.loop.evaluate` over the plan's eval set, the
+world 1: core's exact :func:`~crosstrain.core.evaluation.evaluate` over the plan's eval set, the
 backend's ``build`` and ``load_state_dict``, and its optional ``predict``/``export``.
 """
 
@@ -29,10 +29,11 @@ from crosstrain.core.checkpoint import (
 )
 from crosstrain.core.data import ArrayDataset
 from crosstrain.core.errors import BackendError, InputError, PlanError
+from crosstrain.core.evaluation import evaluate
 from crosstrain.core.graph import MODEL_INPUT
 from crosstrain.core.layers import Embedding
 from crosstrain.core.loading import image_classes, load_datasets, read_table_rows
-from crosstrain.core.loop import evaluate, initial_weights
+from crosstrain.core.loop import initial_weights
 from crosstrain.core.plan import Plan
 from crosstrain.core.runfolder import read_classes, read_run_plan, run_plan_source
 from crosstrain.core.scaling import InputScaling, ScaledRows

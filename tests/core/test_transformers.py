@@ -18,11 +18,11 @@ from crosstrain.core.checkpoint import plan_hash
 from crosstrain.core.convert import structure_plan, unstructure_plan
 from crosstrain.core.data import ArrayDataset
 from crosstrain.core.errors import PlanError
+from crosstrain.core.evaluation import evaluate, perplexity
 from crosstrain.core.graph import build_graph
 from crosstrain.core.layers import Attention, ClassToken, Dense, Embedding, RMSNorm
 from crosstrain.core.layers.sequences import rotary_tables
 from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import evaluate, perplexity
 from crosstrain.core.optimizers import DECAY, DECAY_MODES, decayed_weights
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary

@@ -26,8 +26,9 @@ from crosstrain.backends.tf.launch import Layout
 from crosstrain.backends.tf.strategy import TfState, TfStrategy
 from crosstrain.backends.tf.worker import configure_devices
 from crosstrain.core.data import Batch, GlobalSampler, step_batch
+from crosstrain.core.evaluation import evaluate
 from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import evaluate, initial_weights, train
+from crosstrain.core.loop import initial_weights, train
 from crosstrain.core.plan import Plan
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.strategy import Job, World

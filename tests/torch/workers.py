@@ -15,8 +15,9 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.backends.torch.worker import join_group
+from crosstrain.core.evaluation import evaluate
 from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import evaluate, initial_weights, train
+from crosstrain.core.loop import initial_weights, train
 from crosstrain.core.strategy import Job
 from crosstrain.plugins.manager import make_plugin_manager
 

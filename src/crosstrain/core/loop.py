@@ -11,7 +11,6 @@ import collections
 import contextlib
 import itertools
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,10 +28,9 @@ from crosstrain.core.data import (
     Datasets,
     GlobalSampler,
     StepBatch,
-    eval_batches,
-    shard,
     step_batch,
 )
+from crosstrain.core.evaluation import evaluate
 from crosstrain.core.heartbeat import Heartbeat
 from crosstrain.core.loading import epoch_rows, load_datasets
 from crosstrain.core.plan import Plan
@@ -482,42 +480,6 @@ def _rank_reports(strategy: DistributedStrategy, state: Any, progress: _Progress
         mine.update(strategy.device_report(state))
     world = strategy.world
     return gather_rank_reports(strategy.all_reduce, world.process_index, world.process_count, mine)
-
-
-def evaluate(
-    strategy: DistributedStrategy,
-    state: Any,
-    dataset: ArrayDataset,
-    plan: Plan,
-    heartbeat: Heartbeat | None = None,
-) -> dict[str, float]:
-    """Exact metrics over the whole eval set: sums of real rows only, divided once at the end,
-    so world N equals world 1 whatever the padding."""
-    world = strategy.world
-    totals: dict[str, float] = {}
-    for indices, weight in eval_batches(dataset, plan.train.global_batch_size):
-        batch = shard(dataset, indices, weight, world.process_index, world.process_count)
-        if heartbeat is not None:
-            heartbeat.beat("eval")
-        for name, value in strategy.eval_step(state, batch).items():
-            totals[name] = totals.get(name, 0.0) + float(value)
-    if heartbeat is not None:
-        heartbeat.beat("idle")
-    count = totals.get("count", 0.0)
-    metrics = {"loss": totals.get("loss_sum", 0.0) / max(count, 1.0), "count": count}
-    if "accuracy" in plan.metrics:
-        metrics["accuracy"] = totals.get("correct", 0.0) / max(count, 1.0)
-    if "top_k_accuracy" in plan.metrics:
-        # the backend's vocabulary promised this sum (check_plan_vocabulary): read, not defaulted
-        metrics["top_k_accuracy"] = totals["top_k_correct"] / max(count, 1.0) if count else 0.0
-    if "perplexity" in plan.metrics:
-        metrics["perplexity"] = perplexity(metrics["loss"])
-    return metrics
-
-
-def perplexity(loss: float) -> float:
-    """exp of a mean cross-entropy in nats; infinite past float64's range (a diverged run)."""
-    return math.inf if loss >= math.log(sys.float_info.max) else math.exp(loss)  # NaN stays NaN
 
 
 def _save_checkpoint(
