@@ -71,6 +71,8 @@ PLACED_PLANS = ("dropout_mlp", "gpt2_small", "scaled_images")
 #: relative per-step loss differences: same backend at another world size, and across frameworks
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4
+#: what a run may leave in the temporary folder: caches meant to outlive it (torch.compile's)
+CACHE_FOLDERS = ("torchinductor_",)
 #: the resume checks: checkpoints every CHECKPOINT_EVERY steps, a rank dies at FAIL_STEP
 CHECKPOINT_EVERY, FAIL_STEP = 5, 8
 RESUME_SETTINGS = (
@@ -94,14 +96,19 @@ def fail_then_resume(
     """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
     ``--resume`` (on ``resume_backend``, by default the same) finishes the run from the run
     folder alone: no plan file, none of the run's ``--set`` overrides typed again. Its
-    checkpoints are then those of a run never interrupted."""
+    checkpoints are then those of a run never interrupted. The failed run leaves nothing in
+    its temporary folder but a compiler's cache."""
     common = ("--nproc", str(nproc), "--device", "cpu", "--out", str(out))
+    temporary = out.with_name(f"{out.name}-tmp")
+    temporary.mkdir(parents=True)
     failed = run_cli(
         "-p", "no:progress", "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", backend,
         *common, "--set", f"train.max_steps={STEPS}", *RESUME_SETTINGS,
-        env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP)},
+        env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP), "TMPDIR": str(temporary)},
     )  # fmt: skip
     assert_failed_naming_the_rank(failed, f"RuntimeError: injected failure at step {FAIL_STEP}")
+    left = sorted(path.name for path in temporary.iterdir() if not path.name.startswith(CACHE_FOLDERS))
+    assert not left, f"the failed run left {left} in its temporary folder"
     last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     assert complete_checkpoints(out)[-1][0] == last
     resumed = run_cli("-p", "no:progress", "run", "--backend", resume_backend or backend, *common, "--resume")

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
@@ -90,7 +91,11 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _quiet_elastic_logs()
     ranks = range(local) if job.nnodes == 1 else None  # on many machines: known after the rendezvous
-    with launch_folder("torch") as folder, _watched(folder, local, ranks, job.timeout_seconds) as stalls:
+    with (
+        launch_folder("torch") as folder,
+        _watched(folder, local, ranks, job.timeout_seconds) as stalls,
+        _temporary_files_in(folder),
+    ):
         try:
             results = elastic_launch(_config(job, folder), worker_main)(job, make_strategy)
         except ChildFailedError as failure:
@@ -194,6 +199,21 @@ def _watched(
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _temporary_files_in(folder: Path) -> Iterator[None]:
+    """This process's temporary files go to the launch folder (removed with it) while the
+    agent runs: torch.multiprocessing gives each worker a ``pytorch-errorfile-*.pickle`` for
+    its traceback and never removes the file of a worker that raised, so every failed run
+    left one per failed rank in /tmp. The workers' own temporary folder is unchanged
+    (torch.compile's cache lives there)."""
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
 
 
 def _beating_ranks(heartbeats: Path) -> list[int]:
