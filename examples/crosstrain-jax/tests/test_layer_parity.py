@@ -24,7 +24,8 @@ from crosstrain.testing.layer_cases import (
     trainable_names,
 )
 
-from crosstrain_jax.model import Params, TrainInputs, build_forward
+from crosstrain_jax.model import build_forward
+from crosstrain_jax.nodes import Params, TrainInputs
 
 pytestmark = pytest.mark.torch
 

@@ -13,7 +13,9 @@ from crosstrain import Attention, BatchNorm, Dense, Dropout, Layer, ModelSpec, P
 from crosstrain import dropout as reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from crosstrain_jax.model import LOSSES, METRIC_COUNTS, TrainInputs, build_forward, keep_mask
+from crosstrain_jax.dense import keep_mask
+from crosstrain_jax.model import LOSSES, METRIC_COUNTS, build_forward
+from crosstrain_jax.nodes import TrainInputs
 
 Arrays = dict[str, np.ndarray]
 

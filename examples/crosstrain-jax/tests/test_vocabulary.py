@@ -14,8 +14,10 @@ from crosstrain import DECAY_MODES, Attention, PlanError, Vocabulary
 from crosstrain.core.plan import WEIGHT_DTYPES
 from crosstrain.core.vocabulary import missing_names  # the check's own helper, tested here
 
-from crosstrain_jax import JaxStrategy, model
-from crosstrain_jax.model import LAYERS, LOSSES, METRIC_COUNTS, PRECISIONS
+from crosstrain_jax import JaxStrategy, layers
+from crosstrain_jax.layers import LAYERS
+from crosstrain_jax.model import LOSSES, METRIC_COUNTS
+from crosstrain_jax.nodes import PRECISIONS
 from crosstrain_jax.optimizer import OPTIMIZERS
 from jaxtest_support import run_cli
 
@@ -63,7 +65,7 @@ def test_a_layer_missing_from_the_table_is_refused_naming_its_field(
 ) -> None:
     # The tables are the only source of the vocabulary: take attention out of LAYERS and the
     # plan that uses it in a block is refused before the output folder or a worker exists.
-    monkeypatch.delitem(model.LAYERS, Attention)
+    monkeypatch.delitem(layers.LAYERS, Attention)
     with pytest.raises(PlanError) as refused:
         crosstrain.fit(token_plan, backend="jax", device="cpu", out=tmp_path / "run")
     assert refused.value.field == "model.blocks.decoder.layers[1]"

@@ -90,7 +90,9 @@ class JaxStrategy:
     def vocabulary(cls) -> Vocabulary:
         """The keys of the model's and optimizer's tables. Importing them imports jax but
         initialises no jax backend (so no GPU memory is claimed in the launching process)."""
-        from crosstrain_jax.model import LAYERS, LOSSES, METRIC_COUNTS, PRECISIONS
+        from crosstrain_jax.layers import LAYERS
+        from crosstrain_jax.model import LOSSES, METRIC_COUNTS
+        from crosstrain_jax.nodes import PRECISIONS
         from crosstrain_jax.optimizer import OPTIMIZERS
 
         # every decay mode: the update decays the weights crosstrain's decayed_weights names
@@ -118,7 +120,8 @@ class JaxStrategy:
         import jax
         from jax.sharding import Mesh
 
-        from crosstrain_jax.model import build_forward, make_eval_step, make_train_step, use_x64
+        from crosstrain_jax.model import build_forward, make_eval_step, make_train_step
+        from crosstrain_jax.nodes import use_x64
         from crosstrain_jax.optimizer import init_state
 
         # crosstrain checked this before launch; checked again for code that builds directly
