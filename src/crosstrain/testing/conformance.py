@@ -71,8 +71,9 @@ PLACED_PLANS = ("dropout_mlp", "gpt2_small", "scaled_images")
 #: relative per-step loss differences: same backend at another world size, and across frameworks
 WORLD_TOLERANCE = 1e-5
 PARITY_TOLERANCE = 1e-4
-#: what a run may leave in the temporary folder: caches meant to outlive it (torch.compile's)
-CACHE_FOLDERS = ("torchinductor_",)
+#: the traceback files torch.multiprocessing writes for each worker, which a failed run must
+#: not leave behind in the temporary folder
+TRACEBACK_FILES = "pytorch-errorfile-*"
 #: the resume checks: checkpoints every CHECKPOINT_EVERY steps, a rank dies at FAIL_STEP
 CHECKPOINT_EVERY, FAIL_STEP = 5, 8
 RESUME_SETTINGS = (
@@ -96,8 +97,8 @@ def fail_then_resume(
     """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
     ``--resume`` (on ``resume_backend``, by default the same) finishes the run from the run
     folder alone: no plan file, none of the run's ``--set`` overrides typed again. Its
-    checkpoints are then those of a run never interrupted. The failed run leaves nothing in
-    its temporary folder but a compiler's cache."""
+    checkpoints are then those of a run never interrupted. The failed run leaves no worker's
+    traceback file in its temporary folder."""
     common = ("--nproc", str(nproc), "--device", "cpu", "--out", str(out))
     temporary = out.with_name(f"{out.name}-tmp")
     temporary.mkdir(parents=True)
@@ -107,7 +108,7 @@ def fail_then_resume(
         env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP), "TMPDIR": str(temporary)},
     )  # fmt: skip
     assert_failed_naming_the_rank(failed, f"RuntimeError: injected failure at step {FAIL_STEP}")
-    left = sorted(path.name for path in temporary.iterdir() if not path.name.startswith(CACHE_FOLDERS))
+    left = sorted(path.name for path in temporary.glob(TRACEBACK_FILES))
     assert not left, f"the failed run left {left} in its temporary folder"
     last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     assert complete_checkpoints(out)[-1][0] == last
