@@ -92,13 +92,11 @@ class DataSpec:
         _check_augmentation(self)
         if self.source == "images":
             _check_images(self)
-        if self.source in ("tokens", "python-stdlib", "text") and self.sequence_length is None:
+        if self.source in TOKEN_SOURCES and self.sequence_length is None:
             raise ValueError(f"source {self.source!r} needs data.sequence_length")
         if self.source == "npy" and (self.x_path is None or self.y_path is None):
             raise ValueError("source 'npy' needs data.x_path and data.y_path")
         self._check_table_fields()
-        if self.augment.window_offset and self.source not in ("tokens", "python-stdlib", "text"):
-            raise ValueError(f"augment.window_offset moves token windows; source {self.source!r} has none")
         if not self.antialias and self.source != "images":
             raise ValueError(
                 f"data.antialias is how images are resized (source 'images'), not source {self.source!r}"
