@@ -308,10 +308,9 @@ class _DecodedBuffers:
 
 @attrs.frozen(eq=False)
 class _Decoding:
-    """A batch's image rows decoding into a pinned buffer, and the shape they take."""
+    """A batch's image rows decoding into a pinned buffer of exactly their shape."""
 
     buffer: torch.Tensor
-    shape: tuple[int, ...]
     reading: Reading | MixedReading
 
 
@@ -348,9 +347,8 @@ class _Prefetcher:
         if images is None:
             return None
         assert source is not None
-        shape = (len(source.indices), *images.shape[1:])
-        buffer = self.decoded.take(shape)
-        return _Decoding(buffer, shape, images.start_read(source.indices, source.epoch, out=buffer.numpy()))
+        buffer = self.decoded.take((len(source.indices), *images.shape[1:]))
+        return _Decoding(buffer, images.start_read(source.indices, source.epoch, out=buffer.numpy()))
 
     def settle(self) -> None:
         self.pending.settle()
@@ -371,7 +369,7 @@ class _Prefetcher:
     ) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event]:
         if decoding is not None:
             decoding.reading.result()
-            x, x_shape = decoding.buffer, decoding.shape
+            x, x_shape = decoding.buffer, tuple(decoding.buffer.shape)
         else:
             x, x_shape = self._stage_rows("x", batch)
         y, y_shape = self._stage_rows("y", batch)
