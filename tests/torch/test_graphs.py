@@ -4,6 +4,8 @@ ops as a CUDA graph does. (The real graph: tests/torch/test_gpu.py.)"""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from crosstrain.backends.torch.graphs import WARMUP_STEPS, Replayable, StepGraph, capture_blocker  # noqa: E402
+from crosstrain.core.data import GlobalSampler  # noqa: E402
+from crosstrain.core.loading import load_datasets  # noqa: E402
 from crosstrain.core.planfile import load_plan  # noqa: E402
-from crosstrain.testing.conformance import WORLD_TOLERANCE  # noqa: E402
 from crosstrain.testing.launches import write_plan  # noqa: E402
 from crosstrain.testing.runs import max_relative_difference  # noqa: E402
 
@@ -160,17 +163,24 @@ class _Interrupted(Exception):
     pass
 
 
+#: how a step runs: its kernels launched one by one (no graph: the optimizer's plain
+#: update); the graph-ready step (as build() makes it for a GPU: the capturable update, the
+#: rate and the step counter on the device, the row mask on every batch) run eagerly every
+#: step; or that step captured once and replayed by :class:`_StepGraphOnACpu`
+LAUNCHED, GRAPH_READY, REPLAYED = "launched", "graph-ready", "replayed"
+
+
 def _train_on_a_cpu(
     monkeypatch: pytest.MonkeyPatch,
     folder: Path,
     plan_file: Path,
-    graphed: bool,
+    how: str,
     *settings: str,
     resume: bool = False,
     fail_after: int | None = None,
 ) -> tuple[list[float], StepGraph | None]:
-    """The loop in this process on the CPU, its steps launched or (``graphed``) replayed by
-    :class:`_StepGraphOnACpu` as build() makes it on a GPU; the losses of the steps it ran."""
+    """The loop in this process on the CPU, its steps run ``how``; the losses of the steps
+    it ran, and the step's graph (None when launched or interrupted)."""
     from crosstrain.backends.torch import graphs
     from crosstrain.backends.torch.strategy import TorchStrategy
     from crosstrain.core.loop import train
@@ -179,26 +189,32 @@ def _train_on_a_cpu(
     on_a_gpu = graphs.capture_blocker
     recorder = _LossesByStep(fail_after)
     with monkeypatch.context() as patch:
-        if graphed:
+        if how != LAUNCHED:
             patch.setattr(
                 graphs, "capture_blocker", lambda plan, device, processes: on_a_gpu(plan, "cuda:0", processes)
             )
             patch.setattr(graphs, "StepGraph", _StepGraphOnACpu)
+        if how == GRAPH_READY:  # every step a warm-up step: the graph's update, never captured
+            patch.setattr(graphs, "WARMUP_STEPS", sys.maxsize)
         plan = load_plan(plan_file, settings)
         job = Job(plan=plan, backend="torch", out_dir=str(folder), resume=resume)
         try:
             _, state = train(TorchStrategy.local("cpu"), job, recorder)  # type: ignore[arg-type]
         except _Interrupted:
             return recorder.losses, None
-    assert (state.step_graph is not None) == graphed
-    return recorder.losses, state.step_graph
+    graph = state.step_graph
+    assert (graph is not None) == (how != LAUNCHED)
+    assert graph is None or (graph.replays == 0) == (how == GRAPH_READY)
+    return recorder.losses, graph
 
 
-#: a learning rate that moves every step, a padded last batch every epoch, a new epoch order
+#: a learning rate that moves every step, a new epoch order (and where the rows are no
+#: multiple of the batch, as the dropout MLP's and the ResNet's, a padded last batch)
 SCHEDULED = ("schedule.name='cosine'", "schedule.warmup_steps=5", "train.epochs=2")
 
 
-@pytest.mark.parametrize(
+#: the ways the step is graphed, each on a plan that exercises it
+GRAPHED_STEPS = pytest.mark.parametrize(
     ("plan_name", "settings"),
     [
         # rows gathered in the step from the placed arrays; dropout reads the step counter
@@ -224,26 +240,96 @@ SCHEDULED = ("schedule.name='cosine'", "schedule.warmup_steps=5", "train.epochs=
         ("scaled_images", ("data.placement='host'", "optimizer.name='adam'", "train.grad_accum_steps=2")),
     ],
 )
-def test_the_replayed_step_trains_like_the_launched_one(
+
+#: the graph-ready step against the launched one: the first AGREEING_STEPS steps from a
+#: shared state, each loss within ROUNDING (relative; fp32's ulp is 2**-23 ~ 1.2e-7)
+AGREEING_STEPS, ROUNDING = 3, 1e-6
+
+
+@GRAPHED_STEPS
+def test_the_replayed_step_trains_as_the_graph_ready_step_run_eagerly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_name: str, settings: tuple[str, ...]
 ) -> None:
     """The host's side of the graph (what it writes before each replay: the row indices,
-    the mask of a padded batch, the learning rate, the step counter) gives the launched
-    steps' losses; the GPU tests run the same on a real CUDA graph."""
+    the mask of a padded batch, the learning rate, the step counter) gives, replay after
+    replay, the losses of the same step run eagerly at every step: equal, not close. Both
+    runs execute the same ops (the capture records the warm-up's own, build() makes one
+    optimizer for both) on the same values in the same order, in one process: whatever a
+    CPU's kernels round, they round alike in both, so any difference is a value the host
+    failed to write. The GPU tests run the same on a real CUDA graph."""
     plan = write_plan(tmp_path, plan_name)
-    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path / "launched", plan, False, *SCHEDULED, *settings)
-    replayed, graph = _train_on_a_cpu(monkeypatch, tmp_path / "graphed", plan, True, *SCHEDULED, *settings)
+    run = (*SCHEDULED, *settings)
+    eager, _ = _train_on_a_cpu(monkeypatch, tmp_path / "eager", plan, GRAPH_READY, *run)
+    replayed, graph = _train_on_a_cpu(monkeypatch, tmp_path / "replayed", plan, REPLAYED, *run)
     assert graph is not None and graph.replays == len(replayed) - WARMUP_STEPS >= 30
-    assert max_relative_difference(np.array(replayed), np.array(launched)) <= WORLD_TOLERANCE
+    assert replayed == eager
+
+
+@GRAPHED_STEPS
+def test_the_graph_ready_step_trains_like_the_launched_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_name: str, settings: tuple[str, ...]
+) -> None:
+    """The step a graph captures computes the launched step's function with other ops:
+    the update that reads its rate and count from the device (capturable Adam, fused SGD),
+    the masked batch norm and loss on every batch. So the two round differently, and in a
+    ReLU/batch-norm ResNet that difference grows step by step at a rate set by the CPU's
+    kernels (fused kernels with or without FMA, AVX-512 or not). They are judged as
+    ``compare`` judges runs, by their agreement horizon: from one shared state (the start,
+    and a checkpoint two steps before an epoch's last batch, so a padded batch's mask
+    (the dropout MLP's, the ResNet's) and the next epoch's order are covered), the first
+    AGREEING_STEPS steps agree within ROUNDING.
+    That holds on any CPU: the first loss from a shared state differs only by how the loss
+    is summed (a few ulps), and the next ones by an update or two of rounding, too few
+    steps for any growth (measured: <= 2e-7 on an AMD EPYC, ~1e-7 on an Intel Xeon);
+    a wrong rate, counter, mask or row is >= 1e-3 off at once."""
+    plan = write_plan(tmp_path, plan_name)
+    run = (*SCHEDULED, *settings)
+    near_the_end = _steps_per_epoch(plan, run) - 2  # then the epoch's last batch, then a new epoch
+    launched = tmp_path / "launched"
+    checkpointed = (f"output.checkpoint_every_steps={near_the_end}", "output.log_every_steps=1")
+    first, _ = _train_on_a_cpu(
+        monkeypatch, launched, plan, LAUNCHED, *run, *checkpointed, fail_after=near_the_end + 1
+    )
+    graphed, _ = _train_on_a_cpu(
+        monkeypatch, tmp_path / "graphed", plan, GRAPH_READY, *run, fail_after=AGREEING_STEPS
+    )
+    assert _agreeing_steps(graphed, first[:AGREEING_STEPS]) == AGREEING_STEPS, (graphed, first)
+    later: dict[str, list[float]] = {}
+    for how in (LAUNCHED, GRAPH_READY):  # each resumed from the launched run's checkpoint
+        shutil.copytree(launched, tmp_path / f"resumed-{how}")
+        later[how], _ = _train_on_a_cpu(
+            monkeypatch, tmp_path / f"resumed-{how}", plan, how, *run,
+            resume=True, fail_after=AGREEING_STEPS,
+        )  # fmt: skip
+    assert len(later[LAUNCHED]) == AGREEING_STEPS and later[LAUNCHED][0] == first[near_the_end]
+    assert _agreeing_steps(later[GRAPH_READY], later[LAUNCHED]) == AGREEING_STEPS, later
+
+
+def _steps_per_epoch(plan_file: Path, settings: tuple[str, ...]) -> int:
+    plan = load_plan(plan_file, settings)
+    rows = len(load_datasets(plan).train)
+    return GlobalSampler(rows, plan.train.global_batch_size, plan.seed).steps_per_epoch
+
+
+def _agreeing_steps(losses: list[float], reference: list[float]) -> int:
+    """How many leading steps' losses are within ROUNDING (relative) of the reference's."""
+    agreeing = 0
+    for loss, expected in zip(losses, reference, strict=True):
+        if abs(loss - expected) > ROUNDING * abs(expected):
+            break
+        agreeing += 1
+    return agreeing
 
 
 def test_a_value_the_host_stops_writing_is_frozen_in_the_replays(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The stand-in can fail: a graph whose learning rate is not written after the capture
-    replays the capture's rate, and the losses part from the launched ones."""
+    replays the capture's rate. Its losses equal the step run eagerly up to the first loss
+    that a replayed update made (the warm-up's steps, the captured one and the next), then
+    part from them."""
     plan = write_plan(tmp_path, "dropout_mlp")
-    launched, _ = _train_on_a_cpu(monkeypatch, tmp_path / "launched", plan, False, *SCHEDULED)
+    eager, _ = _train_on_a_cpu(monkeypatch, tmp_path / "eager", plan, GRAPH_READY, *SCHEDULED)
     real_set = StepGraph._set
 
     def set_until_the_capture(graph: StepGraph, name: str, tensor: torch.Tensor, value: float) -> None:
@@ -251,8 +337,10 @@ def test_a_value_the_host_stops_writing_is_frozen_in_the_replays(
             real_set(graph, name, tensor, value)
 
     monkeypatch.setattr(StepGraph, "_set", set_until_the_capture)
-    frozen, _ = _train_on_a_cpu(monkeypatch, tmp_path / "graphed", plan, True, *SCHEDULED)
-    assert max_relative_difference(np.array(frozen), np.array(launched)) > 1e-3
+    frozen, _ = _train_on_a_cpu(monkeypatch, tmp_path / "graphed", plan, REPLAYED, *SCHEDULED)
+    unchanged = WARMUP_STEPS + 2
+    assert frozen[:unchanged] == eager[:unchanged]
+    assert max_relative_difference(np.array(frozen[unchanged:]), np.array(eager[unchanged:])) > 1e-3
 
 
 def test_a_step_that_reads_the_device_fails_its_capture_naming_the_setting(
@@ -268,7 +356,7 @@ def test_a_step_that_reads_the_device_fails_its_capture_naming_the_setting(
 
     monkeypatch.setattr(steps, "clip_gradients", clip_reading_the_norm)
     with pytest.raises(RuntimeError, match=r"could not be captured .* train with train\.cuda_graph = false"):
-        _train_on_a_cpu(monkeypatch, tmp_path / "run", write_plan(tmp_path, "dropout_mlp"), True)
+        _train_on_a_cpu(monkeypatch, tmp_path / "run", write_plan(tmp_path, "dropout_mlp"), REPLAYED)
 
 
 @pytest.mark.parametrize(
@@ -278,20 +366,23 @@ def test_a_resumed_run_replays_its_steps_as_the_uninterrupted_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, optimizer: tuple[str, ...]
 ) -> None:
     """Resumed from its checkpoint at step 20, a run whose steps are replayed takes the
-    uninterrupted run's steps: the learning rate, the step counter and the optimizer's
-    state (Adam's moments and count, SGD's momentum) restored before its capture."""
+    uninterrupted run's steps, equal: the learning rate, the step counter and the
+    optimizer's state (Adam's moments and count, SGD's momentum) restored exactly before
+    its capture. Exact on any CPU: both runs make the same optimizer and run the same
+    step's ops on the same values (its warm-up steps eagerly, the rest replayed, which
+    :func:`test_the_replayed_step_trains_as_the_graph_ready_step_run_eagerly` shows equal)."""
     plan = write_plan(tmp_path, "dropout_mlp")
     settings = (*SCHEDULED, *optimizer, "data.placement='device'", "output.checkpoint_every_steps=20")
-    whole, _ = _train_on_a_cpu(monkeypatch, tmp_path / "whole", plan, True, *settings)
+    whole, _ = _train_on_a_cpu(monkeypatch, tmp_path / "whole", plan, REPLAYED, *settings)
     folder = tmp_path / "interrupted"
     before, _ = _train_on_a_cpu(
-        monkeypatch, folder, plan, True, *settings, "output.log_every_steps=1", fail_after=30
+        monkeypatch, folder, plan, REPLAYED, *settings, "output.log_every_steps=1", fail_after=30
     )
-    after, graph = _train_on_a_cpu(monkeypatch, folder, plan, True, *settings, resume=True)
+    after, graph = _train_on_a_cpu(monkeypatch, folder, plan, REPLAYED, *settings, resume=True)
     assert (
         len(before) == 30
         and len(after) == len(whole) - 20
         and graph is not None
         and graph.replays == len(after) - WARMUP_STEPS
     )
-    assert max_relative_difference(np.array(after), np.array(whole[20:])) <= WORLD_TOLERANCE
+    assert after == whole[20:]
