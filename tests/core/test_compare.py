@@ -15,7 +15,7 @@ import pytest
 from crosstrain.compare.difference import BackendRun, compare_pair
 from crosstrain.compare.folders import plan_difference, read_compare_file, read_step_losses
 from crosstrain.compare.spread import MetricSpread, seed_spreads
-from crosstrain.compare.verdict import Verdict, judge
+from crosstrain.compare.verdict import ROUNDING_FACTOR, Rounding, Verdict, early_bound, judge
 from tests.conftest import EXAMPLES, InProcessCli, run_cli
 
 REFERENCE = 2.3 * np.exp(-np.arange(100) / 40)  # a falling loss curve of 100 steps
@@ -48,12 +48,21 @@ def _seeds(eval_losses: list[float], accuracies: list[float]) -> list[BackendRun
     ]
 
 
+def _rounding(measured: float | None = 1e-7, precision: str = "fp32") -> Rounding:
+    """What the first steps are judged by, where the reference's own rounding (its probe)
+    measured ``measured`` (None: no probe ran)."""
+    return Rounding(precision, measured, early_bound(precision, measured))
+
+
+FP32 = _rounding()
+
+
 def _verdict(candidate: BackendRun, seed_runs: list[BackendRun]) -> Verdict:
     reference = _run(REFERENCE, backend="torch")
     comparison = compare_pair(reference, candidate, tolerance=1e-4)
     spreads = seed_spreads(reference, seed_runs)
     seeds = [reference.seed, *(run.seed for run in seed_runs)]
-    return judge([comparison], spreads, seeds, "fp32", accuracy_tolerance=0.01)
+    return judge([comparison], spreads, seeds, FP32, accuracy_tolerance=0.01)
 
 
 # --------------------------------------------------------------------------- the horizon
@@ -138,7 +147,8 @@ def test_a_final_metric_outside_the_seed_spread_is_different() -> None:
 
 
 def test_a_difference_beyond_rounding_in_the_first_steps_is_different_even_within_the_spread() -> None:
-    """A learning rate 10 % off shows at step 2 at ~1e-3; rounding starts at ~1e-7."""
+    """A learning rate 10 % off shows at step 2 at ~1e-3; the reference's own rounding
+    (its fp32 loss against its fp64 probe) at ~1e-7."""
     losses = _drifting(20)
     losses[1] = REFERENCE[1] * (1 + 1e-3)
     seeds = _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86])
@@ -147,18 +157,50 @@ def test_a_difference_beyond_rounding_in_the_first_steps_is_different_even_withi
         assert verdict.kind == "DIFFERENT" and verdict.exit_code == 1
         assert verdict.line == (
             "verdict: DIFFERENT (likely a bug): tf's step-2 loss differs from torch's by 1.0e-03 "
-            "(relative), beyond rounding (1e-05 in fp32) so soon after the start"
+            "(relative), over 30x torch's own rounding (1.0e-07: its fp32 loss against fp64) so "
+            "soon after the start"
         )
+
+
+def test_the_early_bound_follows_the_models_own_rounding() -> None:
+    """A model whose own rounding shows 1e-6 at step 2 (a rounding-sized gradient flips a
+    whole Adam step) may differ by 1.1e-5 there and be equivalent; on a model that rounds
+    at 1e-7 the same difference is a bug."""
+    losses = _drifting(20)
+    losses[1] = REFERENCE[1] * (1 + 1.1e-5)
+    reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
+    comparison = compare_pair(reference, candidate, tolerance=1e-4)
+    spreads = seed_spreads(reference, _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86]))
+    sensitive = judge([comparison], spreads, [0, 1, 2, 3], _rounding(1e-6), 0.01)
+    assert sensitive.kind == "EQUIVALENT", sensitive.line
+    assert judge([comparison], spreads, [0, 1, 2, 3], _rounding(1e-7), 0.01).kind == "DIFFERENT"
+    assert early_bound("fp32", 1e-6) == pytest.approx(ROUNDING_FACTOR * 1e-6)
+    # a probe that happens to round to nothing still leaves fp32's unit roundoff
+    assert early_bound("fp32", 0.0) == pytest.approx(ROUNDING_FACTOR * 2.0**-24)
+
+
+def test_without_a_rounding_probe_the_first_steps_are_not_judged_and_the_line_says_so() -> None:
+    losses = _drifting(20)
+    losses[1] = REFERENCE[1] * (1 + 1e-3)
+    reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
+    comparison = compare_pair(reference, candidate, tolerance=1e-4)
+    spreads = seed_spreads(reference, _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86]))
+    verdict = judge([comparison], spreads, [0, 1, 2, 3], _rounding(None), 0.01)
+    assert verdict.kind == "EQUIVALENT"
+    assert verdict.line.endswith(
+        "; steps 1-2 not judged: no fp64 rounding probe among the runs (crosstrain compare PLAN runs one)"
+    )
 
 
 def test_in_bf16_rounding_alone_reaches_the_early_bound_so_only_the_spread_judges() -> None:
     losses = _drifting(0, per_decade=1.0)
     reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
     comparison = compare_pair(reference, candidate, 1e-4)
-    assert judge([comparison], [], [0], "fp32", 0.01).kind == "DIFFERENT"
-    drifted = judge([comparison], [], [0], "bf16", 0.01)
+    assert judge([comparison], [], [0], FP32, 0.01).kind == "DIFFERENT"
+    drifted = judge([comparison], [], [0], _rounding(None, "bf16"), 0.01)
     assert drifted.kind == "DRIFTED"
     assert drifted.line.startswith("verdict: DRIFTED from step 1 (tf leaves 0.0001 at step 1, ")
+    assert "not judged" not in drifted.line  # bf16 has no early check to miss
 
 
 def test_different_step_counts_are_different() -> None:
@@ -171,7 +213,7 @@ def test_the_verdict_is_the_worst_candidates_and_the_horizon_the_earliest() -> N
     early, late = _run(_drifting(10), 0.52, 0.92, "tf"), _run(_drifting(30), 0.5, 0.9, "jax")
     comparisons = [compare_pair(reference, run, 1e-4) for run in (early, late)]
     seeds = _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86])
-    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], "fp32", 0.01)
+    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], FP32, 0.01)
     assert verdict.kind == "EQUIVALENT" and dict(verdict.per_candidate) == {
         "tf": "EQUIVALENT",
         "jax": "EQUIVALENT",
@@ -179,7 +221,7 @@ def test_the_verdict_is_the_worst_candidates_and_the_horizon_the_earliest() -> N
     assert "up to step 10 (tf leaves 0.0001 at step 11" in verdict.line
     bad = _run(_drifting(30), 0.5, 0.2, "jax")
     comparisons[1] = compare_pair(reference, bad, 1e-4)
-    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], "fp32", 0.01)
+    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], FP32, 0.01)
     assert verdict.kind == "DIFFERENT" and dict(verdict.per_candidate) == {
         "tf": "EQUIVALENT",
         "jax": "DIFFERENT",
@@ -224,7 +266,7 @@ def test_without_an_eval_set_the_final_train_loss_is_judged() -> None:
     (spread,) = seed_spreads(reference, seeds)
     assert (spread.label, spread.values) == ("final train loss", (0.30, 0.32, 0.27, 0.35))
     comparison = compare_pair(reference, no_eval(_run(_drifting(20)), 0.31), 1e-4)
-    verdict = judge([comparison], [spread], [0, 1, 2, 3], "fp32", 0.01)
+    verdict = judge([comparison], [spread], [0, 1, 2, 3], FP32, 0.01)
     assert verdict.kind == "EQUIVALENT"
     assert "tf's final train loss 0.3100 differs from torch's 0.3000 by 0.0100" in verdict.line
 
@@ -250,7 +292,7 @@ def test_an_older_compare_file_without_roles_reads_as_reference_and_candidates(t
     runs[1]["role"] = "judge"
     (tmp_path / "compare.json").write_text(json.dumps({"plan": "p", "runs": runs}))
     with pytest.raises(
-        Exception, match=re.escape("runs[1].role 'judge' is none of reference, candidate, seed")
+        Exception, match=re.escape("runs[1].role 'judge' is none of reference, candidate, seed, rounding")
     ):
         read_compare_file(tmp_path)
 
@@ -285,7 +327,10 @@ def test_seed_runs_are_listed_with_their_roles_and_judged_again_from_the_folder(
         ("momentum-1", "candidate", 0),
         ("momentum-seed1", "seed", 1),
         ("momentum-seed2", "seed", 2),
+        ("momentum-fp64", "rounding", 0),
     ]
+    probe = json.loads((momentum_compare / "momentum-fp64" / "plan.json").read_text())["plan"]["train"]
+    assert (probe["precision"], probe["max_steps"]) == ("fp64", 2)
     assert json.loads((momentum_compare / "momentum-seed2" / "plan.json").read_text())["plan"]["seed"] == 2
     image = momentum_compare.parent / "compare.png"
     again = cli_in_process(*MOMENTUM, "compare", str(momentum_compare), "--plot", str(image))

@@ -38,6 +38,8 @@ class ComparedRuns:
     reference: BackendRun
     candidates: tuple[BackendRun, ...]
     seed_runs: tuple[BackendRun, ...] = ()
+    #: the reference's first steps again in a finer precision: its own rounding
+    rounding: BackendRun | None = None
 
 
 @attrs.frozen
@@ -131,3 +133,12 @@ def compare_pair(reference: BackendRun, candidate: BackendRun, tolerance: float 
 
 def comparisons_of(runs: ComparedRuns, tolerance: float) -> list[Comparison]:
     return [compare_pair(runs.reference, candidate, tolerance) for candidate in runs.candidates]
+
+
+def rounding_floor(reference: BackendRun, probe: BackendRun) -> float:
+    """The reference's own rounding: the largest relative difference of its first
+    :data:`EARLY_STEPS` losses from the probe's (the same steps in a finer precision)."""
+    steps = min(EARLY_STEPS, len(reference.losses), len(probe.losses))
+    if steps == 0:
+        return 0.0
+    return float(step_relative_differences(probe.losses[:steps], reference.losses[:steps]).max())

@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 
 from crosstrain.compare.difference import BackendRun, ComparedRuns
+from crosstrain.compare.verdict import rounding_probe_plan
 from crosstrain.core.convert import unstructure_plan
 from crosstrain.core.errors import InputError, RunDirError
 from crosstrain.core.plan import Plan
@@ -21,8 +22,9 @@ from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 COMPARE_FILE = "compare.json"
 
-Role = Literal["reference", "candidate", "seed"]
-ROLES: tuple[Role, ...] = ("reference", "candidate", "seed")
+#: ``rounding``: the reference's first steps again in a finer precision (the rounding probe)
+Role = Literal["reference", "candidate", "seed", "rounding"]
+ROLES: tuple[Role, ...] = ("reference", "candidate", "seed", "rounding")
 
 
 @attrs.frozen
@@ -58,7 +60,13 @@ def sorted_runs(listed: Sequence[ListedRun], runs: Sequence[BackendRun]) -> Comp
     by_role: dict[Role, list[BackendRun]] = {role: [] for role in ROLES}
     for entry, run in zip(listed, runs, strict=True):
         by_role[entry.role].append(run)
-    return ComparedRuns(by_role["reference"][0], tuple(by_role["candidate"]), tuple(by_role["seed"]))
+    probes = by_role["rounding"]
+    return ComparedRuns(
+        by_role["reference"][0],
+        tuple(by_role["candidate"]),
+        tuple(by_role["seed"]),
+        probes[0] if probes else None,
+    )
 
 
 def write_compare_file(out_root: Path, plan_name: str, listed: Sequence[ListedRun], tolerance: float) -> None:
@@ -166,31 +174,45 @@ def _comparable(plan: Plan) -> dict[str, Any]:
     return raw
 
 
+def _role(reference: Plan, plan: Plan, folder: Path, reference_folder: Path) -> Role:
+    """A run of the reference's plan is a candidate, one whose plan differs only in its
+    seed a seed run, one that is the reference's rounding probe the probe; any other is
+    refused naming the first field its plan differs in."""
+    expected = _comparable(reference)
+    difference = plan_difference(expected, _comparable(plan))
+    if difference is None:
+        return "candidate" if plan.seed == reference.seed else "seed"
+    probe = rounding_probe_plan(reference)
+    if probe is not None and plan.seed == reference.seed and _comparable(probe) == _comparable(plan):
+        return "rounding"
+    field, wanted, found = difference
+    raise InputError(
+        f"{folder}: its plan differs from {reference_folder}'s in {field} ({found!r} there, "
+        f"{wanted!r} in the reference): compare takes runs of one plan, seeds aside"
+    )
+
+
 def load_run_folders(paths: Sequence[Path]) -> ComparedRuns:
     """Finished runs to compare, the first the reference: a run of the reference's plan is
-    a candidate, one whose plan differs only in its seed is a seed run, any other is
-    refused naming the first field its plan differs in."""
+    a candidate, one whose plan differs only in its seed is a seed run, the reference's
+    rounding probe is the probe, any other is refused naming the first field its plan
+    differs in."""
     folders = expand_run_folders(paths)
     if len(folders) < 2:
         given = ", ".join(map(str, paths))
         raise InputError(f"compare needs at least two runs; {given} hold {len(folders)}")
     plans = [read_run_plan(folder) for folder in folders]
-    reference_plan = _comparable(plans[0])
     roles: list[Role] = ["reference"]
-    for folder, plan in zip(folders[1:], plans[1:], strict=True):
-        difference = plan_difference(reference_plan, _comparable(plan))
-        if difference is not None:
-            field, expected, found = difference
-            raise InputError(
-                f"{folder}: its plan differs from {folders[0]}'s in {field} ({found!r} there, "
-                f"{expected!r} in the reference): compare takes runs of one plan, seeds aside"
-            )
-        roles.append("candidate" if plan.seed == plans[0].seed else "seed")
+    roles += [
+        _role(plans[0], plan, folder, folders[0]) for folder, plan in zip(folders[1:], plans[1:], strict=True)
+    ]
     if "candidate" not in roles:
         raise InputError(
-            f"compare needs a run of {folders[0]}'s plan and seed besides it; the others differ in "
-            f"their seeds only (seed runs)"
+            f"compare needs a run of {folders[0]}'s plan and seed besides it; the others are seed "
+            f"runs or its rounding probe"
         )
+    if roles.count("rounding") > 1:
+        raise InputError(f"compare takes one rounding probe of {folders[0]}; {roles.count('rounding')} given")
     runs = [read_backend_run(folder) for folder in folders]
     labels = _labels(runs, folders, roles)
     listed = [
@@ -203,9 +225,11 @@ def load_run_folders(paths: Sequence[Path]) -> ComparedRuns:
 
 def _labels(runs: Sequence[BackendRun], folders: Sequence[Path], roles: Sequence[Role]) -> list[str]:
     """How each run is named in the table and the verdict: its backend where no other
-    compared run (seed runs aside) has that backend, else its folder's name, else its path."""
-    shown = [run.backend for run, role in zip(runs, roles, strict=True) if role != "seed"]
-    names = [folder.name for folder, role in zip(folders, roles, strict=True) if role != "seed"]
+    compared run (seed runs and the probe aside) has that backend, else its folder's name, else its path."""
+    shown = [run.backend for run, role in zip(runs, roles, strict=True) if role in ("reference", "candidate")]
+    names = [
+        folder.name for folder, role in zip(folders, roles, strict=True) if role in ("reference", "candidate")
+    ]
     labels = []
     for run, folder in zip(runs, folders, strict=True):
         if shown.count(run.backend) <= 1:

@@ -1,18 +1,20 @@
 """``crosstrain compare PLAN``: the plan on each backend, each into its own subfolder of the
-compare folder, and ``--seeds K`` more runs of the reference backend (the first) at seeds
-seed+1..seed+K; every run is admitted before the first starts."""
+compare folder, ``--seeds K`` more runs of the reference backend (the first) at seeds
+seed+1..seed+K, and in fp32 the reference's rounding probe (its first steps in fp64); every
+run is admitted before the first starts."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import attrs
 
 from crosstrain.api import LaunchOptions, default_out_dir, make_job, run_job
 from crosstrain.compare.difference import BackendRun, ComparedRuns
 from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs, write_compare_file
-from crosstrain.compare.verdict import rounding_bound
+from crosstrain.compare.verdict import probe_precision, rounding_probe_plan
 from crosstrain.core.admission import admit
 from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan
@@ -36,10 +38,11 @@ class CompareLaunch:
     timeout_seconds: float = 300.0
 
 
-def plan_runs(backends: Sequence[str], seed: int, seeds: int) -> list[ListedRun]:
+def plan_runs(backends: Sequence[str], seed: int, seeds: int, probe: str | None = None) -> list[ListedRun]:
     """The runs of a compare: each backend (the first the reference) into a folder of its
     name (name-index where one backend runs twice: a determinism check must not share, and
-    append to, one folder), then the reference backend at seeds seed+1..seed+K."""
+    append to, one folder), then the reference backend at seeds seed+1..seed+K, then, where
+    ``probe`` names a precision, the reference's rounding probe in it."""
     if len(backends) < 2:
         raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
     if seeds < 0:
@@ -55,7 +58,16 @@ def plan_runs(backends: Sequence[str], seed: int, seeds: int) -> list[ListedRun]
     ]
     for offset in range(1, seeds + 1):
         listed.append(ListedRun(backends[0], f"{backends[0]}-seed{seed + offset}", "seed", seed + offset))
+    if probe is not None:
+        listed.append(ListedRun(backends[0], f"{backends[0]}-{probe}", "rounding", seed))
     return listed
+
+
+def _run_plan(plan: Plan, run: ListedRun) -> Plan:
+    """The plan a listed run trains: the compared plan at the run's seed, or its probe."""
+    if run.role == "rounding":
+        return cast(Plan, rounding_probe_plan(plan))
+    return attrs.evolve(plan, seed=run.seed)
 
 
 def run_backends(
@@ -74,8 +86,7 @@ def run_backends(
             f"compare reads each run's per-step losses from {METRICS_FILE}, which the "
             f"{METRICS_PLUGIN!r} plugin writes: drop -p no:{METRICS_PLUGIN}"
         )
-    listed = plan_runs(backends, plan.seed, seeds)
-    rounding_bound(plan.train.precision)  # known before anything runs
+    listed = plan_runs(backends, plan.seed, seeds, probe_precision(plan.train.precision))
     cluster = detect_environment()
     jobs = []
     for run in listed:
@@ -88,7 +99,7 @@ def run_backends(
             plugins=launch.plugins,
             timeout_seconds=launch.timeout_seconds,
         )
-        job = make_job(attrs.evolve(plan, seed=run.seed), options, cluster)
+        job = make_job(_run_plan(plan, run), options, cluster)
         admit(job, get_backend(manager, run.backend)(), cluster)
         jobs.append(job)
     write_compare_file(out_root, plan.name, listed, tolerance)

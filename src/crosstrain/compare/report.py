@@ -12,7 +12,7 @@ from rich.table import Table
 
 from crosstrain.compare.difference import EARLY_STEPS, BackendRun, ComparedRuns, Comparison, comparisons_of
 from crosstrain.compare.spread import MetricSpread, metric_value, seed_spreads, seeds_text
-from crosstrain.compare.verdict import Verdict, judge, rounding_bound
+from crosstrain.compare.verdict import ROUNDING_FACTOR, Rounding, Verdict, judge, rounding_of
 
 #: the widest a table may be printed into a pipe or a log, unwrapped
 UNWRAPPED_WIDTH = 400
@@ -36,6 +36,15 @@ def _spread_cell(spreads: Sequence[MetricSpread], label: str) -> str:
     return "-"
 
 
+def _bound_text(rounding: Rounding) -> str:
+    """What steps 1-2 are judged by: the bound, and the reference's rounding it comes from."""
+    if rounding.bound is None:
+        return " (not judged)" if rounding.unprobed else ""
+    if rounding.measured is None:
+        return f" (rounding: <={rounding.bound:g})"
+    return f" (rounding {rounding.measured:.1e} x {ROUNDING_FACTOR:g}: <={rounding.bound:.1e})"
+
+
 def print_comparison(
     console: Console,
     runs: ComparedRuns,
@@ -46,8 +55,8 @@ def print_comparison(
     comparisons = comparisons_of(runs, tolerance)
     spreads = seed_spreads(runs.reference, runs.seed_runs)
     seeds = [runs.reference.seed, *(run.seed for run in runs.seed_runs)]
-    precision = str(runs.reference.summary.get("precision", "fp32"))
-    verdict = judge(comparisons, spreads, seeds, precision, accuracy_tolerance)
+    rounding = rounding_of(runs)
+    verdict = judge(comparisons, spreads, seeds, rounding, accuracy_tolerance)
     shown = [runs.reference, *runs.candidates]
     table = Table(title=f"compare: {', '.join(run.name for run in shown)}")
     table.add_column("")
@@ -56,7 +65,7 @@ def print_comparison(
     if spreads:
         table.add_column(f"{runs.reference.name} seeds {seeds_text(seeds)}", justify="right")
     _add_run_rows(table, shown, spreads)
-    _add_comparison_rows(table, comparisons, precision, verdict, bool(spreads))
+    _add_comparison_rows(table, comparisons, rounding, verdict, bool(spreads))
     # in a pipe or a log, the table at its natural width: wrapped cells would split numbers
     _print_unwrapped(console, table)
     console.print(verdict.line, markup=False, soft_wrap=True)
@@ -95,10 +104,9 @@ def _add_run_rows(table: Table, shown: Sequence[BackendRun], spreads: Sequence[M
 
 
 def _add_comparison_rows(
-    table: Table, comparisons: Sequence[Comparison], precision: str, verdict: Verdict, seeded: bool
+    table: Table, comparisons: Sequence[Comparison], rounding: Rounding, verdict: Verdict, seeded: bool
 ) -> None:
-    bound = rounding_bound(precision)
-    early_label = f"steps 1-{EARLY_STEPS} rel. diff" + (f" (rounding: <={bound:g})" if bound else "")
+    early_label = f"steps 1-{EARLY_STEPS} rel. diff" + _bound_text(rounding)
     rows: list[tuple[str, Callable[[Comparison], str]]] = [
         (f"agreement horizon ({comparisons[0].tolerance:g})", _horizon_cell),
         ("then (step: rel. diff)", _growth_cell),

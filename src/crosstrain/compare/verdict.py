@@ -4,13 +4,18 @@
 - AGREE: every candidate's per-step loss within ``tolerance`` (relative) of the reference's
   at every step, its eval loss too, its eval accuracy within ``accuracy_tolerance``;
 - otherwise the runs drifted after the *agreement horizon* (the last step up to which every
-  candidate agrees). Rounding differences (1e-7 in fp32) start small and grow as ReLU kinks,
-  max-pool ties, batch norm and Adam amplify them, until two runs differ as two seeds do.
-  So a candidate is DIFFERENT (likely a bug) when its loss already differs beyond rounding
-  in the first steps (``difference.EARLY_STEPS``, :data:`ROUNDING_BOUNDS`), or when one of its
-  final eval metrics falls outside where a further seed of the reference would land (a 99 %
-  prediction interval from the K+1 seed runs); else it is EQUIVALENT. Without seed runs
-  there is no spread to judge by: DRIFTED.
+  candidate agrees). Rounding differences start small and grow as ReLU kinks, max-pool ties,
+  batch norm and Adam amplify them, until two runs differ as two seeds do. So a candidate is
+  DIFFERENT (likely a bug) when its loss already differs beyond rounding in the first steps
+  (``difference.EARLY_STEPS``), or when one of its final eval metrics falls outside where a
+  further seed of the reference would land (a 99 % prediction interval from the K+1 seed
+  runs); else it is EQUIVALENT. Without seed runs there is no spread to judge by: DRIFTED.
+
+How much rounding shows in the first steps depends on the model (after one Adam step, a
+parameter whose gradient is rounding-sized moves by a whole learning rate either way), so
+the early bound is measured on the model at hand: in fp32 ``compare`` runs the reference's
+first steps again in fp64 (the *rounding probe*); the reference's own rounding is its fp32
+loss against that, and a candidate is DIFFERENT only beyond :data:`ROUNDING_FACTOR` times it.
 """
 
 from __future__ import annotations
@@ -20,19 +25,42 @@ from typing import Literal, cast
 
 import attrs
 
-from crosstrain.compare.difference import Comparison
+from crosstrain.compare.difference import EARLY_STEPS, ComparedRuns, Comparison, rounding_floor
 from crosstrain.compare.spread import SEED_CONFIDENCE, MetricSpread, metric_value, seeds_text
 from crosstrain.core.errors import CrosstrainError
+from crosstrain.core.plan import Plan, Precision
 
 Kind = Literal["AGREE", "EQUIVALENT", "DRIFTED", "DIFFERENT"]
 
-#: the largest relative step-loss difference rounding makes in the first
-#: ``difference.EARLY_STEPS`` steps, by ``train.precision``. fp32: measured up to 1.9e-7
-#: (docs/running.md), a learning rate 10 % off 1.4e-3 to 1.5e-2; the bound sits 50x above
-#: the one and 100x below the other. fp64: not measured; its rounding is 5e8x finer than
-#: fp32's, the bound only 1e5x. bf16 (measured 4e-4 to 7e-4) and fp16 (unit roundoff 5e-4)
-#: round as much as such a bug: no early check (None), the seed spread alone judges.
-ROUNDING_BOUNDS: dict[str, float | None] = {"fp64": 1e-10, "fp32": 1e-5, "bf16": None, "fp16": None}
+
+@attrs.frozen
+class EarlyCheck:
+    """How the first steps are judged in one ``train.precision``: against the reference's
+    own rounding, measured by a probe in a finer precision; against a fixed bound where no
+    finer precision exists; or not at all where rounding is as large as a bug's effect."""
+
+    probe_precision: Precision | None = None
+    fixed_bound: float | None = None
+
+
+#: by ``train.precision``. fp64 has no finer precision to probe in; its rounding is 5e8x
+#: finer than fp32's, and runs agree to 1e-15 (docs/running.md). bf16 (4e-4 to 7e-4 in
+#: steps 1-2) and fp16 (unit roundoff 5e-4) round as much as a 10 % learning-rate bug
+#: shows: the seed spread alone judges them.
+EARLY_CHECKS: dict[str, EarlyCheck] = {
+    "fp32": EarlyCheck(probe_precision="fp64"),
+    "fp64": EarlyCheck(fixed_bound=1e-10),
+    "bf16": EarlyCheck(),
+    "fp16": EarlyCheck(),
+}
+#: how far beyond the reference's own rounding a candidate's steps 1-2 may differ; a
+#: correct candidate rounds differently, not more, so its difference stays within a few
+#: times the probe's. The choice, and the rates it gives, are measured in
+#: benchmarks/compare_rounding.py (docs/running.md#how-different-is-decided).
+ROUNDING_FACTOR = 30.0
+#: the smallest rounding floor counted: fp32's unit roundoff, as a probe may happen to
+#: round to almost nothing in its first steps
+UNIT_ROUNDOFF = {"fp32": 2.0**-24}
 
 
 @attrs.frozen
@@ -47,23 +75,77 @@ class Verdict:
         return 1 if self.kind == "DIFFERENT" else 0
 
 
-def rounding_bound(precision: str) -> float | None:
-    if precision not in ROUNDING_BOUNDS:
+def early_check(precision: str) -> EarlyCheck:
+    if precision not in EARLY_CHECKS:
         raise CrosstrainError(
-            f"train.precision {precision!r}: compare knows no rounding bound for it "
-            f"(known: {', '.join(ROUNDING_BOUNDS)})"
+            f"train.precision {precision!r}: compare knows no early check for it "
+            f"(known: {', '.join(EARLY_CHECKS)})"
         )
-    return ROUNDING_BOUNDS[precision]
+    return EARLY_CHECKS[precision]
 
 
-def _early_reason(comparison: Comparison, precision: str) -> str | None:
-    bound = rounding_bound(precision)
-    step, difference = comparison.early_difference()
-    if bound is None or difference <= bound:
+def probe_precision(precision: str) -> Precision | None:
+    """The precision the rounding probe of a ``precision`` run trains in; None: no probe."""
+    return early_check(precision).probe_precision
+
+
+def early_bound(precision: str, rounding: float | None) -> float | None:
+    """The largest steps 1-2 difference rounding explains, given the reference's own
+    rounding (the probe's measure; None where no probe ran); None: no early check."""
+    check = early_check(precision)
+    if check.probe_precision is None:
+        return check.fixed_bound
+    if rounding is None:
         return None
+    return ROUNDING_FACTOR * max(rounding, UNIT_ROUNDOFF[precision])
+
+
+def rounding_probe_plan(plan: Plan) -> Plan | None:
+    """The plan of the reference's rounding probe: its first :data:`EARLY_STEPS` steps in
+    the probe's precision; None where its precision has no probe."""
+    precision = probe_precision(plan.train.precision)
+    if precision is None:
+        return None
+    steps = min(plan.train.max_steps or EARLY_STEPS, EARLY_STEPS)
+    return attrs.evolve(plan, train=attrs.evolve(plan.train, precision=precision, max_steps=steps))
+
+
+@attrs.frozen
+class Rounding:
+    """What the first steps of a comparison are judged by: the reference's own rounding
+    (None where no probe ran) and the bound it gives (None: no early check)."""
+
+    precision: str
+    measured: float | None
+    bound: float | None
+
+    @property
+    def unprobed(self) -> bool:
+        """An early check was due, but no rounding probe is among the runs."""
+        return self.bound is None and probe_precision(self.precision) is not None
+
+
+def rounding_of(runs: ComparedRuns) -> Rounding:
+    precision = str(runs.reference.summary.get("precision", "fp32"))
+    measured = None if runs.rounding is None else rounding_floor(runs.reference, runs.rounding)
+    return Rounding(precision, measured, early_bound(precision, measured))
+
+
+def _early_reason(comparison: Comparison, rounding: Rounding) -> str | None:
+    step, difference = comparison.early_difference()
+    if rounding.bound is None or difference <= rounding.bound:
+        return None
+    reference = comparison.reference.name
+    if rounding.measured is None:
+        beyond = f"beyond rounding ({rounding.bound:g} in {rounding.precision})"
+    else:
+        beyond = (
+            f"over {ROUNDING_FACTOR:g}x {reference}'s own rounding ({rounding.measured:.1e}: its "
+            f"{rounding.precision} loss against {probe_precision(rounding.precision)})"
+        )
     return (
-        f"{comparison.candidate.name}'s step-{step} loss differs from {comparison.reference.name}'s "
-        f"by {difference:.1e} (relative), beyond rounding ({bound:g} in {precision}) so soon after the start"
+        f"{comparison.candidate.name}'s step-{step} loss differs from {reference}'s "
+        f"by {difference:.1e} (relative), {beyond} so soon after the start"
     )
 
 
@@ -86,7 +168,7 @@ def judge_candidate(
     comparison: Comparison,
     spreads: Sequence[MetricSpread],
     seeds: str,
-    precision: str,
+    rounding: Rounding,
     accuracy_tolerance: float,
 ) -> tuple[Kind, list[str]]:
     """One candidate's verdict and the reasons (DIFFERENT) or the numbers (EQUIVALENT)."""
@@ -96,7 +178,7 @@ def judge_candidate(
         return "DIFFERENT", [f"{name} ran {steps[0]} steps, {reference} {steps[1]}"]
     if comparison.agrees(accuracy_tolerance):
         return "AGREE", []
-    early = _early_reason(comparison, precision)
+    early = _early_reason(comparison, rounding)
     if early is not None:
         return "DIFFERENT", [early]
     if not spreads:
@@ -137,6 +219,15 @@ def _drift_text(comparisons: Sequence[Comparison]) -> str:
     )
 
 
+def _unprobed_text(rounding: Rounding) -> str:
+    if not rounding.unprobed:
+        return ""
+    return (
+        f"; steps 1-{EARLY_STEPS} not judged: no {probe_precision(rounding.precision)} rounding "
+        f"probe among the runs (crosstrain compare PLAN runs one)"
+    )
+
+
 def _within_text(tolerance: float, horizon: int) -> str:
     if horizon == 0:
         return f"beyond {tolerance:g} from step 1"
@@ -147,13 +238,13 @@ def judge(
     comparisons: Sequence[Comparison],
     spreads: Sequence[MetricSpread],
     seeds: Sequence[int],
-    precision: str,
+    rounding: Rounding,
     accuracy_tolerance: float,
 ) -> Verdict:
     """The verdict of every candidate against the reference, as one line."""
     seed_label = seeds_text(seeds)
     judged = {
-        c.candidate.name: judge_candidate(c, spreads, seed_label, precision, accuracy_tolerance)
+        c.candidate.name: judge_candidate(c, spreads, seed_label, rounding, accuracy_tolerance)
         for c in comparisons
     }
     kinds = {name: kind for name, (kind, _) in judged.items()}
@@ -168,14 +259,14 @@ def judge(
             f"({_drift_text(comparisons)}); "
             f"no seed spread to judge it by: --seeds 3 tells EQUIVALENT from DIFFERENT"
         )
-        return Verdict("DRIFTED", kinds, line)
+        return Verdict("DRIFTED", kinds, line + _unprobed_text(rounding))
     if "EQUIVALENT" in kinds.values():
         numbers = [text for kind, found in judged.values() if kind == "EQUIVALENT" for text in found]
         line = (
             f"verdict: EQUIVALENT: {_within_text(tolerance, horizon)} ({_drift_text(comparisons)}), "
             f"then within the seed spread: " + "; ".join(numbers)
         )
-        return Verdict("EQUIVALENT", kinds, line)
+        return Verdict("EQUIVALENT", kinds, line + _unprobed_text(rounding))
     steps = comparisons[0].steps
     line = (
         f"verdict: AGREE: every step's loss within {tolerance:g} (relative) for all {steps} steps, "
