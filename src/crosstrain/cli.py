@@ -414,6 +414,17 @@ def _print_error(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _print_worker_error(error: WorkerError) -> None:
+    """A crash: the failing rank's traceback, once, unwrapped, then its line. Bad input: the
+    line alone (it names the file or field and the rank), with where its traceback was kept."""
+    if error.bad_input and error.log is not None:
+        _print_error(f"crosstrain: error: {error} (traceback: {error.log})")
+        return
+    if error.traceback_text:
+        sys.stderr.write(error.traceback_text.rstrip() + "\n")
+    _print_error(f"crosstrain: error: {error}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -426,9 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_error("crosstrain: interrupted")
         return error.exit_code
     except WorkerError as error:
-        if error.traceback_text:  # the failing rank's traceback, once, unwrapped
-            sys.stderr.write(error.traceback_text.rstrip() + "\n")
-        _print_error(f"crosstrain: error: {error}")
+        _print_worker_error(error)
         return error.exit_code
     except CrosstrainError as error:
         _print_error(f"crosstrain: error: {error}")

@@ -65,32 +65,41 @@ def test_an_unreadable_image_is_refused_before_launch(tmp_path: Path) -> None:
     assert "data.path: cannot read image" in line and "3/broken.jpg" in line
 
 
-def test_a_damaged_image_met_mid_epoch_names_the_file_and_rank(tmp_path: Path) -> None:
-    """A JPEG whose header is sound but whose pixels are cut short: the step that decodes it
-    ends the run (exit 2, the file and the rank named); the checkpoints before it stay."""
+def test_a_damaged_image_met_mid_epoch_is_one_line_naming_the_file_and_rank(tmp_path: Path) -> None:
+    """A JPEG whose header is sound but whose pixels are cut short, in rank 1's half of a
+    later step: that step ends the run with exit 2 and one line on stderr naming the file,
+    rank 1 and the run folder's error.log, which keeps the worker's traceback; the
+    checkpoints before it stay."""
     plan_path = write_plan(tmp_path, "image_folder")
-    damaged, step = _file_read_at_a_later_step(plan_path)
+    damaged, step = _file_read_at_a_later_step(plan_path, rank=1, ranks=2)
     data = damaged.read_bytes()
     damaged.write_bytes(data[: data.index(b"\xff\xda") + 20])  # cut inside the pixels
+    run = tmp_path / "run"
     result = run_cli(
-        "-p", "no:progress", "run", str(plan_path), "--backend", "torch", "--device", "cpu",
-        "--out", str(tmp_path / "run"), "--set", "output.checkpoint_every_steps=1",
+        "-p", "no:progress", "run", str(plan_path), "--backend", "torch", "--nproc", "2", "--device", "cpu",
+        "--out", str(run), "--set", "output.checkpoint_every_steps=1",
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("crosstrain: error: rank 0 failed") and str(damaged) in last, last
-    assert complete_checkpoints(tmp_path / "run")[-1][0] == step  # every step before it kept
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"crosstrain: error: rank 1 failed: cannot decode image {damaged}: "), line
+    assert line.endswith(f"(traceback: {run / 'error.log'})"), line
+    log = (run / "error.log").read_text()
+    assert "Traceback (most recent call last):" in log and f"InputError: cannot decode image {damaged}" in log
+    assert complete_checkpoints(run)[-1][0] == step  # every step before it kept
 
 
-def _file_read_at_a_later_step(plan_path: Path) -> tuple[Path, int]:
-    """A JPEG of the training set first read at step 3 or later, and that step."""
+def _file_read_at_a_later_step(plan_path: Path, rank: int = 0, ranks: int = 1) -> tuple[Path, int]:
+    """A JPEG of the training set first read at step 3 or later, by ``rank`` of ``ranks``
+    (each reads its contiguous part of the global batch), and that step."""
     plan = load_plan(plan_path)
     train = load_datasets(plan).train
     rows = train.x.raw if hasattr(train.x, "raw") else train.x
     assert isinstance(rows, ImageRows)
     sampler = GlobalSampler(len(train), plan.train.global_batch_size, plan.seed)
+    part = plan.train.global_batch_size // ranks
     for step, (indices, _) in enumerate(sampler.epoch(0)):
-        jpegs = [str(rows.paths[row]) for row in indices if str(rows.paths[row]).endswith(".jpg")]
+        mine = indices[rank * part : (rank + 1) * part]
+        jpegs = [str(rows.paths[row]) for row in mine if str(rows.paths[row]).endswith(".jpg")]
         if step >= 3 and jpegs:
             return Path(jpegs[0]), step
     raise AssertionError("no JPEG read after step 3")

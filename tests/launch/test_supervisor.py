@@ -245,6 +245,13 @@ def test_a_failed_or_stalled_rank_restarts_the_whole_group(
         "hang": "rank 1 made no progress for 1 s after step 7 (--timeout 1); every worker was stopped",
     }[fault]
     assert capsys.readouterr().err == f"crosstrain: {why}; restarting the group (1 of 1) from step 40\n"
+    # the restarted failure's traceback is kept in the run folder; a killed or silent rank has none
+    log = run / "error.log"
+    if fault == "raise":
+        assert f"{why}\nTraceback (most recent call last):" in log.read_text()
+        assert "RuntimeError: rank 1 failed in start 0" in log.read_text()
+    else:
+        assert not log.exists()
 
 
 def test_the_last_failure_is_the_error_once_restarts_run_out(
@@ -283,7 +290,12 @@ def test_bad_input_found_in_a_worker_is_never_restarted(
         made.append(restart)
         return [WorkerSpec(0, [sys.executable, "-c", _BAD_INPUT_WORKER], dict(os.environ))]
 
+    run = tmp_path / "run"
+    run.mkdir()
     with pytest.raises(WorkerError, match=r"rank 0 failed: data\.path: no such file") as raised:
-        run_workers(specs, tmp_path, 60.0, max_restarts=3)
-    assert raised.value.exit_code == 2 and made == [0]
+        run_workers(specs, tmp_path, 60.0, max_restarts=3, run_folder=run)
+    assert raised.value.exit_code == 2 and raised.value.bad_input and made == [0]
     assert capsys.readouterr().err == ""
+    # the CLI prints the line alone and names the file that keeps the worker's traceback
+    assert raised.value.log == run / "error.log"
+    assert "crosstrain.core.errors.PlanError: data.path: no such file" in raised.value.log.read_text()

@@ -53,3 +53,24 @@ def test_the_earliest_report_is_blamed(tmp_path: Path) -> None:
     assert (
         str(_worker_error(ChildFailedError("worker", failures))) == "rank 1 failed: RuntimeError: the cause"
     )
+
+
+@pytest.mark.parametrize(
+    ("message", "line", "exit_code"),
+    [
+        ("InputError: cannot decode image a/1.jpg: truncated", "cannot decode image a/1.jpg: truncated", 2),
+        ("CheckpointError: step-5 is damaged", "step-5 is damaged", 2),  # as the shared launcher
+        ("RuntimeError: the cause", "RuntimeError: the cause", 1),
+    ],
+)
+def test_bad_input_a_worker_found_is_its_line_and_exit_code_2(
+    tmp_path: Path, message: str, line: str, exit_code: int
+) -> None:
+    """An error of exit code 2 raised in a worker (torch's error file names it by its type)
+    is the CLI's one line and exit code 2; a crash keeps its kind and exit code 1."""
+    error = _worker_error(ChildFailedError("worker", {1: _recorded(tmp_path, 1, message, when=10)}))
+    assert (str(error), error.exit_code, error.bad_input) == (
+        f"rank 1 failed: {line}",
+        exit_code,
+        exit_code == 2,
+    )

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
+
+#: the exit code of bad input (a plan field, a data file, a command-line value), before
+#: launch or found by a worker
+BAD_INPUT_EXIT_CODE = 2
+#: the file in a run folder that receives the traceback of each worker that failed
+ERROR_LOG = "error.log"
 
 
 def closest_name(word: str, known: Iterable[str]) -> str | None:
@@ -48,7 +55,8 @@ class BackendError(CrosstrainError):
 
 
 class WorkerError(CrosstrainError):
-    """A worker (rank) failed; carries that rank's traceback so it is shown exactly once."""
+    """A worker (rank) failed; carries that rank's traceback so it is shown exactly once,
+    and ``log``, the run folder's file the launcher wrote it to (None when none was)."""
 
     exit_code = 1
 
@@ -56,7 +64,14 @@ class WorkerError(CrosstrainError):
         self.rank = rank
         self.traceback_text = traceback_text
         self.exit_code = exit_code  # 2 when the worker found bad input (a PlanError), as before launch
+        self.log: Path | None = None
         super().__init__(self._sentence(rank, message))
+
+    @property
+    def bad_input(self) -> bool:
+        """The worker refused its input (an error of exit code 2, such as a damaged image):
+        its line names the cause, so its traceback is for the log, not the terminal."""
+        return self.exit_code == BAD_INPUT_EXIT_CODE
 
     @staticmethod
     def _sentence(rank: int | None, message: str) -> str:

@@ -24,7 +24,7 @@ from typing import IO, Any
 import attrs
 
 from crosstrain.core.checkpoint import MODEL_FILE, last_checkpoint
-from crosstrain.core.errors import InputError, RunFolderError
+from crosstrain.core.errors import ERROR_LOG, InputError, RunFolderError
 from crosstrain.core.loading import table_datasets
 from crosstrain.core.plan import Plan, validate_plan
 from crosstrain.core.sources.images import CLASSES_FILE, read_image_index
@@ -44,6 +44,7 @@ RUN_OUTPUTS = (
     "model.safetensors",
     "checkpoints",
     "tensorboard",
+    ERROR_LOG,
 )
 
 

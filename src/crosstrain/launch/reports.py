@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crosstrain.core.errors import CrosstrainError, WorkerError
+from crosstrain.core.errors import ERROR_LOG, CrosstrainError, WorkerError
 
 
 def result_path(run_dir: Path, rank: int) -> Path:
@@ -100,6 +101,23 @@ def first_failure(failed: Sequence[int], codes: Mapping[int, int | None], run_di
     return WorkerError(
         rank, str(report["message"]), str(report["traceback"]), exit_code=int(report.get("exit_code", 1))
     )
+
+
+def log_failure(error: WorkerError, run_folder: Path) -> None:
+    """Add ``error``'s traceback to the run folder's :data:`ERROR_LOG`, under a line with the
+    time and the error's sentence, and set ``error.log`` to it. Appended: a run restarted
+    (``--max-restarts``) or resumed keeps the tracebacks of its earlier failures. A failure
+    without a traceback (a killed rank, a stall) has nothing to add."""
+    if not error.traceback_text:
+        return
+    path = Path(run_folder) / ERROR_LOG
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with path.open("a", encoding="utf-8") as log:
+            log.write(f"{when} {error}\n{error.traceback_text.rstrip()}\n\n")
+    except OSError:  # a folder that vanished or went read-only: the terminal still has the line
+        return
+    error.log = path
 
 
 def describe_exit(code: int | None) -> str:

@@ -34,11 +34,18 @@ from typing import Any
 import attrs
 
 from crosstrain.core.checkpoint import complete_checkpoints
-from crosstrain.core.errors import WorkerError
+from crosstrain.core.errors import BAD_INPUT_EXIT_CODE, WorkerError
 from crosstrain.core.heartbeat import HEARTBEAT_DIR
 from crosstrain.launch.monitor import StallMonitor
 from crosstrain.launch.process import interrupts_raise, start_process, stop_processes
-from crosstrain.launch.reports import error_path, first_failure, only_echoes, read_result, result_path
+from crosstrain.launch.reports import (
+    error_path,
+    first_failure,
+    log_failure,
+    only_echoes,
+    read_result,
+    result_path,
+)
 from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK, RESTART_COUNT
 
 POLL_SECONDS = 0.1
@@ -46,8 +53,6 @@ EXIT_GRACE_SECONDS = 30.0  # a worker that reported its result but does not exit
 #: how long ranks that aborted themselves (SIGABRT, no report) wait for a peer's failure
 #: they may echo before they are blamed
 ECHO_GRACE_SECONDS = 3.0
-#: a worker's PlanError, InputError or BackendError: bad input, which a restart cannot mend
-BAD_INPUT_EXIT_CODE = 2
 _FOLDER = re.compile(r"crosstrain-[\w.]+-(\d+)-")
 
 
@@ -106,7 +111,8 @@ def run_workers(
 
     ``specs`` may be a function of the restart number (0 for the first start), for workers
     that need something fresh each time, such as free ports. ``run_folder`` (the job's
-    output folder) only names, in the restart line, the checkpoint the group resumes from."""
+    output folder) names, in the restart line, the checkpoint the group resumes from, and
+    receives each failed rank's traceback (:func:`log_failure`)."""
     make_specs: SpecFactory = specs if callable(specs) else (lambda restart: specs)
     restart = 0
     with interrupts_raise():  # a signal raises Interrupted, which no restart catches
@@ -114,6 +120,8 @@ def run_workers(
             try:
                 return _run_group(make_specs(restart), folder, timeout_seconds, restart)
             except WorkerError as failure:
+                if run_folder is not None:
+                    log_failure(failure, run_folder)
                 if failure.exit_code == BAD_INPUT_EXIT_CODE or restart == max_restarts:
                     raise
                 restart += 1

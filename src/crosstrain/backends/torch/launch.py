@@ -31,10 +31,11 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.worker import LAUNCHER_PID, StrategyMaker, resolve_device, worker_main
 from crosstrain.core.errors import (
+    BAD_INPUT_EXIT_CODE,
     BackendError,
+    CrosstrainError,
     InputError,
     Interrupted,
-    PlanError,
     WorkerError,
     WorkerStalled,
 )
@@ -47,10 +48,8 @@ from crosstrain.launch.environments import (
     mismatch,
     parse_endpoint,
 )
-from crosstrain.launch.reports import blame_order, describe_exit
+from crosstrain.launch.reports import blame_order, describe_exit, log_failure
 
-#: errors of bad input, by the name torch's error file gives them, and their exit codes
-_BAD_INPUT = {error.__name__: error.exit_code for error in (PlanError, BackendError, InputError)}
 _MONITOR_SECONDS = 0.2
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -99,7 +98,11 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
         try:
             results = elastic_launch(_config(job, folder), worker_main)(job, make_strategy)
         except ChildFailedError as failure:
-            raise (stalls[-1] if stalls else _worker_error(failure)) from None
+            if stalls:
+                raise stalls[-1] from None
+            error = _worker_error(failure)
+            log_failure(error, Path(job.out_dir))
+            raise error from None
         except SignalException as signalled:
             raise Interrupted(int(signalled.sigval)) from None
         except RendezvousError as error:  # a machine that never came, an endpoint nobody serves
@@ -245,9 +248,22 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
         message = f"exit code {first.exitcode}"
     line = message.splitlines()[0]
     kind, _, rest = line.partition(": ")
-    if kind in _BAD_INPUT:  # bad input a worker found: the shared launcher's line and exit code 2
-        return WorkerError(rank, rest, traceback_text, exit_code=_BAD_INPUT[kind])
+    if kind in _bad_input_errors():  # the shared launcher's line and exit code 2
+        return WorkerError(rank, rest, traceback_text, exit_code=BAD_INPUT_EXIT_CODE)
     return WorkerError(rank, line, traceback_text)
+
+
+def _bad_input_errors() -> set[str]:
+    """The names, as torch's error file gives an exception's type, of the errors of bad input
+    (exit code 2: a plan field, a data file, a checkpoint), which the shared launcher reads
+    from the worker's own report."""
+    found, unseen = set(), [CrosstrainError]
+    while unseen:
+        kind = unseen.pop()
+        unseen.extend(kind.__subclasses__())
+        if kind.exit_code == BAD_INPUT_EXIT_CODE:
+            found.add(kind.__name__)
+    return found
 
 
 def _blame(failure: ProcessFailure) -> tuple[int, float]:
