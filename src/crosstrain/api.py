@@ -22,12 +22,15 @@ from crosstrain.core.runfolder import (
     PlanChange,
     continued_plan,
     open_run_folder,
+    read_launch_record,
     read_run_plan,
+    write_launch_record,
     write_run_plan,
 )
 from crosstrain.core.strategy import (
     DeviceChoice,
     Job,
+    Layout,
     PluginSelection,
 )
 from crosstrain.launch.environments import detect_environment
@@ -117,16 +120,26 @@ def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
     return Path("runs") / f"{plan.name}-{backend}-x{replicas}-{stamp}"
 
 
+#: the layout a new run takes where no flag says (``--backend``, ``--device``, ``--nnodes``;
+#: ``--nproc``: :func:`~crosstrain.core.cluster.default_replicas`; ``--workers``: the
+#: backend's natural layout)
+DEFAULT_BACKEND = "torch"
+DEFAULT_DEVICE: DeviceChoice = "auto"
+DEFAULT_NNODES = 1
+
+
 @attrs.frozen
 class LaunchOptions:
     """How to launch a plan: the CLI's ``run`` flags as one record (``crosstrain.fit``'s
-    keywords). ``replicas`` None: one per machine, or what an outside launcher (torchrun,
-    SLURM) started; ``out`` None: the plan's ``output.dir``, else a new folder under runs/."""
+    keywords). The layout fields (``backend``, ``replicas``, ``workers``, ``device``,
+    ``nnodes``) None: not given, resolved once by :func:`resolve_layout` (a resumed run's
+    own layout, else the defaults). ``out`` None: the plan's ``output.dir``, else a new
+    folder under runs/."""
 
-    backend: str = "torch"
+    backend: str | None = None
     replicas: int | None = None
     workers: int | None = None
-    device: DeviceChoice = "auto"
+    device: DeviceChoice | None = None
     out: str | Path | None = None
     #: plugins' option values (their argparse dests), reaching every hook as ``context.options``
     options: Mapping[str, Any] = attrs.field(factory=dict)
@@ -134,7 +147,7 @@ class LaunchOptions:
     timeout_seconds: float = 300.0
     resume: bool = False
     max_restarts: int = 0
-    nnodes: int = 1
+    nnodes: int | None = None
     node_rank: int = 0
     rdzv_endpoint: str = ""
     #: start a new run from these weights: a run folder, one of its checkpoints, or a
@@ -142,20 +155,45 @@ class LaunchOptions:
     init_from: str | Path | None = None
 
 
+def resolve_layout(options: LaunchOptions, recorded: Layout | None, cluster: Cluster) -> Layout:
+    """The layout a job runs on, each part resolved once: the flag given, else the layout
+    ``recorded`` by the run folder of a resumed run (its last launch's), else the default.
+    ``--workers`` splits the replicas into processes for one backend, so it follows the
+    record only where the backend and ``--nproc`` do; under an outside launcher (torchrun,
+    SLURM) the launcher's processes, not the record, make the world."""
+    base = recorded if options.resume else None
+    backend = _first(options.backend, base and base.backend, DEFAULT_BACKEND)
+    nnodes = _first(options.nnodes, base and base.nnodes, DEFAULT_NNODES)
+    from_record = base.replicas if base is not None and cluster.starts_processes else None
+    replicas = default_replicas(cluster, _first(options.replicas, from_record, None), nnodes)
+    same_split = base is not None and (backend, replicas) == (base.backend, base.replicas)
+    recorded_workers = base.workers if base is not None and same_split else None
+    workers = _first(options.workers, recorded_workers, None)
+    device = _first(options.device, base and base.device, DEFAULT_DEVICE)
+    return Layout(backend, replicas, workers, nnodes, device)
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (None if all are)."""
+    return next((value for value in values if value is not None), None)
+
+
 def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None) -> Job:
-    """Describe the job ``options`` ask for; nothing is checked here (:func:`admit` does,
-    before anything is written or started). ``cluster``: the environment this process runs
-    under, detected when not given."""
+    """Describe the job ``options`` ask for, its layout resolved (:func:`resolve_layout`:
+    a resumed run reads its run folder's record); nothing is checked here (:func:`admit`
+    does, before anything is written or started). ``cluster``: the environment this
+    process runs under, detected when not given."""
     cluster = cluster if cluster is not None else detect_environment()
-    replicas = default_replicas(cluster, options.replicas, options.nnodes)
     out = options.out if options.out is not None else plan.output.dir
-    out_dir = Path(out) if out is not None else default_out_dir(plan, options.backend, replicas)
+    recorded = read_launch_record(Path(out)) if options.resume and out is not None else None
+    layout = resolve_layout(options, recorded, cluster)
+    out_dir = Path(out) if out is not None else default_out_dir(plan, layout.backend, layout.replicas)
     return Job(
         plan=plan,
-        backend=options.backend,
-        replicas=replicas,
-        workers=options.workers,
-        device=options.device,
+        backend=layout.backend,
+        replicas=layout.replicas,
+        workers=layout.workers,
+        device=layout.device,
         out_dir=str(out_dir.resolve()),
         options=dict(options.options),
         plugins=options.plugins,
@@ -163,9 +201,10 @@ def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None)
         resume=options.resume,
         init_from=None if options.init_from is None else str(Path(options.init_from).resolve()),
         max_restarts=options.max_restarts,
-        nnodes=options.nnodes,
+        nnodes=layout.nnodes,
         node_rank=options.node_rank,
         rdzv_endpoint=options.rdzv_endpoint,
+        resumed_layout=recorded,
         load_hooks=hook_relay,  # each worker loads the same plugins (core may not import the manager)
     )
 
@@ -188,6 +227,7 @@ def run_job(
         with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
             # what evaluate, predict, export and a later --resume read
             write_run_plan(Path(job.out_dir), job.plan, job.init_from, job.table_statistics)
+            write_launch_record(Path(job.out_dir), job.layout)
             summary = dict(strategy.launch(job).summary)
     else:
         Path(job.out_dir).mkdir(parents=True, exist_ok=True)  # rank 0's machine minds its contents
@@ -203,11 +243,11 @@ def run_job(
 
 def fit(
     plan: Plan | str | Path | None,
-    backend: str = "torch",
+    backend: str | None = None,
     nproc: int | None = None,
     *,
     workers: int | None = None,
-    device: DeviceChoice = "auto",
+    device: DeviceChoice | None = None,
     out: str | Path | None = None,
     overrides: Iterable[str] = (),
     plugins: PluginSelection = PluginSelection(),
@@ -216,19 +256,22 @@ def fit(
     resume: bool = False,
     overwrite: bool = False,
     max_restarts: int = 0,
-    nnodes: int = 1,
+    nnodes: int | None = None,
     node_rank: int = 0,
     rdzv_endpoint: str = "",
     init_from: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Train ``plan`` on ``backend`` with ``nproc`` replicas (default: one per machine, or
-    what an outside launcher started); return the run's summary. ``nnodes``, ``node_rank``
-    and ``rdzv_endpoint`` spread them over machines, as the CLI's flags do.
+    """Train ``plan`` on ``backend`` (default torch) with ``nproc`` replicas (default: one
+    per machine, or what an outside launcher started) on ``device`` (default auto); return
+    the run's summary. ``nnodes`` (default 1), ``node_rank`` and ``rdzv_endpoint`` spread
+    them over machines, as the CLI's flags do.
     ``resume`` continues the run in ``out`` from its newest intact checkpoint, with the plan
     it was started with (``plan`` may be None; ``overrides`` may change its output and
-    length); ``overwrite`` replaces an earlier run there; ``max_restarts`` restarts a failed
-    worker group from its last checkpoint; ``init_from`` starts a new run from another
-    run's weights (a run folder, a checkpoint folder or a .safetensors file)."""
+    length), on its own layout where ``backend``, ``nproc``, ``workers``, ``device`` and
+    ``nnodes`` are left None (its run folder's ``launch.json``); ``overwrite`` replaces an
+    earlier run there; ``max_restarts`` restarts a failed worker group from its last
+    checkpoint; ``init_from`` starts a new run from another run's weights (a run folder, a
+    checkpoint folder or a .safetensors file)."""
     if resume:
         prepared, notes = plan_to_resume(plan, overrides, out)
         for note in notes:
@@ -238,7 +281,6 @@ def fit(
     else:
         prepared = prepare_plan(plan, overrides)
     manager = make_plugin_manager(plugins)
-    get_backend(manager, backend)  # fail on an unknown backend before writing anything
     launch_options = LaunchOptions(
         backend=backend,
         replicas=nproc,
@@ -256,4 +298,5 @@ def fit(
         init_from=init_from,
     )
     job = make_job(prepared, launch_options)
+    get_backend(manager, job.backend)  # fail on an unknown backend before writing anything
     return run_job(job, manager, overwrite)

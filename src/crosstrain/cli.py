@@ -14,6 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from crosstrain.api import (
+    DEFAULT_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_NNODES,
     LaunchOptions,
     make_job,
     plan_to_resume,
@@ -65,27 +68,49 @@ def _plugin_args(argv: Sequence[str]) -> list[str]:
     return list(known.plugins)
 
 
+#: how ``run --resume`` takes a layout flag that is not given: the run's own (its launch.json)
+_AS_RUN = "; with --resume: the run's own"
+
+
 def _add_run_arguments(
-    parser: argparse.ArgumentParser, with_backend: bool = True, plan_required: bool = True
+    parser: argparse.ArgumentParser, with_backend: bool = True, resumable: bool = False
 ) -> None:
-    if plan_required:
-        parser.add_argument("plan", help="plan file (.toml or .py)")
-    else:  # run --resume reads the run folder's own plan
+    """The options of a launch. ``resumable`` (``run``): the plan may be left out (``--resume``
+    reads the run folder's own), and the layout flags default to None, "not given", which
+    :func:`crosstrain.api.resolve_layout` resolves once (a resumed run's own layout, else
+    the defaults the help names)."""
+    if resumable:
         parser.add_argument(
             "plan", nargs="?", default=None, help="plan file (.toml or .py); with --resume, optional"
         )
+    else:
+        parser.add_argument("plan", help="plan file (.toml or .py)")
+    as_run = _AS_RUN if resumable else ""
     if with_backend:
-        parser.add_argument("--backend", default="torch", help="registered backend name (default: torch)")
+        parser.add_argument(
+            "--backend",
+            default=None if resumable else DEFAULT_BACKEND,
+            help=f"registered backend name (default: {DEFAULT_BACKEND}{as_run})",
+        )
     parser.add_argument(
         "--nproc",
         type=int,
         default=None,
-        help="replicas (model copies) on all machines; default: 1 per machine, or what torchrun/srun started",
+        help="replicas (model copies) on all machines; default: 1 per machine, or what "
+        f"torchrun/srun started{as_run}",
     )
     parser.add_argument(
-        "--workers", type=int, default=None, help="processes; default: the backend's natural layout"
+        "--workers",
+        type=int,
+        default=None,
+        help=f"processes; default: the backend's natural layout{as_run} (with its backend and --nproc)",
     )
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "gpu"),
+        default=None if resumable else DEFAULT_DEVICE,
+        help=f"default: {DEFAULT_DEVICE} (the GPUs when there are any){as_run}",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: a new one under runs/)")
     parser.add_argument(
         "--set",
@@ -108,7 +133,9 @@ def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue the run in --out from its newest intact checkpoint, with its own plan "
-        "(plan.json); --set may change the output section, train.epochs and train.max_steps",
+        "(plan.json) on its own layout (launch.json: --backend, --nproc, --workers, --nnodes, "
+        "--device, each overridden by its flag); --set may change the output section, "
+        "train.epochs and train.max_steps",
     )
     parser.add_argument(
         "--init-from",
@@ -129,7 +156,13 @@ def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """torchrun's names: the same command on each machine, only --node-rank differs."""
-    parser.add_argument("--nnodes", type=int, default=1, metavar="N", help="machines (default: 1)")
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"machines (default: {DEFAULT_NNODES}{_AS_RUN})",
+    )
     parser.add_argument(
         "--node-rank", type=int, default=0, metavar="R", help="this machine's index, 0 to N-1"
     )
@@ -153,7 +186,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train a plan")
-    _add_run_arguments(run, plan_required=False)
+    _add_run_arguments(run, resumable=True)
     _add_run_folder_arguments(run)
     _add_node_arguments(run)
     manager.hook.crosstrain_addoption(parser=run)
@@ -259,7 +292,6 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
         )
     else:
         plan = prepare_plan(args.plan, args.overrides)
-    get_backend(manager, args.backend)
     options = LaunchOptions(
         backend=args.backend,
         replicas=args.nproc,
@@ -276,7 +308,8 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
     )
-    job = make_job(plan, options)
+    job = make_job(plan, options)  # the layout resolved: flags, else a resumed run's own, else defaults
+    get_backend(manager, job.backend)
     summary = run_job(job, manager, args.overwrite)
     print_summary(console, summary, job.out_dir)
     return 0

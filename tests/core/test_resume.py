@@ -30,7 +30,8 @@ from crosstrain.core.resume import check_backend_supports
 from crosstrain.core.strategy import Job
 from crosstrain.testing import step_losses
 from crosstrain.testing.null import MomentumStrategy
-from tests.conftest import InProcessCli
+from crosstrain.testing.runs import summary as summary_of
+from tests.conftest import MLP_PLAN, InProcessCli
 from tests.support import StepRecorder
 
 NULL = ("-p", "crosstrain.testing.null", "-p", "no:progress")
@@ -251,3 +252,116 @@ def test_fit_starts_a_new_run_from_another_run_s_weights(
     assert started["steps"] == 45 and started["resumed_from_step"] is None
     plan_json = json.loads((tmp_path / "new" / "plan.json").read_text())
     assert plan_json["init_from"] == str(tmp_path / "source" / "model.safetensors")
+
+
+# --------------------------------------------------------------------------- layout and length
+
+
+def _header(stdout: str) -> str:
+    """The progress plugin's first line (in a pipe: plain lines)."""
+    return stdout.splitlines()[0]
+
+
+def test_a_bare_resume_continues_on_the_run_s_own_layout_and_a_flag_overrides_it(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """A momentum x2 run on --device cpu, continued by a bare ``--resume``: its launch.json
+    gives the backend, the world and the device (its header says "as run"), and it takes an
+    uninterrupted x2 run's steps; ``--nproc 1`` then overrides the world alone, and the
+    header names what it was."""
+    plan = str(write_plan(MLP_PLAN.replace("epochs = 1\n", "")))  # max_steps alone: epochs unbounded
+    launch = ["--backend", "momentum", "--nproc", "2", "--device", "cpu"]
+    started = ["--set", "output.checkpoint_every_steps=10"]
+
+    def run(*arguments: str) -> Any:
+        result = cli_in_process("-p", "crosstrain.testing.null", "run", *arguments)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    run(plan, "--out", str(tmp_path / "whole"), *launch, *started, "--set", "train.max_steps=60")
+    run(plan, "--out", str(tmp_path / "run"), *launch, *started, "--set", "train.max_steps=30")
+    resumed = run("--out", str(tmp_path / "run"), "--resume", "--set", "train.max_steps=60")
+    assert (
+        _header(resumed.stdout)
+        == "tiny_mlp: 60 steps (max_steps; 1.3 epochs) on momentum x2, resumed at step 30 as run"
+    )
+    assert summary_of(tmp_path / "run")["world_size"] == 2
+    assert list(step_losses(tmp_path / "run")) == list(step_losses(tmp_path / "whole"))
+    resumed = run("--out", str(tmp_path / "run"), "--resume", "--set", "train.max_steps=70", "--nproc", "1")
+    assert _header(resumed.stdout).endswith("on momentum x1, resumed at step 60 (was momentum x2)")
+    assert summary_of(tmp_path / "run")["world_size"] == 1
+    launched = json.loads((tmp_path / "run" / "launch.json").read_text())
+    assert launched == {"backend": "momentum", "nproc": 1, "workers": None, "nnodes": 1, "device": "cpu"}
+
+
+def test_fit_resumes_on_the_run_s_own_layout(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    """``crosstrain.fit(None, out=RUN, resume=True)`` leaves backend, nproc and device to
+    the run, as the CLI's bare --resume does; a keyword given overrides its part."""
+    from crosstrain.api import fit
+    from crosstrain.core.strategy import PluginSelection
+
+    plugins = PluginSelection(enabled=("crosstrain.testing.null",), disabled=("progress",))
+    out = tmp_path / "run"
+    started = ["output.checkpoint_every_steps=10", "train.max_steps=20"]
+    fit(write_plan(), backend="momentum", nproc=2, device="cpu", out=out, plugins=plugins, overrides=started)
+    resumed = fit(None, out=out, resume=True, plugins=plugins, overrides=["train.max_steps=30"])
+    assert (resumed["backend"], resumed["world_size"], resumed["steps"]) == ("momentum", 2, 30)
+    resumed = fit(None, "null", out=out, resume=True, plugins=plugins, overrides=["train.max_steps=40"])
+    assert (resumed["backend"], resumed["world_size"]) == ("null", 2)
+
+
+def test_a_folder_that_records_no_layout_resumes_on_the_flags_and_defaults(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """A run folder written before runs kept launch.json: the flags given and the defaults
+    apply (here one replica, not the run's two), and the header says so."""
+    plan, out = str(write_plan()), str(tmp_path / "run")
+    null = ("-p", "crosstrain.testing.null")
+    started = ("--set", "output.checkpoint_every_steps=10", "--set", "train.max_steps=20")
+    assert (
+        cli_in_process(
+            *null, "run", plan, "--out", out, "--backend", "momentum", "--nproc", "2", *started
+        ).returncode
+        == 0
+    )
+    (tmp_path / "run" / "launch.json").unlink()
+    resumed = cli_in_process(
+        *null, "run", "--out", out, "--resume", "--backend", "momentum", "--set", "train.max_steps=30"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert _header(resumed.stdout).endswith(
+        "on momentum x1, resumed at step 20 (its folder records no layout: the flags and defaults apply)"
+    )
+
+
+def test_max_steps_past_the_epochs_end_extends_a_run_without_epochs_or_is_refused_naming_them(
+    write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """A finished run of ``train.epochs = 1`` (45 steps): a bare --resume is refused offering
+    train.epochs, the one field that moves its end; ``train.max_steps=100`` alone would stop
+    at step 45, so it is refused in one line that names train.epochs; with train.epochs=3 it
+    runs to step 100. The same plan without train.epochs is extended by max_steps alone."""
+
+    def run(*arguments: str) -> Any:
+        return cli_in_process(*NULL, "run", *arguments, "--backend", "momentum")
+
+    every = ("--set", "output.checkpoint_every_steps=20")
+    out = str(tmp_path / "epochs")
+    assert run(str(write_plan()), "--out", out, *every).returncode == 0
+    refused = run("--out", out, "--resume")
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "crosstrain: error: --resume: the run already ended at step 45 (train.epochs = 1); "
+        "--set train.epochs=N continues it to a new end"
+    ]
+    refused = run("--out", out, "--resume", "--set", "train.max_steps=100")
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "crosstrain: error: --resume: train.max_steps = 100 lies past the end of train.epochs = 1 "
+        "(step 45), which would stop the run first; --set train.epochs=3 too reaches step 100"
+    ]
+    continued = run("--out", out, "--resume", "--set", "train.max_steps=100", "--set", "train.epochs=3")
+    assert continued.returncode == 0, continued.stderr
+    assert summary_of(tmp_path / "epochs")["steps"] == 100
+    unbounded, out = write_plan(MLP_PLAN.replace("epochs = 1\n", ""), "unbounded.toml"), str(tmp_path / "max")
+    assert run(str(unbounded), "--out", out, *every).returncode == 0  # neither set: one epoch
+    assert run("--out", out, "--resume", "--set", "train.max_steps=100").returncode == 0
+    assert summary_of(tmp_path / "max")["steps"] == 100

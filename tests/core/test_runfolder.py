@@ -114,3 +114,29 @@ def test_a_continued_run_keeps_its_plan_and_changes_only_what_may_change(tmp_pat
     )
     with pytest.raises(InputError, match=r"model\.layers: 5 entries in the run, 1 entry now"):
         continued_plan(tmp_path / "run", narrower, None)  # None: every field stated (a Python plan)
+
+
+def test_the_launch_layout_is_kept_read_back_and_replaced_by_overwrite(tmp_path: Path) -> None:
+    """launch.json: the layout a bare --resume continues on; a folder written before it
+    existed reads as None; a damaged one names itself; --overwrite removes it."""
+    from crosstrain.core.runfolder import LAUNCH_FILE, read_launch_record, write_launch_record
+    from crosstrain.core.strategy import Layout
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert read_launch_record(run) is None
+    layout = Layout("tf", 2, workers=2, nnodes=1, device="cpu")
+    write_launch_record(run, layout)
+    assert read_launch_record(run) == layout
+    (run / LAUNCH_FILE).write_text(
+        '{"backend": "tf", "nproc": 0, "workers": null, "nnodes": 1, "device": "cpu"}'
+    )
+    with pytest.raises(
+        RunFolderError, match=r"launch\.json: not a crosstrain launch record \(0 is not a count\)"
+    ):
+        read_launch_record(run)
+    (run / LAUNCH_FILE).write_text('{"backend": "tf"}')
+    with pytest.raises(RunFolderError, match=r"launch\.json: not a crosstrain launch record \(no 'nproc'\)"):
+        read_launch_record(run)
+    with open_run_folder(run, overwrite=True):
+        assert not (run / LAUNCH_FILE).exists()

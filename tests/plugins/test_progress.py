@@ -201,8 +201,8 @@ def test_epoch_count_follows_max_steps(tmp_path: Path, cli_in_process: InProcess
         str(tmp_path / "run"),
     )
     assert result.returncode == 0, result.stderr
-    # 23 steps an epoch at batch 64: 30 steps touch 2 of the plan's 20 epochs
-    assert "30 steps (2 epochs)" in result.stdout
+    # 23 steps an epoch at batch 64: max_steps ends the run in the second of the plan's 20 epochs
+    assert result.stdout.startswith("digits_mlp: 30 steps (max_steps; 1.3 epochs) on momentum x1\n")
     assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("epoch ")] == [
         "1/2",
         "2/2",

@@ -60,11 +60,11 @@ from crosstrain.core.checkpoint import (
 from crosstrain.core.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
 from crosstrain.core.data import Datasets, image_rows
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError
+from crosstrain.core.length import RunLength
 from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import total_steps
 from crosstrain.core.plan import Plan, check_world_fits
 from crosstrain.core.resume import check_backend_supports
-from crosstrain.core.runfolder import check_request
+from crosstrain.core.runfolder import PLAN_FILE, check_request, read_run_plan
 from crosstrain.core.sources.decoding import opencv
 from crosstrain.core.sources.images import check_image_headers
 from crosstrain.core.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
@@ -329,16 +329,34 @@ def check_resumed_run(
         say(f"--resume: {problem}; resuming from {choice.path.name}, the newest intact checkpoint")
     check_written_by(choice.path, job.plan)
     if train_rows is not None:
-        check_continues(choice.path, job.plan, train_rows)
+        ran = read_run_plan(out_dir) if (out_dir / PLAN_FILE).is_file() else None
+        check_continues(choice.path, job.plan, train_rows, ran)
     return choice.path
 
 
-def check_continues(checkpoint: Path, plan: Plan, train_rows: int) -> None:
-    """A resumed run has steps left: a finished one continues only to a new end."""
+def check_continues(checkpoint: Path, plan: Plan, train_rows: int, ran: Plan | None = None) -> None:
+    """A resumed run has steps left: a finished one continues only to a new end, and a
+    ``train.max_steps`` given now reaches its step (``ran``: the plan the run ran with, if
+    its folder keeps it: a max_steps it already had may lie past the epochs' end, which
+    then ends the run, as when it started). Each refusal offers only a change that moves
+    the end."""
     step = int(read_state(checkpoint)["step"])
-    last = total_steps(plan, train_rows)
-    if step >= last:
+    length = RunLength.of(plan, train_rows)
+    new_max_steps = ran is None or ran.train.max_steps != plan.train.max_steps
+    epochs_end, max_steps = length.epochs_end, length.max_steps
+    if new_max_steps and max_steps is not None and epochs_end is not None and max_steps > epochs_end:
         raise InputError(
-            f"--resume: the run already ended at step {step} (its plan trains {last} steps); "
-            f"--set train.epochs=N or train.max_steps=N continues it to a new end"
+            f"--resume: train.max_steps = {max_steps} lies past the end of train.epochs = "
+            f"{length.epochs} (step {epochs_end}), which would stop the run first; --set "
+            f"train.epochs={length.epochs_needed(max_steps)} too reaches step {max_steps}"
+        )
+    last = length.total_steps
+    if step > last:
+        raise InputError(
+            f"--resume: {length.reason()} ends the run at step {last}, before its checkpoint's "
+            f"step {step}; {length.extension_hint()}"
+        )
+    if step == last:
+        raise InputError(
+            f"--resume: the run already ended at step {step} ({length.reason()}); {length.extension_hint()}"
         )

@@ -130,6 +130,8 @@ def plan_hash(plan: Plan, *, with_length: bool = False) -> str:
     raw.pop("output", None)
     if not with_length:
         raw["train"] = {key: value for key, value in raw["train"].items() if key not in LENGTH_FIELDS}
+    elif raw["train"].get("epochs") is None:
+        raw["train"]["epochs"] = 1  # format 1 predates an unset train.epochs: its default was 1
     text = json.dumps(raw, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from crosstrain.core.length import RunLength
 from crosstrain.core.plan import Plan
 from crosstrain.core.strategy import Job, World
 
@@ -46,11 +47,29 @@ class RunContext:
             self.stop.reason, self.stop.restore_best = reason, restore_best
 
     @property
+    def length(self) -> RunLength:
+        """The run's length: its epochs and max_steps, and which ends it."""
+        train = self.plan.train
+        return RunLength(self.steps_per_epoch, train.epochs, train.max_steps)
+
+    @property
     def epochs(self) -> int:
-        """Epochs the run will (at least partly) train: the plan's, unless max_steps ends it sooner."""
-        if self.steps_per_epoch == 0:
-            return self.plan.train.epochs
-        return min(self.plan.train.epochs, -(-self.total_steps // self.steps_per_epoch))
+        """Epochs the run will (at least partly) train."""
+        return self.length.epoch_count
+
+    def resumed(self) -> str | None:
+        """How a resumed run continues, for its header: ``resumed at step 20 as run``, or
+        what its layout was where it changed (``resumed at step 20 (was torch x2)``); None
+        for a run from step 0."""
+        if self.start_step == 0:
+            return None
+        job, said = self.job, f"resumed at step {self.start_step}"
+        if job.resumed_layout is not None:
+            was = job.layout.differences(job.resumed_layout)
+            return f"{said} (was {', '.join(was)})" if was else f"{said} as run"
+        if job.resume_from is not None:  # --resume of a folder written before launch.json
+            return f"{said} (its folder records no layout: the flags and defaults apply)"
+        return said  # a worker group restarted after a failure
 
     @property
     def plan(self) -> Plan:

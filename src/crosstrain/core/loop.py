@@ -32,6 +32,7 @@ from crosstrain.core.data import (
 )
 from crosstrain.core.evaluation import evaluate
 from crosstrain.core.heartbeat import Heartbeat
+from crosstrain.core.length import RunLength
 from crosstrain.core.loading import epoch_rows, load_datasets
 from crosstrain.core.plan import Plan
 from crosstrain.core.report import gather_rank_reports, peak_host_memory_bytes
@@ -52,10 +53,9 @@ _T = TypeVar("_T")
 
 
 def total_steps(plan: Plan, train_rows: int) -> int:
-    """Optimizer steps in the run: epochs x steps per epoch, capped by max_steps."""
-    per_epoch = GlobalSampler(train_rows, plan.train.global_batch_size, plan.seed).steps_per_epoch
-    steps = plan.train.epochs * per_epoch
-    return min(steps, plan.train.max_steps) if plan.train.max_steps else steps
+    """Optimizer steps in the run: the earlier of the epochs' end and max_steps
+    (:class:`~crosstrain.core.length.RunLength`)."""
+    return RunLength.of(plan, train_rows).total_steps
 
 
 def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
@@ -190,10 +190,11 @@ def _train_epochs(
     heartbeat: Heartbeat,
 ) -> None:
     """Every epoch from the resumed one on, until the last step, a non-finite loss
-    (``train.on_nonfinite = "stop"``) or an agreed stop request."""
+    (``train.on_nonfinite = "stop"``) or an agreed stop request. The last step ends the
+    epochs (``max_steps`` without ``epochs`` runs as many as it takes)."""
     first_epoch = progress.step // max(sampler.steps_per_epoch, 1)
     try:
-        for epoch in range(first_epoch, context.plan.train.epochs):
+        for epoch in itertools.count(first_epoch):
             if progress.step >= context.total_steps:
                 break
             _train_epoch(
@@ -318,7 +319,7 @@ def _train_epoch(
         "loss": progress.last_train_loss,
         "samples_per_second": real_rows / max(epoch_seconds, 1e-9),
     }
-    is_last = progress.step >= context.total_steps or epoch + 1 == plan.train.epochs
+    is_last = progress.step >= context.total_steps
     evaluated = datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last)
     if evaluated:
         assert datasets.eval is not None

@@ -181,7 +181,10 @@ class ScheduleSpec:
 @attrs.frozen
 class TrainSpec:
     global_batch_size: int = attrs.field(default=32, validator=gt0)
-    epochs: int = attrs.field(default=1, validator=gt0)
+    #: passes over the training set; None (unset): one, or as many as ``max_steps`` takes.
+    #: With both set the earlier end wins (:class:`crosstrain.core.length.RunLength`)
+    epochs: int | None = attrs.field(default=None, validator=attrs.validators.optional(gt0))
+    #: optimizer steps in the run; without ``epochs`` exactly this many, across epochs
     max_steps: int | None = attrs.field(default=None, validator=attrs.validators.optional(gt0))
     grad_accum_steps: int = attrs.field(default=1, validator=gt0)
     clip_grad_norm: float | None = attrs.field(default=None, validator=attrs.validators.optional(gt0))

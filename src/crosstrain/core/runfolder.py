@@ -7,7 +7,8 @@ While a run is in progress its launcher holds an exclusive lock on
 ``.crosstrain.lock`` in the folder; a second run into the same folder is refused.
 
 A resumed run continues the plan it was started with: ``plan.json`` (overrides included),
-changed only where :func:`continued_plan` allows (the output section and the run's length).
+changed only where :func:`continued_plan` allows (the output section and the run's length),
+on the layout of its last launch (``launch.json``) where no flag overrides it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import fcntl
 import json
 import os
 import shutil
+import typing
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -29,14 +31,19 @@ from crosstrain.core.loading import table_datasets
 from crosstrain.core.plan import Plan, validate_plan
 from crosstrain.core.sources.images import CLASSES_FILE, read_image_index
 from crosstrain.core.sources.table import STATISTICS_FILE, TableStatistics, write_statistics
+from crosstrain.core.strategy import DeviceChoice, Layout
 
 LOCK_FILE = ".crosstrain.lock"
 #: the plan as run (overrides applied, data paths absolute): evaluate, predict and export
 #: read the model and its data from it
 PLAN_FILE = "plan.json"
+#: the layout of the run's last launch (backend, nproc, workers, nnodes, device): what a
+#: bare ``--resume`` continues on
+LAUNCH_FILE = "launch.json"
 #: what a run writes into its folder (built-in plugins included)
 RUN_OUTPUTS = (
     PLAN_FILE,
+    LAUNCH_FILE,
     STATISTICS_FILE,
     "metrics.jsonl",
     "summary.json",
@@ -142,6 +149,53 @@ def write_run_plan(
     if plan.data.source == "images":
         write_classes(Path(out_dir), plan)
     return path
+
+
+def write_launch_record(out_dir: Path, layout: Layout) -> Path:
+    """The layout this launch runs on (:data:`LAUNCH_FILE`), replaced atomically: a bare
+    ``--resume`` continues on it, and a resumed run's header says whether it does."""
+    path = Path(out_dir) / LAUNCH_FILE
+    document = {
+        "backend": layout.backend,
+        "nproc": layout.replicas,
+        "workers": layout.workers,
+        "nnodes": layout.nnodes,
+        "device": layout.device,
+    }
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return path
+
+
+def read_launch_record(run_dir: Path) -> Layout | None:
+    """The layout a run folder recorded at its last launch; None for a folder written
+    before runs recorded it. A file that does not read as one names itself."""
+    path = Path(run_dir) / LAUNCH_FILE
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        layout = Layout(
+            backend=str(document["backend"]),
+            replicas=_count(document["nproc"]),
+            workers=None if document["workers"] is None else _count(document["workers"]),
+            nnodes=_count(document["nnodes"]),
+            device=document["device"],
+        )
+    except KeyError as error:
+        raise RunFolderError(f"{path}: not a crosstrain launch record (no {error.args[0]!r})") from None
+    except (OSError, ValueError, TypeError) as error:
+        raise RunFolderError(f"{path}: not a crosstrain launch record ({error})") from None
+    if layout.device not in typing.get_args(DeviceChoice):
+        raise RunFolderError(f"{path}: not a crosstrain launch record (device {layout.device!r})")
+    return layout
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{value!r} is not a count")
+    return value
 
 
 def write_data_statistics(out_dir: Path, plan: Plan, computed: Mapping[str, Any] | None = None) -> None:

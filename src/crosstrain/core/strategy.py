@@ -60,6 +60,34 @@ HookLoader = Callable[[PluginSelection], pluggy.HookRelay]
 
 
 @attrs.frozen
+class Layout:
+    """Where a run's replicas run: what ``--backend``, ``--nproc``, ``--workers``,
+    ``--nnodes`` and ``--device`` chose (``replicas`` as resolved; ``workers`` None: the
+    backend's natural layout). A run folder records it at each launch, and a bare
+    ``--resume`` continues on it."""
+
+    backend: str
+    replicas: int
+    workers: int | None = None
+    nnodes: int = 1
+    device: DeviceChoice = "auto"
+
+    def differences(self, before: Layout) -> list[str]:
+        """What ``before`` had where this layout differs, as the flags name it
+        (``torch x2``, ``--workers 2``, ``--nnodes 2``, ``--device gpu``); [] if the same."""
+        was = []
+        if (self.backend, self.replicas) != (before.backend, before.replicas):
+            was.append(f"{before.backend} x{before.replicas}")
+        if self.workers != before.workers:
+            was.append(f"--workers {before.workers}" if before.workers is not None else "--workers unset")
+        if self.nnodes != before.nnodes:
+            was.append(f"--nnodes {before.nnodes}")
+        if self.device != before.device:
+            was.append(f"--device {before.device}")
+        return was
+
+
+@attrs.frozen
 class Job:
     """Everything a worker needs to run the plan; picklable, sent to every process.
 
@@ -101,11 +129,19 @@ class Job:
     #: a table run's statistics as the admission computed them from its training rows (their
     #: JSON), which the run folder keeps: the table is read once before launch, not twice
     table_statistics: Mapping[str, Any] | None = None
+    #: a run continued by ``--resume``: the layout its run folder recorded at its last launch
+    #: (for the header line, which says whether it continues as it ran); None: a new run, or a
+    #: folder written before runs recorded their layout
+    resumed_layout: Layout | None = None
     #: how each worker loads ``plugins`` (:func:`crosstrain.core.worker.run_worker` calls it):
     #: set by ``crosstrain.api.make_job`` to the plugin manager's ``hook_relay``. Core may not
     #: import the manager, so whoever makes the job hands it down; a module-level function,
     #: so the job still pickles (by reference) to every process
     load_hooks: HookLoader | None = None
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.backend, self.replicas, self.workers, self.nnodes, self.device)
 
 
 @attrs.frozen

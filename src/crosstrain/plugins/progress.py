@@ -41,6 +41,14 @@ def format_epoch_line(context: RunContext, epoch: int, metrics: Mapping[str, flo
     return "  ".join(parts)
 
 
+def format_header(context: RunContext) -> str:
+    """The run's first line: its length and what ends it, its layout, and how a resumed
+    run continues (``digits_mlp: 46 steps (2 epochs) on torch x2``)."""
+    line = f"{context.plan.name}: {context.length.describe()} on {context.backend} x{context.world.replicas}"
+    resumed = context.resumed()
+    return f"{line}, {resumed}" if resumed else line
+
+
 def format_duration(seconds: float) -> str:
     minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -93,6 +101,7 @@ class _BarDisplay:
             self._description(0), total=context.total_steps, loss="-", lr="-", speed="-"
         )
         self._progress.start()
+        self.line(format_header(context))
 
     def _description(self, epoch: int) -> str:
         return f"epoch {epoch + 1}/{self._epochs}"
@@ -122,11 +131,7 @@ class _PlainDisplay:
         self._epochs = context.epochs
         self._total_steps = context.total_steps
         self._every = max(1, math.ceil(context.total_steps / PLAIN_LINES_PER_RUN))
-        self.line(
-            f"{context.plan.name}: {context.total_steps} steps "
-            f"({context.epochs} epochs) on {context.backend} "
-            f"x{context.world.replicas}"
-        )
+        self.line(format_header(context))
 
     def step(self, step: int, epoch: int, lr: float, loss: float, speed: float, eta: float) -> None:
         if step % self._every and step != self._total_steps:

@@ -48,7 +48,8 @@ from crosstrain.core.data import GlobalSampler
 from crosstrain.core.errors import PlanError
 from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
+from crosstrain.core.runfolder import read_launch_record
+from crosstrain.core.strategy import Layout, PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.data_plans import NAN_ROW_PLAN, write_nan_row_data
@@ -95,10 +96,11 @@ def fail_then_resume(
     backend: str, plan: Path, out: Path, nproc: int, resume_backend: str | None = None
 ) -> Path:
     """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
-    ``--resume`` (on ``resume_backend``, by default the same) finishes the run from the run
-    folder alone: no plan file, none of the run's ``--set`` overrides typed again. Its
-    checkpoints are then those of a run never interrupted. The failed run leaves no worker's
-    traceback file in its temporary folder."""
+    ``--resume`` finishes the run from the run folder alone: no plan file, none of the
+    run's ``--set`` overrides or layout flags typed again (``--backend resume_backend``
+    alone, when given, overrides its backend), so it continues on the run's own world and
+    device. Its checkpoints are then those of a run never interrupted. The failed run leaves
+    no worker's traceback file in its temporary folder."""
     common = ("--nproc", str(nproc), "--device", "cpu", "--out", str(out))
     temporary = out.with_name(f"{out.name}-tmp")
     temporary.mkdir(parents=True)
@@ -112,9 +114,13 @@ def fail_then_resume(
     assert not left, f"the failed run left {left} in its temporary folder"
     last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     assert complete_checkpoints(out)[-1][0] == last
-    resumed = run_cli("-p", "no:progress", "run", "--backend", resume_backend or backend, *common, "--resume")
+    override = ("--backend", resume_backend) if resume_backend is not None else ()
+    resumed = run_cli("-p", "no:progress", "run", "--out", str(out), "--resume", *override)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(out)["resumed_from_step"] == last
+    assert summary(out)["backend"] == (resume_backend or backend)
+    assert summary(out)["world_size"] == nproc  # as the run ran, on its device (its launch.json's)
+    assert read_launch_record(out) == Layout(resume_backend or backend, nproc, device="cpu")
     every_checkpoint = [*range(CHECKPOINT_EVERY, STEPS, CHECKPOINT_EVERY), STEPS]  # and the end's
     assert [step for step, _ in complete_checkpoints(out)] == every_checkpoint[-3:]  # keep_checkpoints
     return out
