@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from crosstrain.core.checkpoint import complete_checkpoints
+from crosstrain.core.runfolder import read_launch_record
+from crosstrain.core.strategy import Layout
 from crosstrain.testing.launches import run_cli, write_plan
 from crosstrain.testing.runs import step_losses, summary
 
@@ -95,3 +97,33 @@ def test_a_changed_plan_is_refused_before_launch(finished: tuple[Path, Path], tm
         "crosstrain: error: --resume: optimizer.lr: 0.003 in the run, 0.5 now; only the output section"
     )
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
+def test_a_flag_overrides_one_part_of_the_run_s_layout_and_the_header_says_so(
+    finished: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The 30-step torch x1 run on --device cpu, continued with ``--nproc 2`` alone: it runs
+    on torch x2 (the backend and device its launch.json recorded), its first line names the
+    world it was, and launch.json records the new one for the next --resume."""
+    run = Path(shutil.copytree(finished[0], tmp_path / "run"))
+    result = run_cli("run", "--out", str(run), "--resume", "--nproc", "2", "--set", "train.max_steps=40")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[0] == (
+        "dropout_mlp: 40 steps (max_steps; 0.9 epochs) on torch x2, resumed at step 30 (was torch x1)"
+    )
+    assert (summary(run)["backend"], summary(run)["world_size"], summary(run)["steps"]) == ("torch", 2, 40)
+    assert read_launch_record(run) == Layout("torch", 2, device="cpu")
+
+
+def test_a_max_steps_past_the_epochs_end_is_refused_naming_train_epochs(
+    finished: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The run's train.epochs = 2 ends it at step 90 (45 steps an epoch): train.max_steps=200
+    alone would stop there, so it is refused before launch, in one line naming train.epochs."""
+    run = Path(shutil.copytree(finished[0], tmp_path / "run"))
+    code, lines = _continue(run, "--set", "train.max_steps=200")
+    assert code == 2
+    assert lines == [
+        "crosstrain: error: --resume: train.max_steps = 200 lies past the end of train.epochs = 2 "
+        "(step 90), which would stop the run first; --set train.epochs=5 too reaches step 200"
+    ]

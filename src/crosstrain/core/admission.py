@@ -28,7 +28,8 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
 11. a resumed run (only where this process minds the run folder): its folder holds a
     checkpoint; the newest one that verifies against its manifest is chosen (each newer,
     damaged one is named in one line through ``say``), was written by this plan, and ends
-    before the plan's (possibly new) last step.
+    before the plan's (possibly new) last step; a ``train.max_steps`` given now that lies
+    past the end of ``train.epochs`` is refused naming them.
 
 :func:`admit` returns the job as it launches: ``init_from`` is the weights file and
 ``resume_from`` the chosen checkpoint, so every worker reads exactly what was checked.
