@@ -115,6 +115,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def user_env() -> dict[str, str]:
+    """:func:`worker_env` without its quiet TensorFlow: a user's shell, which sets neither,
+    for a check that crosstrain itself keeps the frameworks quiet."""
+    env = worker_env()
+    for name in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS"):
+        env.pop(name)
+    return env
+
+
 def run_cli(
     *args: str, timeout: float = 240, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +15,16 @@ from rich.text import Text
 from crosstrain.plugins.manager import CrosstrainPluginManager
 
 _IN_PROCESS = "runs in this one process (world 1)"
+
+
+def _quiet_tensorflow() -> None:
+    """TensorFlow's settings for crosstrain's processes (its C++ start-up log off), in this
+    one before a command may import it: ``import`` of a Keras model, ``export --format
+    keras``, evaluate and predict on tf. A variable the user set is kept."""
+    from crosstrain.backends.tf.launch import TF_ENVIRONMENT
+
+    for name, value in TF_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +92,7 @@ def _add_inference_commands(commands: Any) -> None:
 
 
 def _evaluate(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    _quiet_tensorflow()
     from crosstrain.inference import evaluate_run, evaluation_rows
 
     result = evaluate_run(
@@ -98,18 +110,20 @@ def _evaluate(args: argparse.Namespace, manager: CrosstrainPluginManager, consol
 
 
 def _predict(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    _quiet_tensorflow()
     from crosstrain.inference import predict_run
 
     outputs = predict_run(args.run, args.data, args.out, args.backend, args.checkpoint, args.device, manager)
-    console.print(Text(f"{args.out}: outputs {list(outputs.shape)} ({outputs.dtype})"))
+    console.print(Text(f"{args.out}: outputs {list(outputs.shape)} ({outputs.dtype})"), soft_wrap=True)
     return 0
 
 
 def _export(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    _quiet_tensorflow()
     from crosstrain.inference import export_run
 
     for path in export_run(args.run, args.format_name, args.out, args.checkpoint, manager):
-        console.print(Text(str(path)))
+        console.print(Text(str(path)), soft_wrap=True)  # a long path on one line, even in a pipe
     return 0
 
 
@@ -161,6 +175,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _import(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    _quiet_tensorflow()
     from crosstrain.importers import import_model
 
     result = import_model(

@@ -15,6 +15,7 @@ from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import write_run_plan
 from crosstrain.inference import export_run, predict_run
 from crosstrain.testing.plans import RESNET_PLAN
+from tests.conftest import run_cli, user_env
 
 torch = pytest.importorskip("torch")
 
@@ -39,9 +40,9 @@ SCALED_RESNET_PLAN = RESNET_PLAN.replace(
 
 
 def test_the_exported_program_runs_any_rows_as_predict_does(tmp_path: Path) -> None:
-    """Batch norm in inference (moved statistics), convolutions, a residual block: the
-    program's batch axis is dynamic, and on raw rows its outputs are predict's (it scales
-    its input as the plan asks)."""
+    """``crosstrain export --format torch``, quiet: batch norm in inference (moved statistics),
+    convolutions, a residual block; the program's batch axis is dynamic, and on raw rows its
+    outputs are predict's (it scales its input as the plan asks)."""
     (tmp_path / "resnet.toml").write_text(SCALED_RESNET_PLAN)
     plan = load_plan(tmp_path / "resnet.toml")
     weights = initial_weights(plan)
@@ -50,8 +51,14 @@ def test_the_exported_program_runs_any_rows_as_predict_does(tmp_path: Path) -> N
         if name.endswith(("moving_mean", "moving_variance")):
             weights[name] = rng.uniform(0.5, 1.5, weights[name].shape).astype(np.float32)
     run = _finished_run(tmp_path, tmp_path / "resnet.toml", weights)
-    program_path, state_path = export_run(run, "torch")
-    assert program_path == run / "export-torch" / "model.pt2"
+    exported = run_cli("export", str(run), "--format", "torch", env=user_env())
+    program_path, state_path = run / "export-torch" / "model.pt2", run / "export-torch" / "state_dict.pt"
+    # the two files, and no warning of torch's about the channels-last kernels it saved
+    assert (exported.returncode, exported.stdout.split(), exported.stderr) == (
+        0,
+        [str(program_path), str(state_path)],
+        "",
+    )
     program = torch.export.load(str(program_path)).module()
     rows = rng.uniform(0, 16, (37, 64))
     np.save(tmp_path / "rows.npy", rows)

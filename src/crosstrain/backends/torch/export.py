@@ -15,6 +15,7 @@ applies on the device. ``state_dict.pt`` is the module's weights alone.
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,11 @@ def export_torch(module: nn.Module, scaling: InputScaling, out: Path, sample: np
         raise InputError(f"--format torch: torch.export cannot capture this model: {first}") from None
     out.mkdir(parents=True, exist_ok=True)
     program_path, state_path = out / PROGRAM_FILE, out / STATE_DICT_FILE
-    torch.export.save(program, str(program_path))
+    with warnings.catch_warnings():
+        # torch's archive writer calls every non-contiguous weight (a convolution's kernel is
+        # channels-last) "incomplete" and warns, then saves it whole, as it is
+        warnings.filterwarnings("ignore", "No complete tensor found in the group", UserWarning)
+        torch.export.save(program, str(program_path))
     torch.save(wrapper.module.state_dict(), str(state_path))
     _check(program_path, wrapper, example)
     return [program_path, state_path]
