@@ -89,6 +89,36 @@ def test_a_missing_or_stale_cache_is_one_line_naming_data_cache(tmp_path: Path) 
     load_datasets(_cache_plan(tmp_path))
 
 
+def test_a_cache_that_fails_midway_leaves_the_folder_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A JPEG whose header opens but whose pixels are cut short: ``data cache`` exits 2 in
+    one line naming it and writes nothing, neither a folder where there was none nor over a
+    cache already there, which stays whole."""
+    write_folder(tmp_path / "photos")
+    write_folder(tmp_path / "held_out")
+    (tmp_path / "plan.toml").write_text(
+        '[model]\ninput_shape = [8, 8, 3]\nlayers = [{ type = "flatten" }, { type = "dense", units = 3 }]\n'
+        '[data]\nsource = "images"\nimage_size = [8, 8]\npath = "photos"\ncache = "made/photos.cache"\n'
+    )
+    damaged = tmp_path / "photos" / "ant" / "2.jpg"
+    whole = damaged.read_bytes()
+    cut = whole[: whole.index(b"\xff\xda") + 20]  # cut inside the pixels
+    damaged.write_bytes(cut)
+    assert _write_cache(tmp_path) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"crosstrain: error: cannot decode image {damaged}: "), line
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["held_out", "photos", "plan.toml"]
+    damaged.write_bytes(whole)
+    assert _write_cache(tmp_path) == 0
+    cache = tmp_path / "made" / "photos.cache"
+    written = {path.name: path.read_bytes() for path in cache.iterdir()}
+    damaged.write_bytes(cut)
+    assert _write_cache(tmp_path) == 2
+    assert {path.name: path.read_bytes() for path in cache.iterdir()} == written
+    assert [path.name for path in (tmp_path / "made").iterdir()] == ["photos.cache"]  # nothing beside it
+
+
 @pytest.mark.parametrize(
     ("data", "found"),
     [

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -56,12 +58,47 @@ def file_stamp(path: str) -> tuple[int, int]:
 
 def write_cache(folder: Path, paths: Sequence[str], workers: int) -> int:
     """Decode every file of ``paths`` into ``folder`` (replacing a cache there); return the
-    bytes of pixels written. A file that does not decode: an InputError naming it, and the
-    folder is left without an index (a later run refuses it)."""
-    image = pillow()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / INDEX_FILE).unlink(missing_ok=True)  # a cache being written is no cache
+    bytes of pixels written. The cache is written in a temporary folder beside ``folder`` and
+    moved into it once whole: a file that does not decode (an InputError naming it), Ctrl-C
+    or a full disk leave ``folder`` as it was, a cache already there included, and no folder
+    where there was none."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"data.cache {folder}: not a folder")
     files = sorted(set(paths))
+    shapes = _image_shapes(files)
+    made = _outermost_missing(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.writing-", dir=folder.parent))
+    try:
+        total = _write_into(staging, files, shapes, workers)
+        folder.mkdir(exist_ok=True)
+        (folder / INDEX_FILE).unlink(missing_ok=True)  # never an old index over new pixels
+        os.replace(staging / PIXELS_FILE, folder / PIXELS_FILE)
+        os.replace(staging / INDEX_FILE, folder / INDEX_FILE)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    staging.rmdir()
+    return total
+
+
+def _outermost_missing(folder: Path) -> Path | None:
+    """The outermost of ``folder`` and its parents that does not exist yet (what writing the
+    cache creates, and a failure removes), or None when ``folder`` exists."""
+    missing = None
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return missing
+        missing = candidate
+    return missing
+
+
+def _image_shapes(files: Sequence[str]) -> list[tuple[int, int]]:
+    """Each file's (height, width), from its header; a file that does not open, named."""
+    image = pillow()
     shapes = []
     for path in files:
         try:
@@ -69,6 +106,11 @@ def write_cache(folder: Path, paths: Sequence[str], workers: int) -> int:
                 shapes.append(opened.size[::-1])
         except UNDECODABLE as error:
             raise InputError(f"cannot decode image {path}: {error}") from None
+    return shapes
+
+
+def _write_into(folder: Path, files: Sequence[str], shapes: Sequence[tuple[int, int]], workers: int) -> int:
+    """The pixels file and its index in ``folder``; the bytes of pixels written."""
     sizes = np.asarray([height * width * 3 for height, width in shapes], np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     total = int(sizes.sum())
@@ -88,9 +130,7 @@ def write_cache(folder: Path, paths: Sequence[str], workers: int) -> int:
         {"path": path, "stamp": list(file_stamp(path)), "start": int(start), "shape": [height, width]}
         for path, start, (height, width) in zip(files, starts, shapes, strict=True)
     ]
-    temporary = folder / (INDEX_FILE + ".tmp")
-    temporary.write_text(json.dumps({"images": entries}) + "\n", encoding="utf-8")
-    os.replace(temporary, folder / INDEX_FILE)
+    (folder / INDEX_FILE).write_text(json.dumps({"images": entries}) + "\n", encoding="utf-8")
     return total
 
 
