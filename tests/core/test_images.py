@@ -21,6 +21,7 @@ from crosstrain.core.sources.images import (
     check_image_headers,
     read_image_index,
 )
+from crosstrain.testing.data_plans import damaged_png
 from tests.core.image_files import image_plan, write_folder, write_image
 
 
@@ -81,6 +82,25 @@ def test_an_unreadable_image_and_a_misfit_model_are_named(tmp_path: Path) -> Non
     misfit = r"model\.input_shape: \[64\], but images of data\.image_size \[8, 8\] are rows \[8, 8, 3\]"
     with pytest.raises(PlanError, match=misfit):
         load_datasets(image_plan(tmp_path, 'path = "photos"', input_shape="[64]"))
+
+
+def test_an_image_cut_short_is_refused_before_launch_and_a_whole_one_is_not(tmp_path: Path) -> None:
+    """A JPEG or PNG cut inside its pixels opens (its header is whole), but lacks its
+    format's end: the admission decodes it and names it. Bytes after a JPEG's end (a
+    writer's padding) and damage inside a whole PNG pass: the second is met mid-run."""
+    root = write_folder(tmp_path / "photos")
+    plan = image_plan(tmp_path, 'path = "photos"')
+    padded = root / "ant" / "0.jpg"
+    padded.write_bytes(padded.read_bytes() + b"\x00" * 100)
+    broken_stream = root / "ant" / "1.png"
+    broken_stream.write_bytes(damaged_png(broken_stream.read_bytes()))
+    check_image_files(plan, load_datasets(plan))
+    for cut, marker in ((root / "Bee" / "2.jpg", b"\xff\xda"), (root / "zebra" / "1.png", b"IDAT")):
+        whole = cut.read_bytes()
+        cut.write_bytes(whole[: whole.index(marker) + 20])
+        with pytest.raises(PlanError, match=rf"data\.path: cannot read image {cut}: image file is truncated"):
+            check_image_files(plan, load_datasets(plan))
+        cut.write_bytes(whole)
 
 
 @pytest.mark.parametrize(

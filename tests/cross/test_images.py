@@ -17,6 +17,7 @@ from crosstrain.core.loading import load_datasets
 from crosstrain.core.planfile import load_plan
 from crosstrain.core.sources.images import ImageRows
 from crosstrain.testing.conformance import fail_then_resume
+from crosstrain.testing.data_plans import damaged_png
 from crosstrain.testing.launches import RunCache, run_cli, train_refused, write_plan
 from tests.support import step_losses
 
@@ -66,14 +67,13 @@ def test_an_unreadable_image_is_refused_before_launch(tmp_path: Path) -> None:
 
 
 def test_a_damaged_image_met_mid_epoch_is_one_line_naming_the_file_and_rank(tmp_path: Path) -> None:
-    """A JPEG whose header is sound but whose pixels are cut short, in rank 1's half of a
-    later step: that step ends the run with exit 2 and one line on stderr naming the file,
-    rank 1 and the run folder's error.log, which keeps the worker's traceback; the
-    checkpoints before it stay."""
+    """A PNG whose header and end are whole but whose pixels are scrambled (the check before
+    launch passes it), in rank 1's half of a later step: that step ends the run with exit 2
+    and one line on stderr naming the file, rank 1 and the run folder's error.log, which
+    keeps the worker's traceback; the checkpoints before it stay."""
     plan_path = write_plan(tmp_path, "image_folder")
-    damaged, step = _file_read_at_a_later_step(plan_path, rank=1, ranks=2)
-    data = damaged.read_bytes()
-    damaged.write_bytes(data[: data.index(b"\xff\xda") + 20])  # cut inside the pixels
+    damaged, step = _file_read_at_a_later_step(plan_path, ".png", rank=1, ranks=2)
+    damaged.write_bytes(damaged_png(damaged.read_bytes()))
     run = tmp_path / "run"
     result = run_cli(
         "-p", "no:progress", "run", str(plan_path), "--backend", "torch", "--nproc", "2", "--device", "cpu",
@@ -88,9 +88,9 @@ def test_a_damaged_image_met_mid_epoch_is_one_line_naming_the_file_and_rank(tmp_
     assert complete_checkpoints(run)[-1][0] == step  # every step before it kept
 
 
-def _file_read_at_a_later_step(plan_path: Path, rank: int = 0, ranks: int = 1) -> tuple[Path, int]:
-    """A JPEG of the training set first read at step 3 or later, by ``rank`` of ``ranks``
-    (each reads its contiguous part of the global batch), and that step."""
+def _file_read_at_a_later_step(plan_path: Path, suffix: str, rank: int, ranks: int) -> tuple[Path, int]:
+    """A training file ending in ``suffix`` first read at step 3 or later, by ``rank`` of
+    ``ranks`` (each reads its contiguous part of the global batch), and that step."""
     plan = load_plan(plan_path)
     train = load_datasets(plan).train
     rows = train.x.raw if hasattr(train.x, "raw") else train.x
@@ -98,11 +98,11 @@ def _file_read_at_a_later_step(plan_path: Path, rank: int = 0, ranks: int = 1) -
     sampler = GlobalSampler(len(train), plan.train.global_batch_size, plan.seed)
     part = plan.train.global_batch_size // ranks
     for step, (indices, _) in enumerate(sampler.epoch(0)):
-        mine = indices[rank * part : (rank + 1) * part]
-        jpegs = [str(rows.paths[row]) for row in mine if str(rows.paths[row]).endswith(".jpg")]
-        if step >= 3 and jpegs:
-            return Path(jpegs[0]), step
-    raise AssertionError("no JPEG read after step 3")
+        mine = [str(rows.paths[row]) for row in indices[rank * part : (rank + 1) * part]]
+        found = [path for path in mine if path.endswith(suffix)]
+        if step >= 3 and found:
+            return Path(found[0]), step
+    raise AssertionError(f"no {suffix} file read after step 3")
 
 
 def test_evaluate_and_predict_read_the_run_s_images(runs: RunCache, tmp_path: Path) -> None:

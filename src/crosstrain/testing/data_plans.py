@@ -218,6 +218,16 @@ def write_image_folder(directory: str, rows: int = 360) -> None:
         Image.fromarray(rgb).save(name, quality=90)
 
 
+def damaged_png(data: bytes) -> bytes:
+    """A PNG file's bytes with its compressed pixels scrambled: its header and its end are
+    whole, so the check before launch passes it, but it does not decode (Pillow: "broken
+    data stream"), so the step that reads it fails."""
+    chunk = data.index(b"IDAT")
+    length = int.from_bytes(data[chunk - 4 : chunk], "big")
+    first, last = chunk + 4 + 2, chunk + 4 + length  # past zlib's own two-byte header
+    return data[:first] + bytes(byte ^ 0x55 for byte in data[first:last]) + data[last:]
+
+
 NAN_ROW_PLAN = """
 name = "nan_row_mlp"
 seed = 4

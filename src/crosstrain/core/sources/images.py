@@ -155,10 +155,18 @@ def _check_columns(found: Sequence[str], path: Path, field: str, source: str | N
             )
 
 
+#: how each format's file ends when it is whole: JPEG's end-of-image marker, PNG's IEND chunk
+_FORMAT_ENDS = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
+#: the bytes at a file's end searched for its format's end (a JPEG may carry padding after it)
+_TAIL_BYTES = 64
+
+
 def check_image_headers(paths: Iterable[str], field: str, source: str | None) -> None:
-    """Every file opens as a JPEG or PNG: Pillow reads its header only (no decoding), in a
-    pool of threads; the first that does not is named. A file whose header is fine but
-    whose pixels are damaged is met, and named with its rank, when a step decodes it."""
+    """Every file opens as a JPEG or PNG and is not cut short: Pillow reads its header, and
+    its last bytes must hold its format's end, in a pool of threads; a file without that
+    end is decoded, and refused if it does not decode (Pillow fails on a file cut short);
+    the first that fails is named. Damage inside a whole file (a PNG's broken data stream)
+    is met, and named with its rank, when a step decodes it."""
     image = pillow()
 
     def problem(path: str) -> str | None:
@@ -166,6 +174,8 @@ def check_image_headers(paths: Iterable[str], field: str, source: str | None) ->
             with image.open(path) as opened:
                 if opened.format not in IMAGE_FORMATS:
                     return f"{path} is a {opened.format} image; images are read as {', '.join(IMAGE_FORMATS)}"
+                if not _ends_whole(path, _FORMAT_ENDS[opened.format]):
+                    opened.load()  # padding or a writer's extra bytes decode; a cut file raises
         except UNDECODABLE as error:
             return f"cannot read image {path}: {error}"
         return None
@@ -174,6 +184,12 @@ def check_image_headers(paths: Iterable[str], field: str, source: str | None) ->
         for found in threads.map(problem, paths):
             if found is not None:
                 raise PlanError(found, field=field, source=source)
+
+
+def _ends_whole(path: str, end: bytes) -> bool:
+    with open(path, "rb") as file:
+        file.seek(max(0, file.seek(0, os.SEEK_END) - _TAIL_BYTES))
+        return end in file.read()
 
 
 def check_classes(train: Sequence[str], evaluation: Sequence[str], field: str, source: str | None) -> None:
