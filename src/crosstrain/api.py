@@ -214,15 +214,19 @@ def run_job(
     manager: CrosstrainPluginManager | None = None,
     overwrite: bool = False,
     say: Callable[[str], None] = say_on_stderr,
+    notes: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Admit the job (:func:`crosstrain.core.admission.admit`: nothing is written before
-    it passes; its notes go to ``say``), create (or check, or clear) the run folder and
-    hold its lock, launch; return rank 0's summary. A run that met a non-finite loss raises
+    it passes; its notes go to ``say``, and then the caller's ``notes``, so a refused job
+    shows its one line alone), create (or check, or clear) the run folder and hold its
+    lock, launch; return rank 0's summary. A run that met a non-finite loss raises
     :class:`NonFiniteLossError` once its summary is written."""
     manager = manager or make_plugin_manager(job.plugins)
     strategy = get_backend(manager, job.backend)()
     cluster = detect_environment()
     job = admit(job, strategy, cluster, overwrite=overwrite, say=say)
+    for note in notes:
+        say(note)
     if owns_run_folder(job, cluster):
         with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
             # what evaluate, predict, export and a later --resume read
@@ -272,10 +276,9 @@ def fit(
     earlier run there; ``max_restarts`` restarts a failed worker group from its last
     checkpoint; ``init_from`` starts a new run from another run's weights (a run folder, a
     checkpoint folder or a .safetensors file)."""
+    notes: list[str] = []
     if resume:
         prepared, notes = plan_to_resume(plan, overrides, out)
-        for note in notes:
-            say_on_stderr(note)
     elif plan is None:
         raise InputError("fit: a plan is needed (only resume=True reads the run folder's own)")
     else:
@@ -299,4 +302,4 @@ def fit(
     )
     job = make_job(prepared, launch_options)
     get_backend(manager, job.backend)  # fail on an unknown backend before writing anything
-    return run_job(job, manager, overwrite)
+    return run_job(job, manager, overwrite, notes=notes)

@@ -22,7 +22,6 @@ from crosstrain.api import (
     plan_to_resume,
     prepare_plan,
     run_job,
-    say_on_stderr,
 )
 from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, PlanError, WorkerError
 from crosstrain.launch import interrupts_raise
@@ -281,10 +280,9 @@ def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+    notes: list[str] = []
     if args.resume:
         plan, notes = plan_to_resume(args.plan, args.overrides, args.out)
-        for note in notes:
-            say_on_stderr(note)
     elif args.plan is None:
         raise InputError(
             "run: no plan file; crosstrain run PLAN starts a run, crosstrain run --out DIR --resume "
@@ -310,7 +308,7 @@ def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Co
     )
     job = make_job(plan, options)  # the layout resolved: flags, else a resumed run's own, else defaults
     get_backend(manager, job.backend)
-    summary = run_job(job, manager, args.overwrite)
+    summary = run_job(job, manager, args.overwrite, notes=notes)
     print_summary(console, summary, job.out_dir)
     return 0
 
