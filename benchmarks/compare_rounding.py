@@ -1,12 +1,13 @@
 """How `compare`'s early check separates rounding from a bug, measured over many seeds.
 
-For each plan and seed it trains the first ``EARLY_STEPS`` steps five ways, each in this
-process on one CPU replica (the backends' own ``local`` strategies and crosstrain's loop):
-the reference (torch, fp32), the candidate (tf, fp32), the rounding probe `compare` runs
-(torch, fp64) and two planted bugs (torch with every step's learning rate 10 % and 5 %
-high). It prints, per plan, the rounding floor the probe measures, how far above it the
-correct candidate and the bugs land (the ratios the verdict's ``ROUNDING_FACTOR`` must
-separate), and how many runs the verdict's rule calls DIFFERENT:
+For each plan and seed it trains the first ``EARLY_STEPS`` steps five ways: the reference
+(torch, one replica), the candidate (tf, one replica), two planted bugs (torch with every
+step's learning rate 10 % and 5 % high) — each in this process on the CPU, with the
+backends' own ``local`` strategies and crosstrain's loop — and the rounding probe `compare`
+runs (torch at two replicas, through the ``crosstrain`` CLI: real processes, the gradients
+all-reduced). It prints, per plan, the reference's own rounding the probe measures, how far
+above the bound it gives (``ROUNDING_FACTOR`` times it) the correct candidate and the bugs
+land, and how many runs the verdict's rule calls DIFFERENT:
 
     python benchmarks/compare_rounding.py --seeds 20 --json rates.json
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -131,7 +133,6 @@ def _strategies() -> dict[str, tuple[type, str]]:
     return {
         "reference": (TorchStrategy, "fp32"),
         "candidate": (TfStrategy, "fp32"),
-        "probe": (TorchStrategy, "fp64"),
         "bug10": (_torch_with_lr_factor(1.10), "fp32"),
         "bug5": (_torch_with_lr_factor(1.05), "fp32"),
     }
@@ -149,6 +150,19 @@ def early_losses(strategy: Any, plan_file: Path, seed: int, precision: str, out:
     return np.array(recorder.losses, dtype=np.float64)
 
 
+def probe_losses(plan_file: Path, seed: int, out: Path) -> np.ndarray:
+    """The rounding probe as `compare` runs it: two torch replicas, real processes."""
+    from crosstrain.compare.folders import read_step_losses
+
+    command = [
+        sys.executable, "-m", "crosstrain.cli", "-p", "no:progress", "run", str(plan_file),
+        "--backend", "torch", "--nproc", "2", "--device", "cpu", "--out", str(out),
+        "--set", f"seed={seed}", "--set", f"train.max_steps={EARLY_STEPS}",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return read_step_losses(out)
+
+
 def _largest(reference: np.ndarray, other: np.ndarray) -> float:
     return float(step_relative_differences(reference, other).max())
 
@@ -163,7 +177,7 @@ def measure(plan_file: Path, seeds: Sequence[int], scratch: Path) -> list[dict[s
             for name, (strategy, precision) in _strategies().items()
         }
         reference = losses["reference"]
-        floor = _largest(losses["probe"], reference)
+        floor = _largest(reference, probe_losses(plan_file, seed, scratch / plan_file.stem / f"{seed}-probe"))
         bound = early_bound("fp32", floor)
         row = {"seed": seed, "floor": floor, "bound": float(bound or 0.0)}
         for name in ("candidate", "bug10", "bug5"):

@@ -157,15 +157,15 @@ def test_a_difference_beyond_rounding_in_the_first_steps_is_different_even_withi
         assert verdict.kind == "DIFFERENT" and verdict.exit_code == 1
         assert verdict.line == (
             "verdict: DIFFERENT (likely a bug): tf's step-2 loss differs from torch's by 1.0e-03 "
-            "(relative), over 30x torch's own rounding (1.0e-07: its fp32 loss against fp64) so "
+            "(relative), over 30x torch's own rounding (1.0e-07: its steps 1-2 at x1 against x2) so "
             "soon after the start"
         )
 
 
 def test_the_early_bound_follows_the_models_own_rounding() -> None:
-    """A model whose own rounding shows 1e-6 at step 2 (a rounding-sized gradient flips a
-    whole Adam step) may differ by 1.1e-5 there and be equivalent; on a model that rounds
-    at 1e-7 the same difference is a bug."""
+    """A model whose own rounding (world 1 against world 2) shows 1e-6 at step 2 (a
+    rounding-sized gradient flips a whole Adam step) may differ by 1.1e-5 there and be
+    equivalent; on a model that rounds at 1e-7 the same difference is a bug."""
     losses = _drifting(20)
     losses[1] = REFERENCE[1] * (1 + 1.1e-5)
     reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
@@ -188,7 +188,7 @@ def test_without_a_rounding_probe_the_first_steps_are_not_judged_and_the_line_sa
     verdict = judge([comparison], spreads, [0, 1, 2, 3], _rounding(None), 0.01)
     assert verdict.kind == "EQUIVALENT"
     assert verdict.line.endswith(
-        "; steps 1-2 not judged: no fp64 rounding probe among the runs (crosstrain compare PLAN runs one)"
+        "; steps 1-2 not judged: no rounding probe among the runs (crosstrain compare PLAN runs one)"
     )
 
 
@@ -327,10 +327,11 @@ def test_seed_runs_are_listed_with_their_roles_and_judged_again_from_the_folder(
         ("momentum-1", "candidate", 0),
         ("momentum-seed1", "seed", 1),
         ("momentum-seed2", "seed", 2),
-        ("momentum-fp64", "rounding", 0),
+        ("momentum-probe", "rounding", 0),
     ]
-    probe = json.loads((momentum_compare / "momentum-fp64" / "plan.json").read_text())["plan"]["train"]
-    assert (probe["precision"], probe["max_steps"]) == ("fp64", 2)
+    probe = momentum_compare / "momentum-probe"
+    assert json.loads((probe / "plan.json").read_text())["plan"]["train"]["max_steps"] == 2
+    assert json.loads((probe / "summary.json").read_text())["world_size"] == 2  # the reference's is 1
     assert json.loads((momentum_compare / "momentum-seed2" / "plan.json").read_text())["plan"]["seed"] == 2
     image = momentum_compare.parent / "compare.png"
     again = cli_in_process(*MOMENTUM, "compare", str(momentum_compare), "--plot", str(image))

@@ -81,7 +81,7 @@ def test_a_users_model_drifts_from_rounding_and_is_equivalent_within_the_seed_sp
         ), compared.verdict
     table = compared.result.stdout
     assert re.search(rf"agreement horizon \(0\.0001\) +│ +- │ +step {horizon} of 135 │", table)
-    early = re.search(r"steps 1-2 rel\. diff \(rounding (\S+) x 30: <=(\S+)\) +│ +- │ +(\S+) │", table)
+    early = re.search(r"steps 1-2 rel\. diff \(x1 vs x2 (\S+) x 30: <=(\S+)\) +│ +- │ +(\S+) │", table)
     assert early is not None, table
     rounding, bound, difference = map(float, early.groups())
     assert 1e-9 < rounding < 1e-5 and bound == pytest.approx(30 * max(rounding, 2**-24), rel=0.1)
@@ -93,7 +93,7 @@ def test_a_users_model_drifts_from_rounding_and_is_equivalent_within_the_seed_sp
         ("torch-seed1", "seed", 1),
         ("torch-seed2", "seed", 2),
         ("torch-seed3", "seed", 3),
-        ("torch-fp64", "rounding", 0),
+        ("torch-probe", "rounding", 0),
     ]
     difference = build_figure([compared.folder]).axes[3]  # the seed runs are not differenced
     assert [line.get_label() for line in difference.get_lines()] == ["cmp/tf", "tolerance 0.0001"]
@@ -109,11 +109,11 @@ def test_the_finished_runs_are_judged_again_to_the_same_verdict_without_training
     again = run_cli("compare", str(compared.folder))
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip().splitlines()[-1] == compared.verdict
-    listed = ["torch", "tf", "torch-seed1", "torch-seed2", "torch-seed3", "torch-fp64"]
+    listed = ["torch", "tf", "torch-seed1", "torch-seed2", "torch-seed3", "torch-probe"]
     by_folders = run_cli("compare", *(str(compared.folder / folder) for folder in listed))
     assert by_folders.stdout.strip().splitlines()[-1] == compared.verdict
     without_seeds = run_cli(
-        "compare", *(str(compared.folder / folder) for folder in ("torch", "tf", "torch-fp64"))
+        "compare", *(str(compared.folder / folder) for folder in ("torch", "tf", "torch-probe"))
     )
     assert without_seeds.returncode == 0, without_seeds.stderr
     horizon = HORIZON.search(compared.verdict)
@@ -142,8 +142,8 @@ def test_a_learning_rate_10_percent_high_is_different(keras_convnet: Compared, t
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.fullmatch(
         r"verdict: DIFFERENT \(likely a bug\): torch_lr_high's step-2 loss differs from torch's by "
-        r"\d\.\de-0[23] \(relative\), over 30x torch's own rounding \(\d\.\de-\d\d: its fp32 loss "
-        r"against fp64\) so soon after the start",
+        r"\d\.\de-0[23] \(relative\), over 30x torch's own rounding \(\d\.\de-\d\d: its steps 1-2 "
+        r"at x1 against x2\) so soon after the start",
         result.stdout.strip().splitlines()[-1],
     )
     assert re.search(r"│ verdict +│ +- │ +EQUIVALENT │ +DIFFERENT │", result.stdout)  # tf, the bug

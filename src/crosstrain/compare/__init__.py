@@ -40,11 +40,10 @@ from crosstrain.compare.folders import (
 from crosstrain.compare.launch import CompareLaunch, compare_plan, plan_runs, run_backends
 from crosstrain.compare.report import print_comparison
 from crosstrain.compare.spread import MetricSpread, seed_spreads
-from crosstrain.compare.verdict import EARLY_CHECKS, ROUNDING_FACTOR, Kind, Verdict, judge
+from crosstrain.compare.verdict import ROUNDING_FACTOR, Kind, Verdict, judge
 
 __all__ = [
     "COMPARE_FILE",
-    "EARLY_CHECKS",
     "ROUNDING_FACTOR",
     "BackendRun",
     "CompareLaunch",

@@ -38,7 +38,7 @@ class ComparedRuns:
     reference: BackendRun
     candidates: tuple[BackendRun, ...]
     seed_runs: tuple[BackendRun, ...] = ()
-    #: the reference's first steps again in a finer precision: its own rounding
+    #: the reference's first steps again at another world size: its own rounding
     rounding: BackendRun | None = None
 
 
@@ -137,8 +137,8 @@ def comparisons_of(runs: ComparedRuns, tolerance: float) -> list[Comparison]:
 
 def rounding_floor(reference: BackendRun, probe: BackendRun) -> float:
     """The reference's own rounding: the largest relative difference of its first
-    :data:`EARLY_STEPS` losses from the probe's (the same steps in a finer precision)."""
+    :data:`EARLY_STEPS` losses from the probe's (the same steps at another world size)."""
     steps = min(EARLY_STEPS, len(reference.losses), len(probe.losses))
     if steps == 0:
         return 0.0
-    return float(step_relative_differences(probe.losses[:steps], reference.losses[:steps]).max())
+    return float(step_relative_differences(reference.losses[:steps], probe.losses[:steps]).max())

@@ -22,7 +22,7 @@ from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 COMPARE_FILE = "compare.json"
 
-#: ``rounding``: the reference's first steps again in a finer precision (the rounding probe)
+#: ``rounding``: the reference's first steps again at another world size (the rounding probe)
 Role = Literal["reference", "candidate", "seed", "rounding"]
 ROLES: tuple[Role, ...] = ("reference", "candidate", "seed", "rounding")
 
@@ -174,16 +174,27 @@ def _comparable(plan: Plan) -> dict[str, Any]:
     return raw
 
 
-def _role(reference: Plan, plan: Plan, folder: Path, reference_folder: Path) -> Role:
+def _is_probe(reference: BackendRun, reference_plan: Plan, run: BackendRun, plan: Plan) -> bool:
+    """Whether ``run`` is the reference's rounding probe: its plan's first steps at
+    another world size."""
+    probe = rounding_probe_plan(reference_plan)
+    return (
+        probe is not None
+        and plan.seed == reference_plan.seed
+        and _comparable(probe) == _comparable(plan)
+        and run.summary.get("world_size") != reference.summary.get("world_size")
+    )
+
+
+def _role(reference: tuple[Path, Plan, BackendRun], folder: Path, plan: Plan, run: BackendRun) -> Role:
     """A run of the reference's plan is a candidate, one whose plan differs only in its
-    seed a seed run, one that is the reference's rounding probe the probe; any other is
-    refused naming the first field its plan differs in."""
-    expected = _comparable(reference)
-    difference = plan_difference(expected, _comparable(plan))
+    seed a seed run, the reference's rounding probe the probe; any other is refused
+    naming the first field its plan differs in."""
+    reference_folder, reference_plan, reference_run = reference
+    difference = plan_difference(_comparable(reference_plan), _comparable(plan))
     if difference is None:
-        return "candidate" if plan.seed == reference.seed else "seed"
-    probe = rounding_probe_plan(reference)
-    if probe is not None and plan.seed == reference.seed and _comparable(probe) == _comparable(plan):
+        return "candidate" if plan.seed == reference_plan.seed else "seed"
+    if _is_probe(reference_run, reference_plan, run, plan):
         return "rounding"
     field, wanted, found = difference
     raise InputError(
@@ -202,10 +213,11 @@ def load_run_folders(paths: Sequence[Path]) -> ComparedRuns:
         given = ", ".join(map(str, paths))
         raise InputError(f"compare needs at least two runs; {given} hold {len(folders)}")
     plans = [read_run_plan(folder) for folder in folders]
+    runs = [read_backend_run(folder) for folder in folders]
+    reference = (folders[0], plans[0], runs[0])
     roles: list[Role] = ["reference"]
-    roles += [
-        _role(plans[0], plan, folder, folders[0]) for folder, plan in zip(folders[1:], plans[1:], strict=True)
-    ]
+    for folder, plan, run in zip(folders[1:], plans[1:], runs[1:], strict=True):
+        roles.append(_role(reference, folder, plan, run))
     if "candidate" not in roles:
         raise InputError(
             f"compare needs a run of {folders[0]}'s plan and seed besides it; the others are seed "
@@ -213,7 +225,6 @@ def load_run_folders(paths: Sequence[Path]) -> ComparedRuns:
         )
     if roles.count("rounding") > 1:
         raise InputError(f"compare takes one rounding probe of {folders[0]}; {roles.count('rounding')} given")
-    runs = [read_backend_run(folder) for folder in folders]
     labels = _labels(runs, folders, roles)
     listed = [
         ListedRun(run.backend, str(folder), role, run.seed)

@@ -14,11 +14,12 @@ import attrs
 from crosstrain.api import LaunchOptions, default_out_dir, make_job, run_job
 from crosstrain.compare.difference import BackendRun, ComparedRuns
 from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs, write_compare_file
-from crosstrain.compare.verdict import probe_precision, rounding_probe_plan
+from crosstrain.compare.verdict import is_probed, probe_world, rounding_probe_plan
 from crosstrain.core.admission import admit
+from crosstrain.core.cluster import Cluster
 from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import DeviceChoice, PluginSelection
+from crosstrain.core.strategy import DeviceChoice, Job, PluginSelection
 from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
 from crosstrain.plugins.metrics import METRICS_FILE
@@ -38,11 +39,11 @@ class CompareLaunch:
     timeout_seconds: float = 300.0
 
 
-def plan_runs(backends: Sequence[str], seed: int, seeds: int, probe: str | None = None) -> list[ListedRun]:
+def plan_runs(backends: Sequence[str], seed: int, seeds: int, probe: bool = False) -> list[ListedRun]:
     """The runs of a compare: each backend (the first the reference) into a folder of its
     name (name-index where one backend runs twice: a determinism check must not share, and
-    append to, one folder), then the reference backend at seeds seed+1..seed+K, then, where
-    ``probe`` names a precision, the reference's rounding probe in it."""
+    append to, one folder), then the reference backend at seeds seed+1..seed+K, then, with
+    ``probe``, the reference's rounding probe."""
     if len(backends) < 2:
         raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
     if seeds < 0:
@@ -58,16 +59,28 @@ def plan_runs(backends: Sequence[str], seed: int, seeds: int, probe: str | None 
     ]
     for offset in range(1, seeds + 1):
         listed.append(ListedRun(backends[0], f"{backends[0]}-seed{seed + offset}", "seed", seed + offset))
-    if probe is not None:
-        listed.append(ListedRun(backends[0], f"{backends[0]}-{probe}", "rounding", seed))
+    if probe:
+        listed.append(ListedRun(backends[0], f"{backends[0]}-probe", "rounding", seed))
     return listed
 
 
-def _run_plan(plan: Plan, run: ListedRun) -> Plan:
-    """The plan a listed run trains: the compared plan at the run's seed, or its probe."""
-    if run.role == "rounding":
-        return cast(Plan, rounding_probe_plan(plan))
-    return attrs.evolve(plan, seed=run.seed)
+def _options(run: ListedRun, launch: CompareLaunch, out_root: Path) -> LaunchOptions:
+    return LaunchOptions(
+        backend=run.backend,
+        replicas=launch.replicas,
+        workers=launch.workers,
+        device=launch.device,
+        out=out_root / run.folder,
+        plugins=launch.plugins,
+        timeout_seconds=launch.timeout_seconds,
+    )
+
+
+def _probe_job(plan: Plan, options: LaunchOptions, reference: Job, cluster: Cluster) -> Job:
+    """The rounding probe: the reference's first steps at another world size (its own
+    layout of processes for that world)."""
+    world = attrs.evolve(options, replicas=probe_world(reference.replicas), workers=None)
+    return make_job(cast(Plan, rounding_probe_plan(plan)), world, cluster)
 
 
 def run_backends(
@@ -79,36 +92,37 @@ def run_backends(
     seeds: int = 0,
     tolerance: float = 1e-4,
 ) -> ComparedRuns:
-    """Run the plan once per backend, each into ``out_root/FOLDER``, and ``seeds`` more
-    times on the reference backend; every run is admitted before the first starts."""
+    """Run the plan once per backend, each into ``out_root/FOLDER``, ``seeds`` more times
+    on the reference backend, and its rounding probe; every run is admitted before the
+    first starts, and the probe (two steps) runs first."""
     if METRICS_PLUGIN in launch.plugins.disabled:
         raise InputError(
             f"compare reads each run's per-step losses from {METRICS_FILE}, which the "
             f"{METRICS_PLUGIN!r} plugin writes: drop -p no:{METRICS_PLUGIN}"
         )
-    listed = plan_runs(backends, plan.seed, seeds, probe_precision(plan.train.precision))
     cluster = detect_environment()
-    jobs = []
+    # under torchrun or SLURM the outside launcher's processes make the world: no other
+    probe = is_probed(plan.train.precision) and cluster.starts_processes
+    listed = plan_runs(backends, plan.seed, seeds, probe)
+    jobs: list[Job] = []
     for run in listed:
-        options = LaunchOptions(
-            backend=run.backend,
-            replicas=launch.replicas,
-            workers=launch.workers,
-            device=launch.device,
-            out=out_root / run.folder,
-            plugins=launch.plugins,
-            timeout_seconds=launch.timeout_seconds,
-        )
-        job = make_job(_run_plan(plan, run), options, cluster)
+        options = _options(run, launch, out_root)
+        if run.role == "rounding":
+            job = _probe_job(plan, options, jobs[0], cluster)
+        else:
+            job = make_job(attrs.evolve(plan, seed=run.seed), options, cluster)
         admit(job, get_backend(manager, run.backend)(), cluster)
         jobs.append(job)
     write_compare_file(out_root, plan.name, listed, tolerance)
-    finished = []
-    for run, job in zip(listed, jobs, strict=True):
-        summary = run_job(job, manager)
-        finished.append(
-            BackendRun(run.backend, summary, read_step_losses(Path(job.out_dir)), run.seed, run.folder)
+    summaries = {}
+    for index in sorted(range(len(listed)), key=lambda index: listed[index].role != "rounding"):
+        summaries[index] = run_job(jobs[index], manager)
+    finished = [
+        BackendRun(
+            run.backend, summaries[index], read_step_losses(Path(jobs[index].out_dir)), run.seed, run.folder
         )
+        for index, run in enumerate(listed)
+    ]
     return sorted_runs(listed, finished)
 
 

@@ -40,9 +40,8 @@ def _bound_text(rounding: Rounding) -> str:
     """What steps 1-2 are judged by: the bound, and the reference's rounding it comes from."""
     if rounding.bound is None:
         return " (not judged)" if rounding.unprobed else ""
-    if rounding.measured is None:
-        return f" (rounding: <={rounding.bound:g})"
-    return f" (rounding {rounding.measured:.1e} x {ROUNDING_FACTOR:g}: <={rounding.bound:.1e})"
+    ours, probe = rounding.worlds
+    return f" (x{ours} vs x{probe} {rounding.measured:.1e} x {ROUNDING_FACTOR:g}: <={rounding.bound:.1e})"
 
 
 def print_comparison(

@@ -13,9 +13,10 @@
 
 How much rounding shows in the first steps depends on the model (after one Adam step, a
 parameter whose gradient is rounding-sized moves by a whole learning rate either way), so
-the early bound is measured on the model at hand: in fp32 ``compare`` runs the reference's
-first steps again in fp64 (the *rounding probe*); the reference's own rounding is its fp32
-loss against that, and a candidate is DIFFERENT only beyond :data:`ROUNDING_FACTOR` times it.
+the early bound is measured on the model at hand: ``compare`` runs the reference's first
+steps again at another world size (the *rounding probe*: the same arithmetic, every
+reduction in another order); the reference's own rounding is its loss against the
+probe's, and a candidate is DIFFERENT only beyond :data:`ROUNDING_FACTOR` times it.
 """
 
 from __future__ import annotations
@@ -25,42 +26,27 @@ from typing import Literal, cast
 
 import attrs
 
-from crosstrain.compare.difference import EARLY_STEPS, ComparedRuns, Comparison, rounding_floor
+from crosstrain.compare.difference import EARLY_STEPS, BackendRun, ComparedRuns, Comparison, rounding_floor
 from crosstrain.compare.spread import SEED_CONFIDENCE, MetricSpread, metric_value, seeds_text
 from crosstrain.core.errors import CrosstrainError
-from crosstrain.core.plan import Plan, Precision
+from crosstrain.core.plan import Plan
 
 Kind = Literal["AGREE", "EQUIVALENT", "DRIFTED", "DIFFERENT"]
 
 
-@attrs.frozen
-class EarlyCheck:
-    """How the first steps are judged in one ``train.precision``: against the reference's
-    own rounding, measured by a probe in a finer precision; against a fixed bound where no
-    finer precision exists; or not at all where rounding is as large as a bug's effect."""
-
-    probe_precision: Precision | None = None
-    fixed_bound: float | None = None
-
-
-#: by ``train.precision``. fp64 has no finer precision to probe in; its rounding is 5e8x
-#: finer than fp32's, and runs agree to 1e-15 (docs/running.md). bf16 (4e-4 to 7e-4 in
-#: steps 1-2) and fp16 (unit roundoff 5e-4) round as much as a 10 % learning-rate bug
-#: shows: the seed spread alone judges them.
-EARLY_CHECKS: dict[str, EarlyCheck] = {
-    "fp32": EarlyCheck(probe_precision="fp64"),
-    "fp64": EarlyCheck(fixed_bound=1e-10),
-    "bf16": EarlyCheck(),
-    "fp16": EarlyCheck(),
-}
+#: the precisions whose first steps are judged against the reference's own rounding, and
+#: the smallest rounding counted in each: its unit roundoff (a probe may happen to round
+#: to almost nothing in its first steps). bf16 (4e-4 to 7e-4 in steps 1-2) and fp16 (unit
+#: roundoff 5e-4) round as much as a 10 % learning-rate bug shows: no early check, the
+#: seed spread alone judges them.
+UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "fp64": 2.0**-53}
+#: every precision compare knows: with an early check (above) or without
+KNOWN_PRECISIONS = ("fp32", "fp64", "bf16", "fp16")
 #: how far beyond the reference's own rounding a candidate's steps 1-2 may differ; a
 #: correct candidate rounds differently, not more, so its difference stays within a few
 #: times the probe's. The choice, and the rates it gives, are measured in
 #: benchmarks/compare_rounding.py (docs/running.md#how-different-is-decided).
 ROUNDING_FACTOR = 30.0
-#: the smallest rounding floor counted: fp32's unit roundoff, as a probe may happen to
-#: round to almost nothing in its first steps
-UNIT_ROUNDOFF = {"fp32": 2.0**-24}
 
 
 @attrs.frozen
@@ -75,60 +61,68 @@ class Verdict:
         return 1 if self.kind == "DIFFERENT" else 0
 
 
-def early_check(precision: str) -> EarlyCheck:
-    if precision not in EARLY_CHECKS:
+def is_probed(precision: str) -> bool:
+    """Whether the first steps of a ``precision`` run are judged (by a rounding probe)."""
+    if precision not in KNOWN_PRECISIONS:
         raise CrosstrainError(
-            f"train.precision {precision!r}: compare knows no early check for it "
-            f"(known: {', '.join(EARLY_CHECKS)})"
+            f"train.precision {precision!r}: compare knows no rounding for it "
+            f"(known: {', '.join(KNOWN_PRECISIONS)})"
         )
-    return EARLY_CHECKS[precision]
-
-
-def probe_precision(precision: str) -> Precision | None:
-    """The precision the rounding probe of a ``precision`` run trains in; None: no probe."""
-    return early_check(precision).probe_precision
+    return precision in UNIT_ROUNDOFF
 
 
 def early_bound(precision: str, rounding: float | None) -> float | None:
     """The largest steps 1-2 difference rounding explains, given the reference's own
     rounding (the probe's measure; None where no probe ran); None: no early check."""
-    check = early_check(precision)
-    if check.probe_precision is None:
-        return check.fixed_bound
-    if rounding is None:
+    if not is_probed(precision) or rounding is None:
         return None
     return ROUNDING_FACTOR * max(rounding, UNIT_ROUNDOFF[precision])
 
 
+def probe_world(replicas: int) -> int:
+    """The world the rounding probe runs at: another than the reference's, so that every
+    reduction (the gradients' all-reduce, the loss's and batch norm's sums) adds its terms
+    in another order, while the arithmetic stays the same."""
+    return 2 if replicas == 1 else 1
+
+
 def rounding_probe_plan(plan: Plan) -> Plan | None:
-    """The plan of the reference's rounding probe: its first :data:`EARLY_STEPS` steps in
-    the probe's precision; None where its precision has no probe."""
-    precision = probe_precision(plan.train.precision)
-    if precision is None:
+    """The plan of the reference's rounding probe: its first :data:`EARLY_STEPS` steps;
+    None where its precision has no early check."""
+    if not is_probed(plan.train.precision):
         return None
     steps = min(plan.train.max_steps or EARLY_STEPS, EARLY_STEPS)
-    return attrs.evolve(plan, train=attrs.evolve(plan.train, precision=precision, max_steps=steps))
+    return attrs.evolve(plan, train=attrs.evolve(plan.train, max_steps=steps))
 
 
 @attrs.frozen
 class Rounding:
-    """What the first steps of a comparison are judged by: the reference's own rounding
-    (None where no probe ran) and the bound it gives (None: no early check)."""
+    """What the first steps of a comparison are judged by: the reference's own rounding,
+    the largest relative difference of its steps 1-2 from its probe's (None where no probe
+    ran), the bound it gives (None: no early check) and the worlds it came from."""
 
     precision: str
     measured: float | None
     bound: float | None
+    worlds: tuple[int, int] = (1, 2)
 
     @property
     def unprobed(self) -> bool:
         """An early check was due, but no rounding probe is among the runs."""
-        return self.bound is None and probe_precision(self.precision) is not None
+        return self.bound is None and is_probed(self.precision)
+
+
+def _world(run: BackendRun) -> int:
+    return int(run.summary.get("world_size", 1))
 
 
 def rounding_of(runs: ComparedRuns) -> Rounding:
     precision = str(runs.reference.summary.get("precision", "fp32"))
-    measured = None if runs.rounding is None else rounding_floor(runs.reference, runs.rounding)
-    return Rounding(precision, measured, early_bound(precision, measured))
+    if runs.rounding is None:
+        return Rounding(precision, None, early_bound(precision, None))
+    measured = rounding_floor(runs.reference, runs.rounding)
+    worlds = (_world(runs.reference), _world(runs.rounding))
+    return Rounding(precision, measured, early_bound(precision, measured), worlds)
 
 
 def _early_reason(comparison: Comparison, rounding: Rounding) -> str | None:
@@ -136,13 +130,11 @@ def _early_reason(comparison: Comparison, rounding: Rounding) -> str | None:
     if rounding.bound is None or difference <= rounding.bound:
         return None
     reference = comparison.reference.name
-    if rounding.measured is None:
-        beyond = f"beyond rounding ({rounding.bound:g} in {rounding.precision})"
-    else:
-        beyond = (
-            f"over {ROUNDING_FACTOR:g}x {reference}'s own rounding ({rounding.measured:.1e}: its "
-            f"{rounding.precision} loss against {probe_precision(rounding.precision)})"
-        )
+    ours, probe = rounding.worlds
+    beyond = (
+        f"over {ROUNDING_FACTOR:g}x {reference}'s own rounding ({rounding.measured:.1e}: its "
+        f"steps 1-{EARLY_STEPS} at x{ours} against x{probe})"
+    )
     return (
         f"{comparison.candidate.name}'s step-{step} loss differs from {reference}'s "
         f"by {difference:.1e} (relative), {beyond} so soon after the start"
@@ -223,8 +215,8 @@ def _unprobed_text(rounding: Rounding) -> str:
     if not rounding.unprobed:
         return ""
     return (
-        f"; steps 1-{EARLY_STEPS} not judged: no {probe_precision(rounding.precision)} rounding "
-        f"probe among the runs (crosstrain compare PLAN runs one)"
+        f"; steps 1-{EARLY_STEPS} not judged: no rounding probe among the runs "
+        f"(crosstrain compare PLAN runs one)"
     )
 
 
