@@ -283,7 +283,7 @@ def test_a_bare_resume_continues_on_the_run_s_own_layout_and_a_flag_overrides_it
     resumed = run("--out", str(tmp_path / "run"), "--resume", "--set", "train.max_steps=60")
     assert (
         _header(resumed.stdout)
-        == "tiny_mlp: 60 steps (max_steps; 1.3 epochs) on momentum x2, resumed at step 30 as run"
+        == "tiny_mlp (seed 3): 60 steps (max_steps; 1.3 epochs) on momentum x2, resumed at step 30 as run"
     )
     assert summary_of(tmp_path / "run")["world_size"] == 2
     assert list(step_losses(tmp_path / "run")) == list(step_losses(tmp_path / "whole"))

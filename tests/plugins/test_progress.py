@@ -170,7 +170,7 @@ def drive(reporter: ProgressReporter, context: RunContext) -> None:
 def test_plain_lines_come_every_tenth_of_the_run(capsys: pytest.CaptureFixture[str]) -> None:
     drive(ProgressReporter(), digits_context())
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "digits_mlp: 46 steps (2 epochs) on torch x2"
+    assert lines[0] == "digits_mlp (seed 0): 46 steps (2 epochs) on torch x2"
     steps = [int(match.group(1)) for line in lines if (match := STEP_LINE.match(line))]
     assert steps == [5, 10, 15, 20, 25, 30, 35, 40, 45, 46]
     assert epoch_lines(lines) == [
@@ -202,7 +202,7 @@ def test_epoch_count_follows_max_steps(tmp_path: Path, cli_in_process: InProcess
     )
     assert result.returncode == 0, result.stderr
     # 23 steps an epoch at batch 64: max_steps ends the run in the second of the plan's 20 epochs
-    assert result.stdout.startswith("digits_mlp: 30 steps (max_steps; 1.3 epochs) on momentum x1\n")
+    assert result.stdout.startswith("digits_mlp (seed 0): 30 steps (max_steps; 1.3 epochs) on momentum x1\n")
     assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("epoch ")] == [
         "1/2",
         "2/2",

@@ -109,7 +109,7 @@ def test_a_flag_overrides_one_part_of_the_run_s_layout_and_the_header_says_so(
     result = run_cli("run", "--out", str(run), "--resume", "--nproc", "2", "--set", "train.max_steps=40")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[0] == (
-        "dropout_mlp: 40 steps (max_steps; 0.9 epochs) on torch x2, resumed at step 30 (was torch x1)"
+        "dropout_mlp (seed 3): 40 steps (max_steps; 0.9 epochs) on torch x2, resumed at step 30 (was torch x1)"
     )
     assert (summary(run)["backend"], summary(run)["world_size"], summary(run)["steps"]) == ("torch", 2, 40)
     assert read_launch_record(run) == Layout("torch", 2, device="cpu")

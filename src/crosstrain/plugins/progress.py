@@ -42,9 +42,13 @@ def format_epoch_line(context: RunContext, epoch: int, metrics: Mapping[str, flo
 
 
 def format_header(context: RunContext) -> str:
-    """The run's first line: its length and what ends it, its layout, and how a resumed
-    run continues (``digits_mlp: 46 steps (2 epochs) on torch x2``)."""
-    line = f"{context.plan.name}: {context.length.describe()} on {context.backend} x{context.world.replicas}"
+    """The run's first line: its seed (compare's seed runs tell apart by it), its length and
+    what ends it, its layout, and how a resumed run continues
+    (``digits_mlp (seed 0): 46 steps (2 epochs) on torch x2``)."""
+    plan, world = context.plan, context.world
+    line = (
+        f"{plan.name} (seed {plan.seed}): {context.length.describe()} on {context.backend} x{world.replicas}"
+    )
     resumed = context.resumed()
     return f"{line}, {resumed}" if resumed else line
 
