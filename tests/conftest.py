@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
-from crosstrain.testing.launches import RunCache, SharesRuns, session_runs
+from crosstrain.testing.launches import RunCache, session_runs
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -33,30 +33,16 @@ collect_ignore = [
 ]
 
 
-#: the backend whose session runs (crosstrain.testing.launches.RunCache) a folder's tests read
-FOLDER_RUNS = {"torch": "torch", "tf": "tf", "cross": "tf"}
-#: the fixtures through which a test reads the session's runs
-RUN_FIXTURES = {"runs", "world_runs"}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/torch, tests/tf and tests/cross carries its folder's marker, so
     that a module which forgets its ``pytestmark`` still runs in its env, and only there.
-    Tests that read the session's runs of one backend share a pytest-xdist group: under
-    ``-n 2 --dist loadgroup`` (tox) they run in one worker, which makes each run once."""
+    (The session's runs are made once whichever pytest-xdist worker asks first:
+    :class:`crosstrain.testing.launches.RunCache`; so a test may run in any worker.)"""
     tests = Path(__file__).parent
     for item in items:
         folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
         if folder in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[folder])
-        if not RUN_FIXTURES & set(getattr(item, "fixturenames", ())):
-            continue  # a test that makes its own runs goes to whichever worker is free
-        if isinstance(item.cls, type) and issubclass(item.cls, SharesRuns):
-            backend = getattr(item.cls, "backend", None)
-        else:
-            backend = FOLDER_RUNS.get(folder)
-        if backend is not None:
-            item.add_marker(pytest.mark.xdist_group(f"runs-{backend}"))
 
 
 MLP_PLAN = """

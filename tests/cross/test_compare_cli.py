@@ -5,24 +5,24 @@ with its default epsilon) drift apart on torch and tf after some dozens of steps
 rounding alone: `compare --seeds 3` must call them EQUIVALENT (horizon and spread printed),
 and judge its folder again, without training, to the same verdict. A planted bug (torch
 with a learning rate 10 % high) must be DIFFERENT, exit 1. Each compare runs once per
-module (one xdist group: one worker makes them); the bug is one run, judged with the
-convnet's reference and seed runs.
+session, by whichever worker asks first; the bug is one run, judged with the convnet's
+reference and seed runs.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import attrs
 import pytest
 
 from crosstrain.plot import build_figure
+from crosstrain.testing.launches import made_once, shared_folder
 from tests.conftest import run_cli
 
-pytestmark = [pytest.mark.cross, pytest.mark.xdist_group("compare-cli")]
+pytestmark = pytest.mark.cross
 
 PLANS = Path(__file__).parent / "plans"
 QUIET = ("-p", "no:progress")
@@ -33,21 +33,29 @@ HORIZON = re.compile(r"every step within 0\.0001 up to step (\d+) \(tf leaves 0\
 class Compared:
     plan: Path
     folder: Path
-    result: subprocess.CompletedProcess[str]
+    #: what ``crosstrain compare`` printed
+    stdout: str
 
     @property
     def verdict(self) -> str:
-        return self.result.stdout.strip().splitlines()[-1]
+        return self.stdout.strip().splitlines()[-1]
 
 
 def _compare_with_seeds(name: str, tmp_path_factory: pytest.TempPathFactory) -> Compared:
-    plan, out = PLANS / f"{name}.toml", tmp_path_factory.mktemp(name) / "cmp"
-    result = run_cli(
-        *QUIET, "compare", str(plan), "--backends", "torch,tf", "--seeds", "3", "--device", "cpu",
-        "--out", str(out), timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    return Compared(plan, out, result)
+    """The compare of ``name`` with three seed runs, made once per session by whichever
+    pytest-xdist worker asks first."""
+    plan = PLANS / f"{name}.toml"
+
+    def make(folder: Path) -> None:
+        result = run_cli(
+            *QUIET, "compare", str(plan), "--backends", "torch,tf", "--seeds", "3", "--device", "cpu",
+            "--out", str(folder / "cmp"), timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        (folder / "stdout.txt").write_text(result.stdout)
+
+    made = made_once(shared_folder(tmp_path_factory) / f"compare-{name}", make)
+    return Compared(plan, made / "cmp", (made / "stdout.txt").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +87,7 @@ def test_a_users_model_drifts_from_rounding_and_is_equivalent_within_the_seed_sp
             rf"[\d.]+\.\.[\d.]+ \([\d.]+\), another seed lands in -?[\d.]+\.\.[\d.]+ \(99%\)",
             compared.verdict,
         ), compared.verdict
-    table = compared.result.stdout
+    table = compared.stdout
     assert re.search(rf"agreement horizon \(0\.0001\) +│ +- │ +step {horizon} of 135 │", table)
     early = re.search(r"steps 1-2 rel\. diff \(x1 vs x2 (\S+) x 30: <=(\S+)\) +│ +- │ +(\S+) │", table)
     assert early is not None, table

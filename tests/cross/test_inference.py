@@ -22,6 +22,7 @@ from crosstrain.core.planfile import load_plan
 from crosstrain.core.runfolder import read_run_plan
 from crosstrain.core.scaling import ScaledRows
 from crosstrain.inference import evaluate_run, export_run, predict_run, read_rows
+from crosstrain.testing.launches import made_once, shared_folder
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN
 from tests.conftest import run_cli
 from tests.support import summary
@@ -41,22 +42,23 @@ KERAS_STYLE_MLP = DROPOUT_MLP_PLAN.replace(
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The dropout MLP on the digits, its inputs normalised, a few steps on torch, with
-    periodic checkpoints."""
-    folder = tmp_path_factory.mktemp("inference")
-    plan = folder / "mlp.toml"
-    assert 'activation = "relu"' in KERAS_STYLE_MLP
-    plan.write_text(KERAS_STYLE_MLP)
-    run = folder / "run"
-    result = run_cli(
-        "-p", "no:progress", "run", str(plan), "--device", "cpu", "--out", str(run),
-        "--set", f"train.max_steps={STEPS}", "--set", "output.checkpoint_every_steps=3",
-        "--set", "data.mean=0.3", "--set", "data.std=0.4",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    from sklearn.datasets import load_digits
+    periodic checkpoints; made once per session, by whichever pytest-xdist worker asks first."""
 
-    np.save(folder / "rows.npy", load_digits().data[:40])  # float64 [40, 64], as trained on
-    return run
+    def make(folder: Path) -> None:
+        plan = folder / "mlp.toml"
+        assert 'activation = "relu"' in KERAS_STYLE_MLP
+        plan.write_text(KERAS_STYLE_MLP)
+        result = run_cli(
+            "-p", "no:progress", "run", str(plan), "--device", "cpu", "--out", str(folder / "run"),
+            "--set", f"train.max_steps={STEPS}", "--set", "output.checkpoint_every_steps=3",
+            "--set", "data.mean=0.3", "--set", "data.std=0.4",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        from sklearn.datasets import load_digits
+
+        np.save(folder / "rows.npy", load_digits().data[:40])  # float64 [40, 64], as trained on
+
+    return made_once(shared_folder(tmp_path_factory) / "inference", make) / "run"
 
 
 def _evaluate(run: Path, *args: str) -> dict[str, float]:

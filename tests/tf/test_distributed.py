@@ -21,7 +21,7 @@ import pytest
 import crosstrain
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
-from crosstrain.testing.launches import RunCache
+from crosstrain.testing.launches import RunCache, made_once, shared_folder
 from tests.conftest import MLP_PLAN, REPO, json_from_fresh_process, worker_env
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
@@ -47,12 +47,17 @@ def _odd_npz_plan(directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def replica_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """tests/tf/workers.py run once in a fresh process; what it measured."""
-    directory = tmp_path_factory.mktemp("replicas")
-    digits = directory / "digits.toml"
-    digits.write_text(MLP_PLAN)
-    npz_plan = str(_odd_npz_plan(directory))
-    return json_from_fresh_process("tests.tf.workers:main", str(digits), npz_plan, timeout=180)
+    """tests/tf/workers.py run once per session in a fresh process; what it measured."""
+
+    def make(directory: Path) -> None:
+        digits = directory / "digits.toml"
+        digits.write_text(MLP_PLAN)
+        npz_plan = str(_odd_npz_plan(directory))
+        measured = json_from_fresh_process("tests.tf.workers:main", str(digits), npz_plan, timeout=180)
+        (directory / "measured.json").write_text(json.dumps(measured))
+
+    folder = made_once(shared_folder(tmp_path_factory) / "replicas", make)
+    return dict(json.loads((folder / "measured.json").read_text()))
 
 
 def test_two_replicas_compute_their_own_rows(replica_checks: dict[str, Any]) -> None:

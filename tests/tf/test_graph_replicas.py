@@ -9,13 +9,15 @@ global row positions, so two replicas must train like one; so must a token model
 
 from __future__ import annotations
 
+import json
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from crosstrain.testing.launches import RunCache
+from crosstrain.testing.launches import RunCache, made_once, shared_folder
 from tests.conftest import json_from_fresh_process
 from tests.support import assert_same_eval, max_relative_difference, step_losses, summary
 
@@ -91,14 +93,20 @@ global_batch_size = 32
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    directory = tmp_path_factory.mktemp("graph-replicas")
-    tokens = directory / "tokens.npy"
-    np.save(tokens, np.random.default_rng(3).integers(0, 16, size=8 * 200 + 1).astype(np.int64))
-    plans = {"batchnorm.toml": BATCHNORM_PLAN, "tokens.toml": TOKEN_PLAN.replace("{tokens}", str(tokens))}
-    for name, text in plans.items():
-        (directory / name).write_text(textwrap.dedent(text))
-    paths = (str(directory / name) for name in plans)
-    return json_from_fresh_process("tests.tf.workers:graph_main", *paths, timeout=300)
+    """tests/tf/workers.py's graph checks run once per session in a fresh process."""
+
+    def make(directory: Path) -> None:
+        tokens = directory / "tokens.npy"
+        np.save(tokens, np.random.default_rng(3).integers(0, 16, size=8 * 200 + 1).astype(np.int64))
+        plans = {"batchnorm.toml": BATCHNORM_PLAN, "tokens.toml": TOKEN_PLAN.replace("{tokens}", str(tokens))}
+        for name, text in plans.items():
+            (directory / name).write_text(textwrap.dedent(text))
+        paths = (str(directory / name) for name in plans)
+        measured = json_from_fresh_process("tests.tf.workers:graph_main", *paths, timeout=300)
+        (directory / "measured.json").write_text(json.dumps(measured))
+
+    folder = made_once(shared_folder(tmp_path_factory) / "graph-replicas", make)
+    return dict(json.loads((folder / "measured.json").read_text()))
 
 
 def _assert_world_2_trains_like_world_1(run: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ import pytest
 from crosstrain.core.checkpoint import complete_checkpoints
 from crosstrain.core.runfolder import read_launch_record
 from crosstrain.core.strategy import Layout
-from crosstrain.testing.launches import run_cli, write_plan
+from crosstrain.testing.launches import made_once, run_cli, shared_folder, write_plan
 from crosstrain.testing.runs import step_losses, summary
 
 pytestmark = pytest.mark.torch
@@ -34,10 +34,14 @@ def _train(plan: Path, out: Path, steps: int) -> Path:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The 30-step run and the uninterrupted 60-step run."""
-    folder = tmp_path_factory.mktemp("continued")
-    plan = write_plan(folder, "dropout_mlp")
-    return _train(plan, folder / "thirty", 30), _train(plan, folder / "sixty", 60)
+    """The 30-step run and the uninterrupted 60-step run, made once per session."""
+
+    def make(folder: Path) -> None:
+        plan = write_plan(folder, "dropout_mlp")
+        _train(plan, folder / "thirty", 30), _train(plan, folder / "sixty", 60)
+
+    folder = made_once(shared_folder(tmp_path_factory) / "continued", make)
+    return folder / "thirty", folder / "sixty"
 
 
 def _continue(run: Path, *flags: str) -> tuple[int, list[str]]:
@@ -109,7 +113,8 @@ def test_a_flag_overrides_one_part_of_the_run_s_layout_and_the_header_says_so(
     result = run_cli("run", "--out", str(run), "--resume", "--nproc", "2", "--set", "train.max_steps=40")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[0] == (
-        "dropout_mlp (seed 3): 40 steps (max_steps; 0.9 epochs) on torch x2, resumed at step 30 (was torch x1)"
+        "dropout_mlp (seed 3): 40 steps (max_steps; 0.9 epochs) on torch x2, "
+        "resumed at step 30 (was torch x1)"
     )
     assert (summary(run)["backend"], summary(run)["world_size"], summary(run)["steps"]) == ("torch", 2, 40)
     assert read_launch_record(run) == Layout("torch", 2, device="cpu")

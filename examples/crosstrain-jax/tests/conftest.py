@@ -23,15 +23,6 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The conformance checks and the comparison with torch that read crosstrain's session
-    runs (the ``runs`` and ``world_runs`` fixtures) share a pytest-xdist group: under
-    ``-n 2 --dist loadgroup`` they run in one worker, which makes each run once."""
-    for item in items:
-        if {"runs", "world_runs"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("runs-jax"))
-
-
 @pytest.fixture
 def write_plan(tmp_path: Path) -> Callable[..., Path]:
     """Write a TOML plan (dedented) into tmp_path and return its path."""
@@ -62,5 +53,6 @@ def token_plan(write_plan: Callable[..., Path], tmp_path: Path) -> Path:
     noise = rng.integers(0, 32, size=pattern.size)
     tokens = np.where(rng.random(pattern.size) < 0.1, noise, pattern).astype(np.int32)
     np.save(tmp_path / "tokens.npy", tokens)
-    return write_plan(TOKEN_PLAN.replace("TOKEN_FILE", str(tmp_path / "tokens.npy")),
-                      name="tokens.toml")
+    return write_plan(
+        TOKEN_PLAN.replace("TOKEN_FILE", str(tmp_path / "tokens.npy")), name="tokens.toml"
+    )

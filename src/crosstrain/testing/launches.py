@@ -4,9 +4,14 @@ that every check comparing with a run reads the same one, made once per pytest s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -133,14 +138,52 @@ class RunKey:
     flags: tuple[str, ...] = ()
 
 
+def shared_folder(factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the session's base
+    temporary folder, above each worker's own); the session's own folder without xdist."""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "shared"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Held by one process of the session at a time (an advisory lock on ``lock``)."""
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def made_once(folder: Path, make: Callable[[Path], None]) -> Path:
+    """``folder``, made by ``make`` once per session, whichever worker asks first; a worker
+    asking while another makes it waits for it. A make that failed leaves nothing: the next
+    worker to ask makes it again (and fails alike, naming the cause in its own test)."""
+    with _exclusive(folder.with_name(folder.name + ".lock")):
+        done = folder / ".made"
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            make(folder)
+            done.touch()
+    return folder
+
+
 class RunCache:
-    """Every conformance run made once per pytest session, whichever test asks for it
-    first: the world-N runs that a backend's suite compares, torch's reference runs that
-    every backend agreeing with torch compares, the runs evaluate and predict read. A run's
-    folder is only read by the tests that share it."""
+    """Every conformance run made once per pytest session, whichever test of whichever
+    pytest-xdist worker asks for it first: the world-N runs that a backend's suite compares,
+    torch's reference runs that every backend agreeing with torch compares, the runs
+    evaluate and predict read. A run's folder is only read by the tests that share it, so
+    those tests may run in any worker."""
 
     def __init__(self, factory: pytest.TempPathFactory) -> None:
         self.factory = factory
+        self.root = shared_folder(factory) / "runs"
+        self.root.mkdir(exist_ok=True)
         self.runs: dict[RunKey, Path] = {}
 
     def __call__(
@@ -150,11 +193,15 @@ class RunCache:
         ``backend`` at ``nproc`` replicas with ``settings``, launched with ``flags``."""
         key = RunKey(backend, plan, nproc, settings, flags)
         if key not in self.runs:
-            directory = self.factory.mktemp(f"{plan}-{backend}-x{nproc}")
-            path = write_plan(directory, plan)
+            digest = hashlib.sha1(repr(key).encode()).hexdigest()[:10]
             given = (*PLAN_SETTINGS.get(plan, ()), *settings)
             arguments = [item for setting in given for item in ("--set", setting)]
-            self.runs[key] = train(backend, path, directory / "run", nproc, *arguments, *flags)
+
+            def make(directory: Path) -> None:
+                train(backend, write_plan(directory, plan), directory / "run", nproc, *arguments, *flags)
+
+            folder = made_once(self.root / f"{plan}-{backend}-x{nproc}-{digest}", make)
+            self.runs[key] = folder / "run"
         return self.runs[key]
 
 
