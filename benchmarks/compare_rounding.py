@@ -1,13 +1,14 @@
 """How `compare`'s early check separates rounding from a bug, measured over many seeds.
 
-For each plan and seed it trains the first ``EARLY_STEPS`` steps five ways: the reference
-(torch, one replica), the candidate (tf, one replica), two planted bugs (torch with every
-step's learning rate 10 % and 5 % high) — each in this process on the CPU, with the
-backends' own ``local`` strategies and crosstrain's loop — and the rounding probe `compare`
-runs (torch at two replicas, through the ``crosstrain`` CLI: real processes, the gradients
-all-reduced). It prints, per plan, the reference's own rounding the probe measures, how far
-above the bound it gives (``ROUNDING_FACTOR`` times it) the correct candidate and the bugs
-land, and how many runs the verdict's rule calls DIFFERENT:
+For each plan and seed it trains the first ``EARLY_STEPS`` steps of the reference (torch),
+the candidate (tf) and two planted bugs (torch with every step's learning rate 10 % and 5 %
+high), each in the plan's fp32 and again in fp64 (the fp64 probe `compare` runs beside each
+backend), in this process on one CPU replica (the backends' own ``local`` strategies and
+crosstrain's loop). Each pair is judged by the verdict's own rule
+(``crosstrain.compare.verdict.early_bound``): DIFFERENT where the fp64 steps 1-2 differ
+beyond ``FP64_FACTOR`` times the model's rounding scaled to fp64. It prints per plan how
+many correct runs and how many bugs that calls DIFFERENT, and how far below and above the
+bound they land:
 
     python benchmarks/compare_rounding.py --seeds 20 --json rates.json
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
-from crosstrain.compare.difference import EARLY_STEPS, step_relative_differences
+from crosstrain.compare.difference import EARLY_STEPS, BackendRun, compare_pair
 from crosstrain.compare.verdict import early_bound
 from crosstrain.core.planfile import load_plan
 
@@ -126,15 +126,15 @@ def _torch_with_lr_factor(factor: float) -> type:
     return PlantedBug
 
 
-def _strategies() -> dict[str, tuple[type, str]]:
+def _strategies() -> dict[str, Any]:
     from crosstrain.backends.tf.strategy import TfStrategy
     from crosstrain.backends.torch.strategy import TorchStrategy
 
     return {
-        "reference": (TorchStrategy, "fp32"),
-        "candidate": (TfStrategy, "fp32"),
-        "bug10": (_torch_with_lr_factor(1.10), "fp32"),
-        "bug5": (_torch_with_lr_factor(1.05), "fp32"),
+        "reference": TorchStrategy,
+        "candidate": TfStrategy,
+        "bug10": _torch_with_lr_factor(1.10),
+        "bug5": _torch_with_lr_factor(1.05),
     }
 
 
@@ -150,42 +150,32 @@ def early_losses(strategy: Any, plan_file: Path, seed: int, precision: str, out:
     return np.array(recorder.losses, dtype=np.float64)
 
 
-def probe_losses(plan_file: Path, seed: int, out: Path) -> np.ndarray:
-    """The rounding probe as `compare` runs it: two torch replicas, real processes."""
-    from crosstrain.compare.folders import read_step_losses
-
-    command = [
-        sys.executable, "-m", "crosstrain.cli", "-p", "no:progress", "run", str(plan_file),
-        "--backend", "torch", "--nproc", "2", "--device", "cpu", "--out", str(out),
-        "--set", f"seed={seed}", "--set", f"train.max_steps={EARLY_STEPS}",
-    ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    return read_step_losses(out)
-
-
-def _largest(reference: np.ndarray, other: np.ndarray) -> float:
-    return float(step_relative_differences(reference, other).max())
+def _probed_run(strategy: Any, plan_file: Path, seed: int, out: Path) -> BackendRun:
+    """The run's first steps in fp32, with its fp64 probe."""
+    losses = early_losses(strategy, plan_file, seed, "fp32", out / "fp32")
+    probe = early_losses(strategy, plan_file, seed, "fp64", out / "fp64")
+    return BackendRun("measured", {"precision": "fp32"}, losses, seed, probe=probe)
 
 
 def measure(plan_file: Path, seeds: Sequence[int], scratch: Path) -> list[dict[str, float]]:
     rows = []
     for seed in seeds:
-        losses = {
-            name: early_losses(
-                strategy, plan_file, seed, precision, scratch / f"{plan_file.stem}-{seed}-{name}"
-            )
-            for name, (strategy, precision) in _strategies().items()
+        runs = {
+            name: _probed_run(strategy, plan_file, seed, scratch / plan_file.stem / f"{seed}-{name}")
+            for name, strategy in _strategies().items()
         }
-        reference = losses["reference"]
-        floor = _largest(reference, probe_losses(plan_file, seed, scratch / plan_file.stem / f"{seed}-probe"))
-        bound = early_bound("fp32", floor)
-        row = {"seed": seed, "floor": floor, "bound": float(bound or 0.0)}
+        row: dict[str, float] = {"seed": seed}
         for name in ("candidate", "bug10", "bug5"):
-            row[name] = _largest(reference, losses[name])
+            comparison = compare_pair(runs["reference"], runs[name])
+            found = comparison.fp64_difference()
+            row[f"{name} fp32"] = comparison.early_difference()[1]
+            row[f"{name} fp64"] = found[1] if found else float("nan")
+            row[f"{name} bound"] = early_bound(comparison) or float("nan")
         rows.append(row)
         print(
-            f"  seed {seed:2d}: floor {floor:.1e}  bound {bound:.1e}  tf {row['candidate']:.1e}  "
-            f"lr+10% {row['bug10']:.1e}  lr+5% {row['bug5']:.1e}",
+            "  seed {seed:2.0f}: tf fp32 {candidate fp32:.1e} fp64 {candidate fp64:.1e} (bound "
+            "{candidate bound:.1e})  lr+10% fp64 {bug10 fp64:.1e}  lr+5% fp32 {bug5 fp32:.1e} "
+            "fp64 {bug5 fp64:.1e} (bound {bug5 bound:.1e})".format(**row),
             flush=True,
         )
     return rows
@@ -193,18 +183,21 @@ def measure(plan_file: Path, seeds: Sequence[int], scratch: Path) -> list[dict[s
 
 def summarise(name: str, rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     def called_different(key: str) -> int:
-        return sum(row[key] > row["bound"] for row in rows)
+        return sum(row[f"{key} fp64"] > row[f"{key} bound"] for row in rows)
 
-    ratios = {key: [row[key] / row["bound"] for row in rows] for key in ("candidate", "bug10", "bug5")}
+    def ratios(key: str) -> list[float]:
+        return [row[f"{key} fp64"] / row[f"{key} bound"] for row in rows]
+
     return {
         "plan": name,
         "seeds": len(rows),
-        "floor": [min(row["floor"] for row in rows), max(row["floor"] for row in rows)],
         "correct called DIFFERENT": called_different("candidate"),
         "lr +10% called DIFFERENT": called_different("bug10"),
         "lr +5% called DIFFERENT": called_different("bug5"),
-        "largest correct difference / bound": max(ratios["candidate"]),
-        "smallest lr +5% difference / bound": min(ratios["bug5"]),
+        "largest correct fp32 difference": max(row["candidate fp32"] for row in rows),
+        "smallest lr +5% fp32 difference": min(row["bug5 fp32"] for row in rows),
+        "largest correct fp64 difference / bound": max(ratios("candidate")),
+        "smallest lr +5% fp64 difference / bound": min(ratios("bug5")),
         "rows": list(rows),
     }
 

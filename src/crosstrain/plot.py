@@ -197,8 +197,8 @@ def build_figure(run_dirs: Sequence[str | Path]) -> Figure:
 
     if not run_dirs:
         raise RunDirError("crosstrain plot needs at least one run folder")
-    # a compare's rounding probe is two steps in fp64: nothing to draw beside the curves
-    roles = [(folder, role) for folder, role in run_roles(run_dirs) if role != "rounding"]
+    # a compare's fp64 probes are two steps each: nothing to draw beside the curves
+    roles = [(folder, role) for folder, role in run_roles(run_dirs) if role != "fp64"]
     folders = [folder for folder, _ in roles]
     runs = [read_run(folder) for folder in folders]
     labels = run_labels(run_dirs, folders)

@@ -15,7 +15,7 @@ import pytest
 from crosstrain.compare.difference import BackendRun, compare_pair
 from crosstrain.compare.folders import plan_difference, read_compare_file, read_step_losses
 from crosstrain.compare.spread import MetricSpread, seed_spreads
-from crosstrain.compare.verdict import ROUNDING_FACTOR, Rounding, Verdict, early_bound, judge
+from crosstrain.compare.verdict import FP64_FACTOR, Verdict, early_bound, judge
 from tests.conftest import EXAMPLES, InProcessCli, run_cli
 
 REFERENCE = 2.3 * np.exp(-np.arange(100) / 40)  # a falling loss curve of 100 steps
@@ -29,7 +29,13 @@ def _run(
     seed: int = 0,
 ) -> BackendRun:
     summary = {"eval": {"loss": eval_loss, "accuracy": accuracy, "count": 400.0}, "precision": "fp32"}
-    return BackendRun(backend, summary, np.asarray(losses, dtype=np.float64), seed)
+    losses = np.asarray(losses, dtype=np.float64)
+    return BackendRun(backend, summary, losses, seed, probe=CORRECT_FP64)
+
+
+#: a correct backend's first steps in fp64: the reference's exact losses, to fp64's rounding
+#: (each run's fp32 losses lie off them by its own rounding)
+CORRECT_FP64 = REFERENCE[:2] * (1 + 1e-15)
 
 
 def _drifting(horizon: int, start: float = 1e-7, per_decade: float = 2.0) -> np.ndarray:
@@ -48,21 +54,12 @@ def _seeds(eval_losses: list[float], accuracies: list[float]) -> list[BackendRun
     ]
 
 
-def _rounding(measured: float | None = 1e-7, precision: str = "fp32") -> Rounding:
-    """What the first steps are judged by, where the reference's own rounding (its probe)
-    measured ``measured`` (None: no probe ran)."""
-    return Rounding(precision, measured, early_bound(precision, measured))
-
-
-FP32 = _rounding()
-
-
 def _verdict(candidate: BackendRun, seed_runs: list[BackendRun]) -> Verdict:
     reference = _run(REFERENCE, backend="torch")
     comparison = compare_pair(reference, candidate, tolerance=1e-4)
     spreads = seed_spreads(reference, seed_runs)
     seeds = [reference.seed, *(run.seed for run in seed_runs)]
-    return judge([comparison], spreads, seeds, FP32, accuracy_tolerance=0.01)
+    return judge([comparison], spreads, seeds, accuracy_tolerance=0.01)
 
 
 # --------------------------------------------------------------------------- the horizon
@@ -147,60 +144,70 @@ def test_a_final_metric_outside_the_seed_spread_is_different() -> None:
 
 
 def test_a_difference_beyond_rounding_in_the_first_steps_is_different_even_within_the_spread() -> None:
-    """A learning rate 10 % off shows at step 2 at ~1e-3; the reference's own rounding
-    (its fp32 loss against its fp64 probe) at ~1e-7."""
+    """A learning rate 10 % off shows at step 2 at ~1e-3, in fp32 and in fp64 alike, where
+    two correct backends' fp64 losses agree to ~1e-15."""
     losses = _drifting(20)
     losses[1] = REFERENCE[1] * (1 + 1e-3)
+    buggy = attrs.evolve(_run(losses, eval_loss=0.52, accuracy=0.92), probe=losses[:2].copy())
     seeds = _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86])
     for seed_runs in (seeds, []):  # no seeds needed to see it
-        verdict = _verdict(_run(losses, eval_loss=0.52, accuracy=0.92), seed_runs)
+        verdict = _verdict(buggy, seed_runs)
         assert verdict.kind == "DIFFERENT" and verdict.exit_code == 1
         assert verdict.line == (
-            "verdict: DIFFERENT (likely a bug): tf's step-2 loss differs from torch's by 1.0e-03 "
-            "(relative), over 30x torch's own rounding (1.0e-07: its steps 1-2 at x1 against x2) so "
-            "soon after the start"
+            "verdict: DIFFERENT (likely a bug): tf's step-2 loss in fp64 differs from torch's by "
+            "1.0e-03 (relative), beyond rounding (1.1e-12: 10000 x this model's rounding, 6.0e-08, "
+            "scaled to fp64) so soon after the start"
         )
 
 
-def test_the_early_bound_follows_the_models_own_rounding() -> None:
-    """A model whose own rounding (world 1 against world 2) shows 1e-6 at step 2 (a
-    rounding-sized gradient flips a whole Adam step) may differ by 1.1e-5 there and be
-    equivalent; on a model that rounds at 1e-7 the same difference is a bug."""
+def test_rounding_the_model_amplifies_is_no_bug_however_large_in_fp32() -> None:
+    """One framework's batch norm may round 1e3 times more than another's: tf's fp32 losses
+    1.1e-4 off torch's at step 2, as far as a 5 % learning-rate bug takes them; in fp64 the
+    correct run agrees to 1e-15 and the bug differs by 1.8e-4 still."""
     losses = _drifting(20)
-    losses[1] = REFERENCE[1] * (1 + 1.1e-5)
-    reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
-    comparison = compare_pair(reference, candidate, tolerance=1e-4)
-    spreads = seed_spreads(reference, _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86]))
-    sensitive = judge([comparison], spreads, [0, 1, 2, 3], _rounding(1e-6), 0.01)
-    assert sensitive.kind == "EQUIVALENT", sensitive.line
-    assert judge([comparison], spreads, [0, 1, 2, 3], _rounding(1e-7), 0.01).kind == "DIFFERENT"
-    assert early_bound("fp32", 1e-6) == pytest.approx(ROUNDING_FACTOR * 1e-6)
-    # a probe that happens to round to nothing still leaves fp32's unit roundoff
-    assert early_bound("fp32", 0.0) == pytest.approx(ROUNDING_FACTOR * 2.0**-24)
+    losses[1] = REFERENCE[1] * (1 + 1.1e-4)
+    correct = _run(losses, eval_loss=0.52, accuracy=0.92)
+    spreads = seed_spreads(_run(REFERENCE, backend="torch"), _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86]))
+    comparison = compare_pair(_run(REFERENCE, backend="torch"), correct, tolerance=1e-4)
+    assert comparison.early_difference()[1] == pytest.approx(1.1e-4)
+    assert judge([comparison], spreads, [0, 1, 2, 3], 0.01).kind == "EQUIVALENT"
+    bound = early_bound(comparison)
+    assert bound == pytest.approx(FP64_FACTOR * 1.1e-4 * 2.0**-29, rel=1e-3)  # the model's rounding
+    bug = attrs.evolve(correct, probe=REFERENCE[:2] * np.array([1, 1 + 1.8e-4]))
+    buggy = compare_pair(_run(REFERENCE, backend="torch"), bug, tolerance=1e-4)
+    assert judge([buggy], spreads, [0, 1, 2, 3], 0.01).kind == "DIFFERENT"
+    # a model that rounds at fp32's unit roundoff is credited with no less
+    exact = compare_pair(_run(REFERENCE, backend="torch"), _run(REFERENCE), tolerance=1e-4)
+    assert early_bound(exact) == pytest.approx(FP64_FACTOR * 2.0**-24 * 2.0**-29)
 
 
-def test_without_a_rounding_probe_the_first_steps_are_not_judged_and_the_line_says_so() -> None:
+def test_without_a_fp64_probe_the_first_steps_are_not_judged_and_the_line_says_so() -> None:
     losses = _drifting(20)
     losses[1] = REFERENCE[1] * (1 + 1e-3)
-    reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
+    reference = _run(REFERENCE, backend="torch")
+    candidate = attrs.evolve(_run(losses, eval_loss=0.52, accuracy=0.92), probe=None)
     comparison = compare_pair(reference, candidate, tolerance=1e-4)
     spreads = seed_spreads(reference, _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86]))
-    verdict = judge([comparison], spreads, [0, 1, 2, 3], _rounding(None), 0.01)
+    verdict = judge([comparison], spreads, [0, 1, 2, 3], 0.01)
     assert verdict.kind == "EQUIVALENT"
     assert verdict.line.endswith(
-        "; steps 1-2 not judged: no rounding probe among the runs (crosstrain compare PLAN runs one)"
+        "; steps 1-2 not judged: no fp64 probe of tf (crosstrain compare PLAN runs them)"
     )
 
 
-def test_in_bf16_rounding_alone_reaches_the_early_bound_so_only_the_spread_judges() -> None:
+def test_in_bf16_the_fp64_probes_judge_the_first_steps_too() -> None:
+    """bf16 rounds as much as a bug shows (4e-4 to 7e-4 in steps 1-2): its own losses cannot
+    tell them apart, its fp64 probes can."""
     losses = _drifting(0, per_decade=1.0)
-    reference, candidate = _run(REFERENCE, backend="torch"), _run(losses, eval_loss=0.52, accuracy=0.92)
-    comparison = compare_pair(reference, candidate, 1e-4)
-    assert judge([comparison], [], [0], FP32, 0.01).kind == "DIFFERENT"
-    drifted = judge([comparison], [], [0], _rounding(None, "bf16"), 0.01)
+    bf16 = {"eval": {"loss": 0.52, "accuracy": 0.92, "count": 400.0}, "precision": "bf16"}
+    reference = attrs.evolve(_run(REFERENCE, backend="torch"), summary={**bf16, "eval": {"loss": 0.5}})
+    candidate = attrs.evolve(_run(losses), summary=bf16)
+    drifted = judge([compare_pair(reference, candidate, 1e-4)], [], [0], 0.01)
     assert drifted.kind == "DRIFTED"
     assert drifted.line.startswith("verdict: DRIFTED from step 1 (tf leaves 0.0001 at step 1, ")
-    assert "not judged" not in drifted.line  # bf16 has no early check to miss
+    assert "not judged" not in drifted.line
+    buggy = attrs.evolve(candidate, probe=REFERENCE[:2] * 1.01)
+    assert judge([compare_pair(reference, buggy, 1e-4)], [], [0], 0.01).kind == "DIFFERENT"
 
 
 def test_different_step_counts_are_different() -> None:
@@ -213,7 +220,7 @@ def test_the_verdict_is_the_worst_candidates_and_the_horizon_the_earliest() -> N
     early, late = _run(_drifting(10), 0.52, 0.92, "tf"), _run(_drifting(30), 0.5, 0.9, "jax")
     comparisons = [compare_pair(reference, run, 1e-4) for run in (early, late)]
     seeds = _seeds([0.55, 0.47, 0.60], [0.88, 0.93, 0.86])
-    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], FP32, 0.01)
+    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], 0.01)
     assert verdict.kind == "EQUIVALENT" and dict(verdict.per_candidate) == {
         "tf": "EQUIVALENT",
         "jax": "EQUIVALENT",
@@ -221,7 +228,7 @@ def test_the_verdict_is_the_worst_candidates_and_the_horizon_the_earliest() -> N
     assert "up to step 10 (tf leaves 0.0001 at step 11" in verdict.line
     bad = _run(_drifting(30), 0.5, 0.2, "jax")
     comparisons[1] = compare_pair(reference, bad, 1e-4)
-    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], FP32, 0.01)
+    verdict = judge(comparisons, seed_spreads(reference, seeds), [0, 1, 2, 3], 0.01)
     assert verdict.kind == "DIFFERENT" and dict(verdict.per_candidate) == {
         "tf": "EQUIVALENT",
         "jax": "DIFFERENT",
@@ -266,7 +273,7 @@ def test_without_an_eval_set_the_final_train_loss_is_judged() -> None:
     (spread,) = seed_spreads(reference, seeds)
     assert (spread.label, spread.values) == ("final train loss", (0.30, 0.32, 0.27, 0.35))
     comparison = compare_pair(reference, no_eval(_run(_drifting(20)), 0.31), 1e-4)
-    verdict = judge([comparison], [spread], [0, 1, 2, 3], FP32, 0.01)
+    verdict = judge([comparison], [spread], [0, 1, 2, 3], 0.01)
     assert verdict.kind == "EQUIVALENT"
     assert "tf's final train loss 0.3100 differs from torch's 0.3000 by 0.0100" in verdict.line
 
@@ -292,7 +299,7 @@ def test_an_older_compare_file_without_roles_reads_as_reference_and_candidates(t
     runs[1]["role"] = "judge"
     (tmp_path / "compare.json").write_text(json.dumps({"plan": "p", "runs": runs}))
     with pytest.raises(
-        Exception, match=re.escape("runs[1].role 'judge' is none of reference, candidate, seed, rounding")
+        Exception, match=re.escape("runs[1].role 'judge' is none of reference, candidate, seed, fp64")
     ):
         read_compare_file(tmp_path)
 
@@ -322,17 +329,19 @@ def test_seed_runs_are_listed_with_their_roles_and_judged_again_from_the_folder(
 ) -> None:
     listed = json.loads((momentum_compare / "compare.json").read_text())
     assert listed["tolerance"] == 1e-4
-    assert [(run["folder"], run["role"], run["seed"]) for run in listed["runs"]] == [
+    compared = [(run["folder"], run["role"], run["seed"]) for run in listed["runs"] if run["role"] != "fp64"]
+    assert compared == [
         ("momentum-0", "reference", 0),
         ("momentum-1", "candidate", 0),
         ("momentum-seed1", "seed", 1),
         ("momentum-seed2", "seed", 2),
-        ("momentum-probe", "rounding", 0),
     ]
-    probe = momentum_compare / "momentum-probe"
-    assert json.loads((probe / "plan.json").read_text())["plan"]["train"]["max_steps"] == 2
-    assert json.loads((probe / "summary.json").read_text())["world_size"] == 2  # the reference's is 1
-    assert json.loads((momentum_compare / "momentum-seed2" / "plan.json").read_text())["plan"]["seed"] == 2
+    assert [(run["folder"], run["probes"]) for run in listed["runs"] if run["role"] == "fp64"] == [
+        ("momentum-0-fp64", "momentum-0"),
+        ("momentum-1-fp64", "momentum-1"),
+    ]
+    probe = json.loads((momentum_compare / "momentum-0-fp64" / "plan.json").read_text())["plan"]["train"]
+    assert (probe["precision"], probe["max_steps"]) == ("fp64", 2)
     image = momentum_compare.parent / "compare.png"
     again = cli_in_process(*MOMENTUM, "compare", str(momentum_compare), "--plot", str(image))
     assert again.returncode == 0, again.stderr

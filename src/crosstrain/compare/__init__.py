@@ -40,11 +40,11 @@ from crosstrain.compare.folders import (
 from crosstrain.compare.launch import CompareLaunch, compare_plan, plan_runs, run_backends
 from crosstrain.compare.report import print_comparison
 from crosstrain.compare.spread import MetricSpread, seed_spreads
-from crosstrain.compare.verdict import ROUNDING_FACTOR, Kind, Verdict, judge
+from crosstrain.compare.verdict import FP64_FACTOR, Kind, Verdict, judge
 
 __all__ = [
     "COMPARE_FILE",
-    "ROUNDING_FACTOR",
+    "FP64_FACTOR",
     "BackendRun",
     "CompareLaunch",
     "ComparedRuns",

@@ -1,6 +1,6 @@
 """How a candidate run's losses differ from the reference's, step by step and at the end:
 the relative difference per step, the agreement horizon and how fast the difference grows
-after it (pure numpy)."""
+after it, and how their first steps differ in fp64 (pure numpy)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,32 @@ class BackendRun:
     losses: np.ndarray
     seed: int = 0
     label: str = ""
+    #: its first :data:`EARLY_STEPS` losses trained again in fp64 (its *fp64 probe*); None
+    #: where no probe ran
+    probe: np.ndarray | None = None
 
     @property
     def name(self) -> str:
         return self.label or self.backend
+
+    @property
+    def precision(self) -> str:
+        return str(self.summary.get("precision", "fp32"))
+
+    def fp64_losses(self) -> np.ndarray | None:
+        """Its first steps' losses in fp64: its own where it trained in fp64, else its
+        probe's (None where it has none)."""
+        if self.precision == "fp64":
+            return self.losses[:EARLY_STEPS]
+        return None if self.probe is None else self.probe[:EARLY_STEPS]
+
+    def own_rounding(self) -> float | None:
+        """How far its first steps' losses lie from their fp64 values (relative): what its
+        precision's rounding grew to on this model; None without a probe."""
+        exact = self.fp64_losses()
+        if exact is None:
+            return None
+        return _largest(step_relative_differences(exact, self.losses[: len(exact)]))
 
 
 @attrs.frozen
@@ -38,8 +60,6 @@ class ComparedRuns:
     reference: BackendRun
     candidates: tuple[BackendRun, ...]
     seed_runs: tuple[BackendRun, ...] = ()
-    #: the reference's first steps again at another world size: its own rounding
-    rounding: BackendRun | None = None
 
 
 @attrs.frozen
@@ -89,6 +109,19 @@ class Comparison:
             return 0, 0.0
         return int(np.argmax(early)) + 1, float(early.max())
 
+    def fp64_difference(self) -> tuple[int, float] | None:
+        """The largest relative difference of the candidate's first steps in fp64 from the
+        reference's, and its step; None where either has no fp64 losses."""
+        reference, candidate = self.reference.fp64_losses(), self.candidate.fp64_losses()
+        if reference is None or candidate is None:
+            return None
+        if reference.shape != candidate.shape:  # a probe that ran fewer steps than its twin
+            return 0, float("inf")
+        relative = step_relative_differences(reference, candidate)
+        if not relative.size:
+            return 0, 0.0
+        return int(np.argmax(relative)) + 1, float(relative.max())
+
     def growth(self, points: int = GROWTH_POINTS) -> list[tuple[int, float]]:
         """The difference from the first step beyond the tolerance to the last, at
         ``points`` log-spaced steps: how fast it grows (orders of magnitude per decade)."""
@@ -104,6 +137,10 @@ class Comparison:
             and self.eval_relative_loss_difference <= self.tolerance
             and self.accuracy_difference <= accuracy_tolerance
         )
+
+
+def _largest(relative: np.ndarray) -> float:
+    return float(relative.max()) if relative.size else 0.0
 
 
 def _relative(a: float, b: float) -> float:
@@ -133,12 +170,3 @@ def compare_pair(reference: BackendRun, candidate: BackendRun, tolerance: float 
 
 def comparisons_of(runs: ComparedRuns, tolerance: float) -> list[Comparison]:
     return [compare_pair(runs.reference, candidate, tolerance) for candidate in runs.candidates]
-
-
-def rounding_floor(reference: BackendRun, probe: BackendRun) -> float:
-    """The reference's own rounding: the largest relative difference of its first
-    :data:`EARLY_STEPS` losses from the probe's (the same steps at another world size)."""
-    steps = min(EARLY_STEPS, len(reference.losses), len(probe.losses))
-    if steps == 0:
-        return 0.0
-    return float(step_relative_differences(reference.losses[:steps], probe.losses[:steps]).max())

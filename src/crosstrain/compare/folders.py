@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from crosstrain.compare.difference import BackendRun, ComparedRuns
-from crosstrain.compare.verdict import rounding_probe_plan
+from crosstrain.compare.verdict import probe_plan
 from crosstrain.core.convert import unstructure_plan
 from crosstrain.core.errors import InputError, RunDirError
 from crosstrain.core.plan import Plan
@@ -22,9 +22,9 @@ from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 COMPARE_FILE = "compare.json"
 
-#: ``rounding``: the reference's first steps again at another world size (the rounding probe)
-Role = Literal["reference", "candidate", "seed", "rounding"]
-ROLES: tuple[Role, ...] = ("reference", "candidate", "seed", "rounding")
+#: ``fp64``: a run's first steps again in fp64 (its fp64 probe: ``ListedRun.probes`` names it)
+Role = Literal["reference", "candidate", "seed", "fp64"]
+ROLES: tuple[Role, ...] = ("reference", "candidate", "seed", "fp64")
 
 
 @attrs.frozen
@@ -35,6 +35,8 @@ class ListedRun:
     folder: str
     role: Role
     seed: int
+    #: an fp64 probe's: the folder of the run it probes
+    probes: str = ""
 
 
 def read_step_losses(run_dir: Path) -> np.ndarray:
@@ -56,17 +58,15 @@ def read_backend_run(folder: Path, label: str = "") -> BackendRun:
 
 
 def sorted_runs(listed: Sequence[ListedRun], runs: Sequence[BackendRun]) -> ComparedRuns:
-    """The finished ``runs`` grouped by the roles ``listed`` gives them, in the same order."""
+    """The finished ``runs`` grouped by the roles ``listed`` gives them, in the same order,
+    each fp64 probe's losses given to the run it probes."""
+    probes = {
+        entry.probes: run.losses for entry, run in zip(listed, runs, strict=True) if entry.role == "fp64"
+    }
     by_role: dict[Role, list[BackendRun]] = {role: [] for role in ROLES}
     for entry, run in zip(listed, runs, strict=True):
-        by_role[entry.role].append(run)
-    probes = by_role["rounding"]
-    return ComparedRuns(
-        by_role["reference"][0],
-        tuple(by_role["candidate"]),
-        tuple(by_role["seed"]),
-        probes[0] if probes else None,
-    )
+        by_role[entry.role].append(attrs.evolve(run, probe=probes.get(entry.folder)))
+    return ComparedRuns(by_role["reference"][0], tuple(by_role["candidate"]), tuple(by_role["seed"]))
 
 
 def write_compare_file(out_root: Path, plan_name: str, listed: Sequence[ListedRun], tolerance: float) -> None:
@@ -91,7 +91,13 @@ def read_compare_file(folder: Path) -> list[ListedRun] | None:
             if role not in ROLES:
                 raise ValueError(f"runs[{index}].role {role!r} is none of {', '.join(ROLES)}")
             listed.append(
-                ListedRun(str(entry["backend"]), str(entry["folder"]), role, int(entry.get("seed", 0)))
+                ListedRun(
+                    str(entry["backend"]),
+                    str(entry["folder"]),
+                    role,
+                    int(entry.get("seed", 0)),
+                    str(entry.get("probes", "")),
+                )
             )
         return listed
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -174,28 +180,17 @@ def _comparable(plan: Plan) -> dict[str, Any]:
     return raw
 
 
-def _is_probe(reference: BackendRun, reference_plan: Plan, run: BackendRun, plan: Plan) -> bool:
-    """Whether ``run`` is the reference's rounding probe: its plan's first steps at
-    another world size."""
-    probe = rounding_probe_plan(reference_plan)
-    return (
-        probe is not None
-        and plan.seed == reference_plan.seed
-        and _comparable(probe) == _comparable(plan)
-        and run.summary.get("world_size") != reference.summary.get("world_size")
-    )
-
-
-def _role(reference: tuple[Path, Plan, BackendRun], folder: Path, plan: Plan, run: BackendRun) -> Role:
+def _role(reference: tuple[Path, Plan], folder: Path, plan: Plan) -> Role:
     """A run of the reference's plan is a candidate, one whose plan differs only in its
-    seed a seed run, the reference's rounding probe the probe; any other is refused
+    seed a seed run, one of its first steps in fp64 an fp64 probe; any other is refused
     naming the first field its plan differs in."""
-    reference_folder, reference_plan, reference_run = reference
+    reference_folder, reference_plan = reference
     difference = plan_difference(_comparable(reference_plan), _comparable(plan))
     if difference is None:
         return "candidate" if plan.seed == reference_plan.seed else "seed"
-    if _is_probe(reference_run, reference_plan, run, plan):
-        return "rounding"
+    probe = probe_plan(reference_plan)
+    if probe is not None and plan.seed == reference_plan.seed and _comparable(probe) == _comparable(plan):
+        return "fp64"
     field, wanted, found = difference
     raise InputError(
         f"{folder}: its plan differs from {reference_folder}'s in {field} ({found!r} there, "
@@ -203,32 +198,53 @@ def _role(reference: tuple[Path, Plan, BackendRun], folder: Path, plan: Plan, ru
     )
 
 
+def _probed(folders: Sequence[Path], runs: Sequence[BackendRun], roles: Sequence[Role]) -> list[str]:
+    """For each fp64 probe, the folder of the run it probes: the first compared run of its
+    backend and world that has no probe yet ("" for the others)."""
+    compared = [index for index, role in enumerate(roles) if role in ("reference", "candidate")]
+    probed = [""] * len(folders)
+    for index, role in enumerate(roles):
+        if role != "fp64":
+            continue
+        layout = (runs[index].backend, runs[index].summary.get("world_size"))
+        free = [
+            other
+            for other in compared
+            if (runs[other].backend, runs[other].summary.get("world_size")) == layout
+            and str(folders[other]) not in probed
+        ]
+        if not free:
+            raise InputError(
+                f"{folders[index]}: an fp64 probe of no {layout[0]} x{layout[1]} run given beside it "
+                f"(or of one that has a probe already)"
+            )
+        probed[index] = str(folders[free[0]])
+    return probed
+
+
 def load_run_folders(paths: Sequence[Path]) -> ComparedRuns:
     """Finished runs to compare, the first the reference: a run of the reference's plan is
-    a candidate, one whose plan differs only in its seed is a seed run, the reference's
-    rounding probe is the probe, any other is refused naming the first field its plan
-    differs in."""
+    a candidate, one whose plan differs only in its seed is a seed run, one of its first
+    steps in fp64 the fp64 probe of the run of its backend and world, any other is refused
+    naming the first field its plan differs in."""
     folders = expand_run_folders(paths)
     if len(folders) < 2:
         given = ", ".join(map(str, paths))
         raise InputError(f"compare needs at least two runs; {given} hold {len(folders)}")
     plans = [read_run_plan(folder) for folder in folders]
-    runs = [read_backend_run(folder) for folder in folders]
-    reference = (folders[0], plans[0], runs[0])
     roles: list[Role] = ["reference"]
-    for folder, plan, run in zip(folders[1:], plans[1:], runs[1:], strict=True):
-        roles.append(_role(reference, folder, plan, run))
+    for folder, plan in zip(folders[1:], plans[1:], strict=True):
+        roles.append(_role((folders[0], plans[0]), folder, plan))
     if "candidate" not in roles:
         raise InputError(
             f"compare needs a run of {folders[0]}'s plan and seed besides it; the others are seed "
-            f"runs or its rounding probe"
+            f"runs or fp64 probes"
         )
-    if roles.count("rounding") > 1:
-        raise InputError(f"compare takes one rounding probe of {folders[0]}; {roles.count('rounding')} given")
+    runs = [read_backend_run(folder) for folder in folders]
     labels = _labels(runs, folders, roles)
     listed = [
-        ListedRun(run.backend, str(folder), role, run.seed)
-        for run, folder, role in zip(runs, folders, roles, strict=True)
+        ListedRun(run.backend, str(folder), role, run.seed, probed)
+        for run, folder, role, probed in zip(runs, folders, roles, _probed(folders, runs, roles), strict=True)
     ]
     labelled = [attrs.evolve(run, label=label) for run, label in zip(runs, labels, strict=True)]
     return sorted_runs(listed, labelled)
@@ -236,7 +252,7 @@ def load_run_folders(paths: Sequence[Path]) -> ComparedRuns:
 
 def _labels(runs: Sequence[BackendRun], folders: Sequence[Path], roles: Sequence[Role]) -> list[str]:
     """How each run is named in the table and the verdict: its backend where no other
-    compared run (seed runs and the probe aside) has that backend, else its folder's name, else its path."""
+    compared run (seed runs and fp64 probes aside) has that backend, else its folder's name, else its path."""
     shown = [run.backend for run, role in zip(runs, roles, strict=True) if role in ("reference", "candidate")]
     names = [
         folder.name for folder, role in zip(folders, roles, strict=True) if role in ("reference", "candidate")

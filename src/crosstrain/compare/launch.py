@@ -1,25 +1,23 @@
 """``crosstrain compare PLAN``: the plan on each backend, each into its own subfolder of the
 compare folder, ``--seeds K`` more runs of the reference backend (the first) at seeds
-seed+1..seed+K, and in fp32 the reference's rounding probe (its first steps in fp64); every
-run is admitted before the first starts."""
+seed+1..seed+K, and each backend's fp64 probe (its first steps in fp64); every run is
+admitted before the first starts."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 import attrs
 
 from crosstrain.api import LaunchOptions, default_out_dir, make_job, run_job
 from crosstrain.compare.difference import BackendRun, ComparedRuns
 from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs, write_compare_file
-from crosstrain.compare.verdict import is_probed, probe_world, rounding_probe_plan
+from crosstrain.compare.verdict import probe_plan
 from crosstrain.core.admission import admit
-from crosstrain.core.cluster import Cluster
 from crosstrain.core.errors import CrosstrainError, InputError
 from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import DeviceChoice, Job, PluginSelection
+from crosstrain.core.strategy import DeviceChoice, PluginSelection
 from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
 from crosstrain.plugins.metrics import METRICS_FILE
@@ -39,16 +37,16 @@ class CompareLaunch:
     timeout_seconds: float = 300.0
 
 
-def plan_runs(backends: Sequence[str], seed: int, seeds: int, probe: bool = False) -> list[ListedRun]:
+def plan_runs(backends: Sequence[str], seed: int, seeds: int, probes: bool = False) -> list[ListedRun]:
     """The runs of a compare: each backend (the first the reference) into a folder of its
     name (name-index where one backend runs twice: a determinism check must not share, and
     append to, one folder), then the reference backend at seeds seed+1..seed+K, then, with
-    ``probe``, the reference's rounding probe."""
+    ``probes``, each backend's fp64 probe into its folder's name with ``-fp64``."""
     if len(backends) < 2:
         raise CrosstrainError("compare needs at least two backends, e.g. --backends torch,tf")
     if seeds < 0:
         raise InputError(f"--seeds {seeds}: must be 0 (off) or more")
-    listed = [
+    compared = [
         ListedRun(
             backend,
             backend if backends.count(backend) == 1 else f"{backend}-{index}",
@@ -57,30 +55,12 @@ def plan_runs(backends: Sequence[str], seed: int, seeds: int, probe: bool = Fals
         )
         for index, backend in enumerate(backends)
     ]
-    for offset in range(1, seeds + 1):
-        listed.append(ListedRun(backends[0], f"{backends[0]}-seed{seed + offset}", "seed", seed + offset))
-    if probe:
-        listed.append(ListedRun(backends[0], f"{backends[0]}-probe", "rounding", seed))
-    return listed
-
-
-def _options(run: ListedRun, launch: CompareLaunch, out_root: Path) -> LaunchOptions:
-    return LaunchOptions(
-        backend=run.backend,
-        replicas=launch.replicas,
-        workers=launch.workers,
-        device=launch.device,
-        out=out_root / run.folder,
-        plugins=launch.plugins,
-        timeout_seconds=launch.timeout_seconds,
-    )
-
-
-def _probe_job(plan: Plan, options: LaunchOptions, reference: Job, cluster: Cluster) -> Job:
-    """The rounding probe: the reference's first steps at another world size (its own
-    layout of processes for that world)."""
-    world = attrs.evolve(options, replicas=probe_world(reference.replicas), workers=None)
-    return make_job(cast(Plan, rounding_probe_plan(plan)), world, cluster)
+    seed_runs = [
+        ListedRun(backends[0], f"{backends[0]}-seed{seed + offset}", "seed", seed + offset)
+        for offset in range(1, seeds + 1)
+    ]
+    fp64 = [ListedRun(run.backend, f"{run.folder}-fp64", "fp64", seed, run.folder) for run in compared]
+    return [*compared, *seed_runs, *(fp64 if probes else [])]
 
 
 def run_backends(
@@ -93,35 +73,39 @@ def run_backends(
     tolerance: float = 1e-4,
 ) -> ComparedRuns:
     """Run the plan once per backend, each into ``out_root/FOLDER``, ``seeds`` more times
-    on the reference backend, and its rounding probe; every run is admitted before the
-    first starts, and the probe (two steps) runs first."""
+    on the reference backend, and each backend's first steps in fp64; every run is admitted
+    before the first starts, and the probes (two steps each) run first."""
     if METRICS_PLUGIN in launch.plugins.disabled:
         raise InputError(
             f"compare reads each run's per-step losses from {METRICS_FILE}, which the "
             f"{METRICS_PLUGIN!r} plugin writes: drop -p no:{METRICS_PLUGIN}"
         )
+    probe = probe_plan(plan)
+    listed = plan_runs(backends, plan.seed, seeds, probes=probe is not None)
     cluster = detect_environment()
-    # under torchrun or SLURM the outside launcher's processes make the world: no other
-    probe = is_probed(plan.train.precision) and cluster.starts_processes
-    listed = plan_runs(backends, plan.seed, seeds, probe)
-    jobs: list[Job] = []
+    jobs = []
     for run in listed:
-        options = _options(run, launch, out_root)
-        if run.role == "rounding":
-            job = _probe_job(plan, options, jobs[0], cluster)
-        else:
-            job = make_job(attrs.evolve(plan, seed=run.seed), options, cluster)
+        options = LaunchOptions(
+            backend=run.backend,
+            replicas=launch.replicas,
+            workers=launch.workers,
+            device=launch.device,
+            out=out_root / run.folder,
+            plugins=launch.plugins,
+            timeout_seconds=launch.timeout_seconds,
+        )
+        job = make_job(
+            probe if run.role == "fp64" and probe else attrs.evolve(plan, seed=run.seed), options, cluster
+        )
         admit(job, get_backend(manager, run.backend)(), cluster)
         jobs.append(job)
     write_compare_file(out_root, plan.name, listed, tolerance)
     summaries = {}
-    for index in sorted(range(len(listed)), key=lambda index: listed[index].role != "rounding"):
+    for index in sorted(range(len(listed)), key=lambda index: listed[index].role != "fp64"):
         summaries[index] = run_job(jobs[index], manager)
     finished = [
-        BackendRun(
-            run.backend, summaries[index], read_step_losses(Path(jobs[index].out_dir)), run.seed, run.folder
-        )
-        for index, run in enumerate(listed)
+        BackendRun(run.backend, summaries[index], read_step_losses(Path(job.out_dir)), run.seed, run.folder)
+        for index, (run, job) in enumerate(zip(listed, jobs, strict=True))
     ]
     return sorted_runs(listed, finished)
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from crosstrain.compare.difference import EARLY_STEPS, BackendRun, ComparedRuns, Comparison, comparisons_of
 from crosstrain.compare.spread import MetricSpread, metric_value, seed_spreads, seeds_text
-from crosstrain.compare.verdict import ROUNDING_FACTOR, Rounding, Verdict, judge, rounding_of
+from crosstrain.compare.verdict import Verdict, early_bound, judge
 
 #: the widest a table may be printed into a pipe or a log, unwrapped
 UNWRAPPED_WIDTH = 400
@@ -36,12 +36,12 @@ def _spread_cell(spreads: Sequence[MetricSpread], label: str) -> str:
     return "-"
 
 
-def _bound_text(rounding: Rounding) -> str:
-    """What steps 1-2 are judged by: the bound, and the reference's rounding it comes from."""
-    if rounding.bound is None:
-        return " (not judged)" if rounding.unprobed else ""
-    ours, probe = rounding.worlds
-    return f" (x{ours} vs x{probe} {rounding.measured:.1e} x {ROUNDING_FACTOR:g}: <={rounding.bound:.1e})"
+def _fp64_cell(comparison: Comparison) -> str:
+    """The candidate's fp64 steps 1-2 difference and the bound rounding gives it."""
+    found, bound = comparison.fp64_difference(), early_bound(comparison)
+    if found is None or bound is None:
+        return "no probe"
+    return f"{found[1]:.1e} (<={bound:.1e})"
 
 
 def print_comparison(
@@ -54,8 +54,7 @@ def print_comparison(
     comparisons = comparisons_of(runs, tolerance)
     spreads = seed_spreads(runs.reference, runs.seed_runs)
     seeds = [runs.reference.seed, *(run.seed for run in runs.seed_runs)]
-    rounding = rounding_of(runs)
-    verdict = judge(comparisons, spreads, seeds, rounding, accuracy_tolerance)
+    verdict = judge(comparisons, spreads, seeds, accuracy_tolerance)
     shown = [runs.reference, *runs.candidates]
     table = Table(title=f"compare: {', '.join(run.name for run in shown)}")
     table.add_column("")
@@ -64,7 +63,7 @@ def print_comparison(
     if spreads:
         table.add_column(f"{runs.reference.name} seeds {seeds_text(seeds)}", justify="right")
     _add_run_rows(table, shown, spreads)
-    _add_comparison_rows(table, comparisons, rounding, verdict, bool(spreads))
+    _add_comparison_rows(table, comparisons, verdict, bool(spreads))
     # in a pipe or a log, the table at its natural width: wrapped cells would split numbers
     _print_unwrapped(console, table)
     console.print(verdict.line, markup=False, soft_wrap=True)
@@ -103,14 +102,14 @@ def _add_run_rows(table: Table, shown: Sequence[BackendRun], spreads: Sequence[M
 
 
 def _add_comparison_rows(
-    table: Table, comparisons: Sequence[Comparison], rounding: Rounding, verdict: Verdict, seeded: bool
+    table: Table, comparisons: Sequence[Comparison], verdict: Verdict, seeded: bool
 ) -> None:
-    early_label = f"steps 1-{EARLY_STEPS} rel. diff" + _bound_text(rounding)
     rows: list[tuple[str, Callable[[Comparison], str]]] = [
         (f"agreement horizon ({comparisons[0].tolerance:g})", _horizon_cell),
         ("then (step: rel. diff)", _growth_cell),
         ("max rel. step-loss diff", lambda c: f"{c.max_relative_loss_difference:.2e} (step {c.worst_step})"),
-        (early_label, lambda c: f"{c.early_difference()[1]:.1e}"),
+        (f"steps 1-{EARLY_STEPS} rel. diff", lambda c: f"{c.early_difference()[1]:.1e}"),
+        (f"steps 1-{EARLY_STEPS} in fp64 (bound)", _fp64_cell),
         ("eval loss rel. diff", lambda c: f"{c.eval_relative_loss_difference:.2e}"),
         ("verdict", lambda c: verdict.per_candidate[c.candidate.name]),
     ]

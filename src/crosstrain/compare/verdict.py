@@ -12,11 +12,13 @@
   runs); else it is EQUIVALENT. Without seed runs there is no spread to judge by: DRIFTED.
 
 How much rounding shows in the first steps depends on the model (after one Adam step, a
-parameter whose gradient is rounding-sized moves by a whole learning rate either way), so
-the early bound is measured on the model at hand: ``compare`` runs the reference's first
-steps again at another world size (the *rounding probe*: the same arithmetic, every
-reduction in another order); the reference's own rounding is its loss against the
-probe's, and a candidate is DIFFERENT only beyond :data:`ROUNDING_FACTOR` times it.
+parameter whose gradient is rounding-sized moves by a whole learning rate either way; one
+framework's batch norm may round a thousand times more than another's), so the first steps
+are judged in fp64: ``compare`` trains each backend's first steps again in fp64 (its *fp64
+probe*), where two correct backends agree to within fp64's rounding as this model amplifies
+it, and a bug in the arithmetic (a learning rate 5 % off) shows undiminished. A candidate is
+DIFFERENT when its fp64 steps 1-2 differ from the reference's by more than
+:data:`FP64_FACTOR` times the model's rounding scaled to fp64 (:func:`early_bound`).
 """
 
 from __future__ import annotations
@@ -26,27 +28,22 @@ from typing import Literal, cast
 
 import attrs
 
-from crosstrain.compare.difference import EARLY_STEPS, BackendRun, ComparedRuns, Comparison, rounding_floor
+from crosstrain.compare.difference import EARLY_STEPS, Comparison
 from crosstrain.compare.spread import SEED_CONFIDENCE, MetricSpread, metric_value, seeds_text
-from crosstrain.core.errors import CrosstrainError
 from crosstrain.core.plan import Plan
 
 Kind = Literal["AGREE", "EQUIVALENT", "DRIFTED", "DIFFERENT"]
 
 
-#: the precisions whose first steps are judged against the reference's own rounding, and
-#: the smallest rounding counted in each: its unit roundoff (a probe may happen to round
-#: to almost nothing in its first steps). bf16 (4e-4 to 7e-4 in steps 1-2) and fp16 (unit
-#: roundoff 5e-4) round as much as a 10 % learning-rate bug shows: no early check, the
-#: seed spread alone judges them.
-UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "fp64": 2.0**-53}
-#: every precision compare knows: with an early check (above) or without
-KNOWN_PRECISIONS = ("fp32", "fp64", "bf16", "fp16")
-#: how far beyond the reference's own rounding a candidate's steps 1-2 may differ; a
-#: correct candidate rounds differently, not more, so its difference stays within a few
-#: times the probe's. The choice, and the rates it gives, are measured in
-#: benchmarks/compare_rounding.py (docs/running.md#how-different-is-decided).
-ROUNDING_FACTOR = 30.0
+#: fp32's unit roundoff: the least rounding the first steps are credited with
+FP32_UNIT_ROUNDOFF = 2.0**-24
+#: fp64's unit roundoff over fp32's: a rounding error of fp32, scaled to fp64
+FP64_OVER_FP32 = 2.0**-53 / FP32_UNIT_ROUNDOFF
+#: how far beyond the model's rounding scaled to fp64 two backends' fp64 losses may differ
+#: in steps 1-2 and still be rounding. Measured (benchmarks/compare_rounding.py) correct
+#: backends stay 1e3 to 1e6 below the bound it gives, a learning rate 5 % off 1e4 and more
+#: above it (docs/running.md#how-different-is-decided).
+FP64_FACTOR = 1e4
 
 
 @attrs.frozen
@@ -61,83 +58,66 @@ class Verdict:
         return 1 if self.kind == "DIFFERENT" else 0
 
 
-def is_probed(precision: str) -> bool:
-    """Whether the first steps of a ``precision`` run are judged (by a rounding probe)."""
-    if precision not in KNOWN_PRECISIONS:
-        raise CrosstrainError(
-            f"train.precision {precision!r}: compare knows no rounding for it "
-            f"(known: {', '.join(KNOWN_PRECISIONS)})"
-        )
-    return precision in UNIT_ROUNDOFF
-
-
-def early_bound(precision: str, rounding: float | None) -> float | None:
-    """The largest steps 1-2 difference rounding explains, given the reference's own
-    rounding (the probe's measure; None where no probe ran); None: no early check."""
-    if not is_probed(precision) or rounding is None:
-        return None
-    return ROUNDING_FACTOR * max(rounding, UNIT_ROUNDOFF[precision])
-
-
-def probe_world(replicas: int) -> int:
-    """The world the rounding probe runs at: another than the reference's, so that every
-    reduction (the gradients' all-reduce, the loss's and batch norm's sums) adds its terms
-    in another order, while the arithmetic stays the same."""
-    return 2 if replicas == 1 else 1
-
-
-def rounding_probe_plan(plan: Plan) -> Plan | None:
-    """The plan of the reference's rounding probe: its first :data:`EARLY_STEPS` steps;
-    None where its precision has no early check."""
-    if not is_probed(plan.train.precision):
+def probe_plan(plan: Plan) -> Plan | None:
+    """The plan of a run's fp64 probe: its first :data:`EARLY_STEPS` steps in fp64; None
+    where the plan trains in fp64 already (its runs are their own probes)."""
+    if plan.train.precision == "fp64":
         return None
     steps = min(plan.train.max_steps or EARLY_STEPS, EARLY_STEPS)
-    return attrs.evolve(plan, train=attrs.evolve(plan.train, max_steps=steps))
+    return attrs.evolve(plan, train=attrs.evolve(plan.train, precision="fp64", max_steps=steps))
 
 
-@attrs.frozen
-class Rounding:
-    """What the first steps of a comparison are judged by: the reference's own rounding,
-    the largest relative difference of its steps 1-2 from its probe's (None where no probe
-    ran), the bound it gives (None: no early check) and the worlds it came from."""
-
-    precision: str
-    measured: float | None
-    bound: float | None
-    worlds: tuple[int, int] = (1, 2)
-
-    @property
-    def unprobed(self) -> bool:
-        """An early check was due, but no rounding probe is among the runs."""
-        return self.bound is None and is_probed(self.precision)
+def model_rounding(comparison: Comparison) -> float | None:
+    """How far rounding took either run's first steps from their fp64 values (relative):
+    this model's amplification of its precision's rounding; None without both probes."""
+    rounded = [comparison.reference.own_rounding(), comparison.candidate.own_rounding()]
+    known = [value for value in rounded if value is not None]
+    return max(known) if len(known) == len(rounded) else None
 
 
-def _world(run: BackendRun) -> int:
-    return int(run.summary.get("world_size", 1))
+def credited_rounding(comparison: Comparison) -> float | None:
+    """The model's rounding, at least fp32's unit roundoff; None without both probes."""
+    rounding = model_rounding(comparison)
+    return None if rounding is None else max(rounding, FP32_UNIT_ROUNDOFF)
 
 
-def rounding_of(runs: ComparedRuns) -> Rounding:
-    precision = str(runs.reference.summary.get("precision", "fp32"))
-    if runs.rounding is None:
-        return Rounding(precision, None, early_bound(precision, None))
-    measured = rounding_floor(runs.reference, runs.rounding)
-    worlds = (_world(runs.reference), _world(runs.rounding))
-    return Rounding(precision, measured, early_bound(precision, measured), worlds)
+def early_bound(comparison: Comparison) -> float | None:
+    """The largest fp64 steps 1-2 difference rounding explains: :data:`FP64_FACTOR` times
+    the model's rounding (at least fp32's unit roundoff) scaled to fp64; None where a run
+    has no fp64 losses (no early check)."""
+    rounding = credited_rounding(comparison)
+    return None if rounding is None else FP64_FACTOR * rounding * FP64_OVER_FP32
 
 
-def _early_reason(comparison: Comparison, rounding: Rounding) -> str | None:
-    step, difference = comparison.early_difference()
-    if rounding.bound is None or difference <= rounding.bound:
+def _early_reason(comparison: Comparison) -> str | None:
+    bound, found = early_bound(comparison), comparison.fp64_difference()
+    if bound is None or found is None or found[1] <= bound:
         return None
-    reference = comparison.reference.name
-    ours, probe = rounding.worlds
-    beyond = (
-        f"over {ROUNDING_FACTOR:g}x {reference}'s own rounding ({rounding.measured:.1e}: its "
-        f"steps 1-{EARLY_STEPS} at x{ours} against x{probe})"
-    )
+    step, difference = found
     return (
-        f"{comparison.candidate.name}'s step-{step} loss differs from {reference}'s "
-        f"by {difference:.1e} (relative), {beyond} so soon after the start"
+        f"{comparison.candidate.name}'s step-{step} loss in fp64 differs from "
+        f"{comparison.reference.name}'s by {difference:.1e} (relative), beyond rounding "
+        f"({bound:.1e}: {FP64_FACTOR:g} x this model's rounding, {credited_rounding(comparison):.1e}, "
+        f"scaled to fp64) so soon after the start"
+    )
+
+
+def unjudged_text(comparisons: Sequence[Comparison]) -> str:
+    """What the line adds where a run's first steps could not be judged: which run lacks
+    its fp64 probe."""
+    missing = sorted(
+        {
+            run.name
+            for comparison in comparisons
+            for run in (comparison.reference, comparison.candidate)
+            if run.fp64_losses() is None
+        }
+    )
+    if not missing:
+        return ""
+    return (
+        f"; steps 1-{EARLY_STEPS} not judged: no fp64 probe of {', '.join(missing)} "
+        f"(crosstrain compare PLAN runs them)"
     )
 
 
@@ -160,7 +140,6 @@ def judge_candidate(
     comparison: Comparison,
     spreads: Sequence[MetricSpread],
     seeds: str,
-    rounding: Rounding,
     accuracy_tolerance: float,
 ) -> tuple[Kind, list[str]]:
     """One candidate's verdict and the reasons (DIFFERENT) or the numbers (EQUIVALENT)."""
@@ -170,7 +149,7 @@ def judge_candidate(
         return "DIFFERENT", [f"{name} ran {steps[0]} steps, {reference} {steps[1]}"]
     if comparison.agrees(accuracy_tolerance):
         return "AGREE", []
-    early = _early_reason(comparison, rounding)
+    early = _early_reason(comparison)
     if early is not None:
         return "DIFFERENT", [early]
     if not spreads:
@@ -211,15 +190,6 @@ def _drift_text(comparisons: Sequence[Comparison]) -> str:
     )
 
 
-def _unprobed_text(rounding: Rounding) -> str:
-    if not rounding.unprobed:
-        return ""
-    return (
-        f"; steps 1-{EARLY_STEPS} not judged: no rounding probe among the runs "
-        f"(crosstrain compare PLAN runs one)"
-    )
-
-
 def _within_text(tolerance: float, horizon: int) -> str:
     if horizon == 0:
         return f"beyond {tolerance:g} from step 1"
@@ -230,14 +200,12 @@ def judge(
     comparisons: Sequence[Comparison],
     spreads: Sequence[MetricSpread],
     seeds: Sequence[int],
-    rounding: Rounding,
     accuracy_tolerance: float,
 ) -> Verdict:
     """The verdict of every candidate against the reference, as one line."""
     seed_label = seeds_text(seeds)
     judged = {
-        c.candidate.name: judge_candidate(c, spreads, seed_label, rounding, accuracy_tolerance)
-        for c in comparisons
+        c.candidate.name: judge_candidate(c, spreads, seed_label, accuracy_tolerance) for c in comparisons
     }
     kinds = {name: kind for name, (kind, _) in judged.items()}
     horizon = min(c.horizon for c in comparisons)
@@ -251,14 +219,14 @@ def judge(
             f"({_drift_text(comparisons)}); "
             f"no seed spread to judge it by: --seeds 3 tells EQUIVALENT from DIFFERENT"
         )
-        return Verdict("DRIFTED", kinds, line + _unprobed_text(rounding))
+        return Verdict("DRIFTED", kinds, line + unjudged_text(comparisons))
     if "EQUIVALENT" in kinds.values():
         numbers = [text for kind, found in judged.values() if kind == "EQUIVALENT" for text in found]
         line = (
             f"verdict: EQUIVALENT: {_within_text(tolerance, horizon)} ({_drift_text(comparisons)}), "
             f"then within the seed spread: " + "; ".join(numbers)
         )
-        return Verdict("EQUIVALENT", kinds, line + _unprobed_text(rounding))
+        return Verdict("EQUIVALENT", kinds, line + unjudged_text(comparisons))
     steps = comparisons[0].steps
     line = (
         f"verdict: AGREE: every step's loss within {tolerance:g} (relative) for all {steps} steps, "
