@@ -15,7 +15,7 @@ import pytest
 from crosstrain.compare.difference import BackendRun, compare_pair
 from crosstrain.compare.folders import plan_difference, read_compare_file, read_step_losses
 from crosstrain.compare.spread import MetricSpread, seed_spreads
-from crosstrain.compare.verdict import FP64_FACTOR, Verdict, early_bound, judge
+from crosstrain.compare.verdict import FP64_FACTOR, UNMEASURED_ROUNDING, Verdict, early_bound, judge
 from tests.conftest import EXAMPLES, InProcessCli, run_cli
 
 REFERENCE = 2.3 * np.exp(-np.arange(100) / 40)  # a falling loss curve of 100 steps
@@ -413,3 +413,16 @@ def test_a_folder_that_holds_no_run_is_named(tmp_path: Path, cli_in_process: InP
         f"crosstrain: error: {tmp_path}: holds neither plan.json (a run folder) nor compare.json "
         "(a compare folder)"
     ]
+
+
+def test_runs_in_fp64_are_their_own_probes_and_credited_the_unmeasured_rounding() -> None:
+    fp64 = {"eval": {"loss": 0.5, "accuracy": 0.9, "count": 400.0}, "precision": "fp64"}
+    reference = BackendRun("torch", fp64, REFERENCE.copy())
+    correct = BackendRun("tf", fp64, REFERENCE * (1 + 1e-14))
+    comparison = compare_pair(reference, correct, 1e-4)
+    assert early_bound(comparison) == pytest.approx(FP64_FACTOR * UNMEASURED_ROUNDING * 2.0**-29)
+    assert judge([comparison], [], [0], 0.01).kind == "AGREE"
+    buggy = REFERENCE.copy()
+    buggy[1] *= 1 + 1e-3
+    verdict = judge([compare_pair(reference, BackendRun("tf", fp64, buggy), 1e-4)], [], [0], 0.01)
+    assert verdict.kind == "DIFFERENT" and "step-2 loss in fp64 differs" in verdict.line
