@@ -6,7 +6,8 @@ high), each in the plan's fp32 and again in fp64 (the fp64 probe `compare` runs 
 backend), in this process on one CPU replica (the backends' own ``local`` strategies and
 crosstrain's loop). Each pair is judged by the verdict's own rule
 (``crosstrain.compare.verdict.early_bound``): DIFFERENT where the fp64 steps 1-2 differ
-beyond ``FP64_FACTOR`` times the model's rounding scaled to fp64. It prints per plan how
+beyond fp32's unit roundoff, or ``FP64_FACTOR`` times the model's rounding scaled to fp64
+where that is larger. It prints per plan how
 many correct runs and how many bugs that calls DIFFERENT, and how far below and above the
 bound they land:
 

@@ -15,7 +15,7 @@ import pytest
 from crosstrain.compare.difference import BackendRun, compare_pair
 from crosstrain.compare.folders import plan_difference, read_compare_file, read_step_losses
 from crosstrain.compare.spread import MetricSpread, seed_spreads
-from crosstrain.compare.verdict import FP64_FACTOR, UNMEASURED_ROUNDING, Verdict, early_bound, judge
+from crosstrain.compare.verdict import FP64_FACTOR, FP64_FLOOR, Verdict, early_bound, judge
 from tests.conftest import EXAMPLES, InProcessCli, run_cli
 
 REFERENCE = 2.3 * np.exp(-np.arange(100) / 40)  # a falling loss curve of 100 steps
@@ -155,15 +155,16 @@ def test_a_difference_beyond_rounding_in_the_first_steps_is_different_even_withi
         assert verdict.kind == "DIFFERENT" and verdict.exit_code == 1
         assert verdict.line == (
             "verdict: DIFFERENT (likely a bug): tf's step-2 loss in fp64 differs from torch's by "
-            "1.0e-03 (relative), beyond rounding (1.1e-12: 10000 x this model's rounding, 6.0e-08, "
-            "scaled to fp64) so soon after the start"
+            "1.0e-03 (relative), beyond what rounding and fp32 constants explain (6.0e-08) so soon "
+            "after the start"
         )
 
 
 def test_rounding_the_model_amplifies_is_no_bug_however_large_in_fp32() -> None:
     """One framework's batch norm may round 1e3 times more than another's: tf's fp32 losses
     1.1e-4 off torch's at step 2, as far as a 5 % learning-rate bug takes them; in fp64 the
-    correct run agrees to 1e-15 and the bug differs by 1.8e-4 still."""
+    correct run agrees to 1e-15 and the bug differs by 1.8e-4 still. The bound grows with
+    the model's rounding only where that, scaled to fp64, passes the floor."""
     losses = _drifting(20)
     losses[1] = REFERENCE[1] * (1 + 1.1e-4)
     correct = _run(losses, eval_loss=0.52, accuracy=0.92)
@@ -171,14 +172,16 @@ def test_rounding_the_model_amplifies_is_no_bug_however_large_in_fp32() -> None:
     comparison = compare_pair(_run(REFERENCE, backend="torch"), correct, tolerance=1e-4)
     assert comparison.early_difference()[1] == pytest.approx(1.1e-4)
     assert judge([comparison], spreads, [0, 1, 2, 3], 0.01).kind == "EQUIVALENT"
-    bound = early_bound(comparison)
-    assert bound == pytest.approx(FP64_FACTOR * 1.1e-4 * 2.0**-29, rel=1e-3)  # the model's rounding
+    assert early_bound(comparison) == FP64_FLOOR  # the model's rounding scaled to fp64 is less
+    amplifying = attrs.evolve(correct, losses=losses * (1 + 1e-2))  # rounding 1e-2 from fp64
+    bound = early_bound(compare_pair(_run(REFERENCE, backend="torch"), amplifying, tolerance=1e-4))
+    assert bound == pytest.approx(FP64_FACTOR * 1e-2 * 2.0**-29, rel=2e-2)
     bug = attrs.evolve(correct, probe=REFERENCE[:2] * np.array([1, 1 + 1.8e-4]))
     buggy = compare_pair(_run(REFERENCE, backend="torch"), bug, tolerance=1e-4)
     assert judge([buggy], spreads, [0, 1, 2, 3], 0.01).kind == "DIFFERENT"
-    # a model that rounds at fp32's unit roundoff is credited with no less
+    # a model that rounds at fp32's unit roundoff or less is held to the floor
     exact = compare_pair(_run(REFERENCE, backend="torch"), _run(REFERENCE), tolerance=1e-4)
-    assert early_bound(exact) == pytest.approx(FP64_FACTOR * 2.0**-24 * 2.0**-29)
+    assert early_bound(exact) == FP64_FLOOR
 
 
 def test_without_a_fp64_probe_the_first_steps_are_not_judged_and_the_line_says_so() -> None:
@@ -415,12 +418,12 @@ def test_a_folder_that_holds_no_run_is_named(tmp_path: Path, cli_in_process: InP
     ]
 
 
-def test_runs_in_fp64_are_their_own_probes_and_credited_the_unmeasured_rounding() -> None:
+def test_runs_in_fp64_are_their_own_probes_judged_by_the_floor() -> None:
     fp64 = {"eval": {"loss": 0.5, "accuracy": 0.9, "count": 400.0}, "precision": "fp64"}
     reference = BackendRun("torch", fp64, REFERENCE.copy())
     correct = BackendRun("tf", fp64, REFERENCE * (1 + 1e-14))
     comparison = compare_pair(reference, correct, 1e-4)
-    assert early_bound(comparison) == pytest.approx(FP64_FACTOR * UNMEASURED_ROUNDING * 2.0**-29)
+    assert early_bound(comparison) == FP64_FLOOR
     assert judge([comparison], [], [0], 0.01).kind == "AGREE"
     buggy = REFERENCE.copy()
     buggy[1] *= 1 + 1e-3
