@@ -254,10 +254,11 @@ def test_bad_input_found_in_a_worker_exits_2_as_before_launch(tmp_path: Path) ->
     )
     result = run_cli("run", str(tmp_path / "plan.py"), "--device", "cpu", "--out", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr
-    assert result.stderr.rstrip().splitlines()[-1] == (
+    assert result.stderr.rstrip().splitlines() == [
         f"crosstrain: error: rank 0 failed: {tmp_path / 'plan.py'}: model.native.torch: "
-        "cannot load 'nosuchmodule:build': No module named 'nosuchmodule'"
-    )
+        f"cannot load 'nosuchmodule:build': No module named 'nosuchmodule' "
+        f"(traceback: {tmp_path / 'run' / 'error.log'})"
+    ]
 
 
 #: the classic Keras convnet as a Keras user writes it, scaled down: activation =, uint8
