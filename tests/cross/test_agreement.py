@@ -69,6 +69,8 @@ def test_the_examples_agree_for_30_steps_at_two_replicas(
     assert listed == [
         {"backend": "torch", "folder": "torch", "role": "reference", "seed": 0},
         {"backend": "tf", "folder": "tf", "role": "candidate", "seed": 0},
+        {"backend": "torch", "folder": "torch-fp64", "role": "fp64", "seed": 0, "probes": "torch"},
+        {"backend": "tf", "folder": "tf-fp64", "role": "fp64", "seed": 0, "probes": "tf"},
     ]
     labels = [line.get_label() for line in build_figure([tmp_path]).axes[0].get_lines()]
     assert labels == [f"{tmp_path.name}/torch", f"{tmp_path.name}/tf"]

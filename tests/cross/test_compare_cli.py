@@ -71,11 +71,13 @@ def small_resnet(tmp_path_factory: pytest.TempPathFactory) -> Compared:
 MODELS = ["keras_convnet", "small_resnet"]
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_a_users_model_drifts_from_rounding_and_is_equivalent_within_the_seed_spread(
-    model: str, request: pytest.FixtureRequest
-) -> None:
-    compared: Compared = request.getfixturevalue(model)
+#: the models that may agree for the whole run on some CPUs: the Keras convnet does under
+#: ATEN_CPU_CAPABILITY=default (torch's kernels then add as tf's do); the ResNet's batch
+#: norm drifts on every CPU seen
+MAY_AGREE = {"keras_convnet"}
+
+
+def _assert_drifted_and_equivalent(compared: Compared) -> None:
     assert compared.verdict.startswith("verdict: EQUIVALENT: every step within 0.0001 up to step")
     found = HORIZON.search(compared.verdict)
     assert found is not None, compared.verdict
@@ -87,8 +89,21 @@ def test_a_users_model_drifts_from_rounding_and_is_equivalent_within_the_seed_sp
             rf"[\d.]+\.\.[\d.]+ \([\d.]+\), another seed lands in -?[\d.]+\.\.[\d.]+ \(99%\)",
             compared.verdict,
         ), compared.verdict
+    assert re.search(rf"agreement horizon \(0\.0001\) +│ +- │ +step {horizon} of 135 │", compared.stdout)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_users_model_drifts_from_rounding_and_is_equivalent_within_the_seed_spread(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    compared: Compared = request.getfixturevalue(model)
     table = compared.stdout
-    assert re.search(rf"agreement horizon \(0\.0001\) +│ +- │ +step {horizon} of 135 │", table)
+    if compared.verdict.startswith("verdict: AGREE"):
+        # where torch's kernels round as tf's do on this model (ATen without AVX), no drift
+        assert model in MAY_AGREE, compared.verdict
+        assert re.search(r"agreement horizon \(0\.0001\) +│ +- │ +all 135 steps │", table)
+    else:
+        _assert_drifted_and_equivalent(compared)
     early = re.search(r"steps 1-2 in fp64 \(bound\) +│ +- │ +(\S+) \(<=(\S+)\) │", table)
     assert early is not None, table
     difference, bound = map(float, early.groups())
@@ -125,15 +140,18 @@ def test_the_finished_runs_are_judged_again_to_the_same_verdict_without_training
     )
     assert without_seeds.returncode == 0, without_seeds.stderr
     horizon = HORIZON.search(compared.verdict)
-    assert horizon is not None
-    assert (
-        without_seeds.stdout.strip()
-        .splitlines()[-1]
-        .startswith(f"verdict: DRIFTED after step {horizon[1]} (tf leaves 0.0001 at step {horizon[2]}, ")
-    )
-    assert without_seeds.stdout.strip().endswith(
-        "no seed spread to judge it by: --seeds 3 tells EQUIVALENT from DIFFERENT"
-    )
+    if horizon is None:  # it agreed for the whole run: no seeds needed to say so
+        assert compared.verdict.startswith("verdict: AGREE") and model in MAY_AGREE
+        assert without_seeds.stdout.strip().splitlines()[-1] == compared.verdict
+    else:
+        assert (
+            without_seeds.stdout.strip()
+            .splitlines()[-1]
+            .startswith(f"verdict: DRIFTED after step {horizon[1]} (tf leaves 0.0001 at step {horizon[2]}, ")
+        )
+        assert without_seeds.stdout.strip().endswith(
+            "no seed spread to judge it by: --seeds 3 tells EQUIVALENT from DIFFERENT"
+        )
     assert {path: path.stat().st_mtime_ns for path in compared.folder.rglob("*")} == written
 
 
@@ -159,4 +177,4 @@ def test_a_learning_rate_10_percent_high_is_different(keras_convnet: Compared, t
         r"\(6\.0e-08\) so soon after the start",
         result.stdout.strip().splitlines()[-1],
     )
-    assert re.search(r"│ verdict +│ +- │ +EQUIVALENT │ +DIFFERENT │", result.stdout)  # tf, the bug
+    assert re.search(r"│ verdict +│ +- │ +(EQUIVALENT|AGREE) │ +DIFFERENT │", result.stdout)  # tf, the bug

@@ -71,7 +71,10 @@ def sorted_runs(listed: Sequence[ListedRun], runs: Sequence[BackendRun]) -> Comp
 
 def write_compare_file(out_root: Path, plan_name: str, listed: Sequence[ListedRun], tolerance: float) -> None:
     out_root.mkdir(parents=True, exist_ok=True)
-    runs = [attrs.asdict(run) for run in listed]
+    # a probe names the run it probes; the other runs probe none
+    runs = [
+        {key: value for key, value in attrs.asdict(run).items() if key != "probes" or value} for run in listed
+    ]
     text = json.dumps({"plan": plan_name, "tolerance": tolerance, "runs": runs}, indent=2) + "\n"
     (out_root / COMPARE_FILE).write_text(text, encoding="utf-8")
 
