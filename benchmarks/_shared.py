@@ -6,8 +6,8 @@ import argparse
 import time
 from collections.abc import Callable
 
-from crosstrain.core.layers import Dense, Layer, ReLU
-from crosstrain.core.plan import ModelSpec, OptimizerSpec, Plan, Precision, TrainSpec
+from crosstrain.core.model.layers import Dense, Layer, ReLU
+from crosstrain.core.spec.plan import ModelSpec, OptimizerSpec, Plan, Precision, TrainSpec
 
 
 def make_plan(width: int, depth: int, batch: int, precision: Precision) -> Plan:

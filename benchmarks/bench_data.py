@@ -180,9 +180,9 @@ def crosstrain_batches(
     resized by Pillow (``antialias``) or OpenCV; reading a decoded cache at ``cache`` (written
     there first, as ``crosstrain data cache`` writes it) when given."""
     os.environ["CROSSTRAIN_DECODE_WORKERS"] = str(workers)
-    from crosstrain.core.augment import Augmentation
-    from crosstrain.core.sources.cache import cached_rows, write_cache
-    from crosstrain.core.sources.images import ImageRows, batches
+    from crosstrain.core.data.augment import Augmentation
+    from crosstrain.core.data.sources.cache import cached_rows, write_cache
+    from crosstrain.core.data.sources.images import ImageRows, batches
 
     files = [str(path) for path in paths]
     cached = None
@@ -234,7 +234,7 @@ def train_resnet(root: Path, paths: list[Path], epochs: int, batch: int, cached:
     and from its decoded cache, ``cached``) against ResNet-50 from the same images on the GPU."""
     from bench_e2e import run_crosstrain  # the end-to-end benchmark's reader of epoch lines
 
-    from crosstrain.core.sources.images import ImageRows
+    from crosstrain.core.data.sources.images import ImageRows
 
     decoded = ImageRows(np.asarray([str(path) for path in paths]), (SIDE, SIDE)).read(np.arange(len(paths)))
     np.save(root / "x.npy", decoded)
@@ -317,7 +317,7 @@ def main() -> None:
     )
     if args.train_only:
         if args.cache:
-            from crosstrain.core.sources.cache import write_cache
+            from crosstrain.core.data.sources.cache import write_cache
 
             write_cache(root / "photos.cache", [str(path) for path in paths], args.workers)
     else:

@@ -287,7 +287,7 @@ def _fabric_class() -> Any:
 def _replayed_as_a_graph(plan: Path, settings: tuple[str, ...] = ()) -> bool:
     """Whether crosstrain replays this plan's step as one CUDA graph on one GPU."""
     from crosstrain.backends.torch.graphs import capture_blocker
-    from crosstrain.core.planfile import load_plan
+    from crosstrain.core.spec.planfile import load_plan
 
     return capture_blocker(load_plan(plan, settings), "cuda", 1) is None
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import Job
-from crosstrain.core.worker import run_worker
+from crosstrain.core.run.strategy import Job
+from crosstrain.core.run.worker import run_worker
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins.manager import hook_relay
 from crosstrain.testing.null import NullStrategy
 

@@ -23,11 +23,11 @@ import numpy as np
 from _shared import add_size_arguments, make_plan, print_report, timed
 from crosstrain.backends.tf.launch import TF_ENVIRONMENT
 from crosstrain.backends.tf.strategy import TfStrategy
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.layers import Dense, layer_name
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import World
+from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.model.layers import Dense, layer_name
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.run.strategy import World
+from crosstrain.core.spec.plan import Plan
 
 # before TensorFlow is imported (inside main): quiet logs, no oneDNN, Keras config off $HOME
 os.environ.update(TF_ENVIRONMENT)

@@ -26,10 +26,10 @@ import torch
 from e2e_configs import CONFIGS, plan_text
 
 from crosstrain.backends.torch.strategy import TorchStrategy
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import World
+from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.run.strategy import World
+from crosstrain.core.spec.planfile import load_plan
 
 
 def main() -> None:

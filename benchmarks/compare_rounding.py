@@ -37,7 +37,7 @@ import numpy as np
 
 from crosstrain.compare.difference import EARLY_STEPS, BackendRun, compare_pair
 from crosstrain.compare.verdict import early_bound
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.spec.planfile import load_plan
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PLANS = REPOSITORY / "tests" / "cross" / "plans"
@@ -140,8 +140,8 @@ def _strategies() -> dict[str, Any]:
 
 
 def early_losses(strategy: Any, plan_file: Path, seed: int, precision: str, out: Path) -> np.ndarray:
-    from crosstrain.core.loop import train
-    from crosstrain.core.strategy import Job
+    from crosstrain.core.run.loop import train
+    from crosstrain.core.run.strategy import Job
 
     settings = [f"seed={seed}", f"train.precision='{precision}'", f"train.max_steps={EARLY_STEPS}"]
     plan = load_plan(plan_file, settings)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crosstrain.core.scaling import InputScaling
+from crosstrain.core.data.scaling import InputScaling
 
 if TYPE_CHECKING:
     import torch

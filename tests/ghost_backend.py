@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from crosstrain.core.strategy import FrameworkStatus, World
+from crosstrain.core.run.strategy import FrameworkStatus, World
 from crosstrain.plugins.hookspecs import hookimpl
 
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crosstrain.core.context import RunContext
+from crosstrain.core.run.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
 
 _START: dict[str, int] = {}

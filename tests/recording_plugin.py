@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import crosstrain
-from crosstrain.core.context import RunContext
+from crosstrain.core.run.context import RunContext
 
 
 def _record(context: RunContext, hook: str, **arguments: Any) -> None:

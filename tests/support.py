@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from crosstrain.core.data import Batch, Datasets
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.plan import Plan
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.data.batches import Batch, Datasets
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing import assert_same_eval, max_relative_difference, step_losses, summary
 from crosstrain.testing.data_plans import write_images
 

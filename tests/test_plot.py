@@ -18,7 +18,7 @@ from crosstrain import CrosstrainError
 from crosstrain.compare.folders import write_compare_file
 from crosstrain.compare.launch import plan_runs
 from crosstrain.core.errors import RunDirError
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plot import (
     DIFFERENCE_FLOOR,
     DIFFERENCE_PANEL,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from crosstrain.core.tokens import stdlib_files
+from crosstrain.core.data.tokens import stdlib_files
 
 VOCABULARY = 4096
 

@@ -6,11 +6,7 @@ crosstrain imports no framework.
 """
 
 from crosstrain.api import LaunchOptions, fit
-from crosstrain.core import dropout
-from crosstrain.core import layers as _layers
-from crosstrain.core.context import RunContext
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.data_spec import DataSpec
+from crosstrain.core.data.batches import Batch, StepBatch
 from crosstrain.core.errors import (
     BackendError,
     CrosstrainError,
@@ -19,22 +15,14 @@ from crosstrain.core.errors import (
     PluginError,
     WorkerError,
 )
-from crosstrain.core.graph import MODEL_INPUT, Graph, Node
-from crosstrain.core.layers import *  # noqa: F403 (the layer types, named once in core.layers.__all__)
-from crosstrain.core.layers.sequences import rotary_tables
-from crosstrain.core.optimizers import DECAY_MODES, decayed_weights
-from crosstrain.core.plan import (
-    LossSpec,
-    ModelSpec,
-    NativeModel,
-    OptimizerSpec,
-    OutputSpec,
-    Plan,
-    ScheduleSpec,
-    TrainSpec,
-)
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import (
+from crosstrain.core.model import dropout
+from crosstrain.core.model import layers as _layers
+from crosstrain.core.model.graph import MODEL_INPUT, Graph, Node
+from crosstrain.core.model.layers import *  # noqa: F403 (the layer types, named once in core.layers.__all__)
+from crosstrain.core.model.layers.sequences import rotary_tables
+from crosstrain.core.model.optimizers import DECAY_MODES, decayed_weights
+from crosstrain.core.run.context import RunContext
+from crosstrain.core.run.strategy import (
     ChecksJob,
     DeviceChoice,
     DistributedStrategy,
@@ -58,8 +46,20 @@ from crosstrain.core.strategy import (
     SpansNodes,
     World,
 )
-from crosstrain.core.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
-from crosstrain.core.worker import attempt_job, run_worker
+from crosstrain.core.run.worker import attempt_job, run_worker
+from crosstrain.core.spec.data_spec import DataSpec
+from crosstrain.core.spec.plan import (
+    LossSpec,
+    ModelSpec,
+    NativeModel,
+    OptimizerSpec,
+    OutputSpec,
+    Plan,
+    ScheduleSpec,
+    TrainSpec,
+)
+from crosstrain.core.spec.planfile import load_plan
+from crosstrain.core.spec.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
 from crosstrain.importers import import_keras, import_torch
 from crosstrain.plugins.hookspecs import hookimpl
 

@@ -11,13 +11,9 @@ from typing import Any
 
 import attrs
 
-from crosstrain.core.admission import admit, owns_run_folder
-from crosstrain.core.cluster import Cluster, default_replicas
-from crosstrain.core.convert import structure_plan, unstructure_plan
-from crosstrain.core.errors import InputError, NonFiniteLossError, RunFolderError
-from crosstrain.core.plan import Plan, validate_plan
-from crosstrain.core.planfile import apply_override, load_plan
-from crosstrain.core.runfolder import (
+from crosstrain.core.admission.checks import admit, owns_run_folder
+from crosstrain.core.admission.cluster import Cluster, default_replicas
+from crosstrain.core.admission.runfolder import (
     PLAN_FILE,
     PlanChange,
     continued_plan,
@@ -27,12 +23,16 @@ from crosstrain.core.runfolder import (
     write_launch_record,
     write_run_plan,
 )
-from crosstrain.core.strategy import (
+from crosstrain.core.errors import InputError, NonFiniteLossError, RunFolderError
+from crosstrain.core.run.strategy import (
     DeviceChoice,
     Job,
     Layout,
     PluginSelection,
 )
+from crosstrain.core.spec.plan import Plan, validate_plan
+from crosstrain.core.spec.plan_dicts import structure_plan, unstructure_plan
+from crosstrain.core.spec.planfile import apply_override, load_plan
 from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend, hook_relay, make_plugin_manager
 
@@ -61,7 +61,7 @@ def plan_to_resume(
 ) -> tuple[Plan, list[str]]:
     """The plan a resumed run continues with (its run folder's ``plan.json``, overrides
     included, changed only where the user says and where a run may change:
-    :func:`~crosstrain.core.runfolder.continued_plan`), and the notes to show. ``plan``:
+    :func:`~crosstrain.core.admission.runfolder.continued_plan`), and the notes to show. ``plan``:
     the plan file given on the command line, if any; ``out``: the run folder (default: the
     plan file's ``output.dir``)."""
     overrides = list(overrides)
@@ -121,7 +121,7 @@ def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
 
 
 #: the layout a new run takes where no flag says (``--backend``, ``--device``, ``--nnodes``;
-#: ``--nproc``: :func:`~crosstrain.core.cluster.default_replicas`; ``--workers``: the
+#: ``--nproc``: :func:`~crosstrain.core.admission.cluster.default_replicas`; ``--workers``: the
 #: backend's natural layout)
 DEFAULT_BACKEND = "torch"
 DEFAULT_DEVICE: DeviceChoice = "auto"
@@ -216,7 +216,7 @@ def run_job(
     say: Callable[[str], None] = say_on_stderr,
     notes: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Admit the job (:func:`crosstrain.core.admission.admit`: nothing is written before
+    """Admit the job (:func:`crosstrain.core.admission.checks.admit`: nothing is written before
     it passes; its notes go to ``say``, and then the caller's ``notes``, so a refused job
     shows its one line alone), create (or check, or clear) the run folder and hold its
     lock, launch; return rank 0's summary. A run that met a non-finite loss raises

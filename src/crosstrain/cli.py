@@ -256,8 +256,8 @@ def _add_data_command(commands: Any) -> None:
 
 
 def _data_cache(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
-    from crosstrain.core.loading import image_files
-    from crosstrain.core.sources.cache import write_cache
+    from crosstrain.core.data.sources.cache import write_cache
+    from crosstrain.core.run.loading import image_files
 
     plan = prepare_plan(args.plan, args.overrides)
     if plan.data.source != "images":
@@ -330,7 +330,7 @@ _PLAN_ONLY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
 def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     from crosstrain.compare.folders import is_run_or_compare_folder, load_run_folders, not_a_run_folder
     from crosstrain.compare.launch import CompareLaunch, compare_plan
-    from crosstrain.compare.report import print_comparison
+    from crosstrain.compare.table import print_comparison
     from crosstrain.plot import check_matplotlib, plot_runs
 
     first = Path(args.plan)

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from crosstrain.core.graph import MODEL_INPUT, Graph
-from crosstrain.core.plan import Plan
+from crosstrain.core.model.graph import MODEL_INPUT, Graph
+from crosstrain.core.spec.plan import Plan
 
 
 @attrs.frozen

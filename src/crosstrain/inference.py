@@ -5,7 +5,7 @@ A run folder holds the plan as run (``plan.json``), the final weights
 (``model.safetensors``) and its checkpoints (``checkpoints/step-NNNNNNNN/``), all under
 neutral names, so any backend rebuilds the model: a run trained on torch evaluates on tf
 to the same numbers within parity tolerance. Everything here runs in this process, at
-world 1: core's exact :func:`~crosstrain.core.evaluation.evaluate` over the plan's eval set, the
+world 1: core's exact :func:`~crosstrain.core.run.evaluation.evaluate` over the plan's eval set, the
 backend's ``build`` and ``load_state_dict``, and its optional ``predict``/``export``.
 """
 
@@ -20,28 +20,28 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from crosstrain.core.checkpoint import (
+from crosstrain.core.admission.runfolder import read_classes, read_run_plan, run_plan_source
+from crosstrain.core.data.batches import ArrayDataset
+from crosstrain.core.data.scaling import InputScaling, ScaledRows
+from crosstrain.core.data.sources.images import IMAGE_SUFFIXES, ImageRows, check_image_headers
+from crosstrain.core.data.sources.table import STATISTICS_FILE, TABLE_FORMATS, read_statistics
+from crosstrain.core.errors import BackendError, InputError, PlanError
+from crosstrain.core.model.graph import MODEL_INPUT
+from crosstrain.core.model.layers import Embedding
+from crosstrain.core.run.checkpoint import (
     MODEL_FILE,
     complete_checkpoints,
     file_metadata,
     load_checkpoint,
     step_folder,
 )
-from crosstrain.core.data import ArrayDataset
-from crosstrain.core.errors import BackendError, InputError, PlanError
-from crosstrain.core.evaluation import evaluate
-from crosstrain.core.graph import MODEL_INPUT
-from crosstrain.core.layers import Embedding
-from crosstrain.core.loading import image_classes, load_datasets, read_table_rows
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import Plan
-from crosstrain.core.runfolder import read_classes, read_run_plan, run_plan_source
-from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.sources.images import IMAGE_SUFFIXES, ImageRows, check_image_headers
-from crosstrain.core.sources.table import STATISTICS_FILE, TABLE_FORMATS, read_statistics
-from crosstrain.core.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
-from crosstrain.core.targets import TargetMisfit, fit_targets
-from crosstrain.core.vocabulary import SpeaksVocabulary, check_plan_vocabulary
+from crosstrain.core.run.evaluation import evaluate
+from crosstrain.core.run.loading import image_classes, load_datasets, read_table_rows
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.run.strategy import DistributedStrategy, Exports, Predicts, RunsLocally
+from crosstrain.core.run.targets import TargetMisfit, fit_targets
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
     backend_registry,

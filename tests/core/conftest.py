@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crosstrain.core.sources import images
+from crosstrain.core.data.sources import images
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from crosstrain.core.convert import structure_plan
-from crosstrain.core.plan import Plan
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.plan_dicts import structure_plan
 
 
 def write_image(path: Path, value: int, size: tuple[int, int] = (12, 10)) -> None:

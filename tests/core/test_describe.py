@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from crosstrain.core.graph import build_graph
-from crosstrain.core.layers import Conv1D, Conv2DTranspose, Reshape
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.model.graph import build_graph
+from crosstrain.core.model.layers import Conv1D, Conv2DTranspose, Reshape
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.describe import describe_graph
 from crosstrain.testing.plans import GPT_PLAN, VISION_PLAN
 from tests.conftest import EXAMPLES, run_cli, worker_env

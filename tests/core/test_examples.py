@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.plan import check_world_fits
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.plan import check_world_fits
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.plans import DIGITS_MLP_PLAN
 from tests.conftest import EXAMPLES
 
@@ -50,7 +50,7 @@ def test_examples_and_readme_import_only_from_crosstrain_itself() -> None:
 
 def test_the_public_names_cover_plans_plugins_and_backends() -> None:
     import crosstrain
-    from crosstrain.core import layers, strategy
+    from crosstrain.core.model import layers, strategy
 
     assert all(hasattr(crosstrain, name) for name in crosstrain.__all__)
     public = set(crosstrain.__all__)

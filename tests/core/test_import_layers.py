@@ -182,9 +182,9 @@ def _write(root: Path, files: Mapping[str, str]) -> Path:
 
 LAYERED = {
     "crosstrain/core/__init__.py": "",
-    "crosstrain/core/plan.py": "import attrs\n",
+    "crosstrain/core/spec/plan.py": "import attrs\n",
     "crosstrain/launch/__init__.py": "from crosstrain.launch.store import serve\n",
-    "crosstrain/launch/store.py": "from crosstrain.core.plan import Plan\n",
+    "crosstrain/launch/store.py": "from crosstrain.core.spec.plan import Plan\n",
     "crosstrain/backends/__init__.py": "",
     "crosstrain/backends/mine.py": "from crosstrain.launch import serve\nfrom ..core import plan\n",
     "crosstrain/plugins/__init__.py": "",
@@ -199,20 +199,20 @@ def test_a_layered_tree_passes(tmp_path: Path) -> None:
 
 def test_an_upward_import_inside_a_function_is_named_with_its_line(tmp_path: Path) -> None:
     lazy = "import attrs\n\ndef run() -> None:\n    from crosstrain.api import fit\n"
-    found = problems(_write(tmp_path, {**LAYERED, "crosstrain/core/plan.py": lazy}))
-    assert "upward: crosstrain.core.plan (line 4) imports crosstrain.api" in found
-    assert "outside: crosstrain.core.plan (line 4) imports crosstrain.api" in found
+    found = problems(_write(tmp_path, {**LAYERED, "crosstrain/core/spec/plan.py": lazy}))
+    assert "upward: crosstrain.core.spec.plan (line 4) imports crosstrain.api" in found
+    assert "outside: crosstrain.core.spec.plan (line 4) imports crosstrain.api" in found
 
 
 def test_core_and_launch_import_only_what_lies_below(tmp_path: Path) -> None:
     files = {
         **LAYERED,
-        "crosstrain/core/plan.py": "from crosstrain.plugins import hookspecs\n",
+        "crosstrain/core/spec/plan.py": "from crosstrain.plugins import hookspecs\n",
         "crosstrain/launch/store.py": "from crosstrain.backends.mine import x\n",
     }
     found = problems(_write(tmp_path, files))
     # the hook contract is as low as core, but core still imports only core
-    assert "outside: crosstrain.core.plan (line 1) imports crosstrain.plugins.hookspecs" in found
+    assert "outside: crosstrain.core.spec.plan (line 1) imports crosstrain.plugins.hookspecs" in found
     assert "upward: crosstrain.launch.store (line 1) imports crosstrain.backends.mine" in found
 
 

@@ -10,7 +10,7 @@ FRAMEWORKS = ("torch", "tensorflow", "keras", "jax")
 
 def test_import_crosstrain_imports_no_framework() -> None:
     code = (
-        "import sys, crosstrain, crosstrain.cli, crosstrain.core.loop, crosstrain.plugins.manager\n"
+        "import sys, crosstrain, crosstrain.cli, crosstrain.core.run.loop, crosstrain.plugins.manager\n"
         "import crosstrain.backends.torch.plugin, crosstrain.backends.torch.strategy\n"
         f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))"
     )

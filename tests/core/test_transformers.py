@@ -14,18 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.checkpoint import plan_hash
-from crosstrain.core.convert import structure_plan, unstructure_plan
-from crosstrain.core.data import ArrayDataset
+from crosstrain.core.data.batches import ArrayDataset
 from crosstrain.core.errors import PlanError
-from crosstrain.core.evaluation import evaluate, perplexity
-from crosstrain.core.graph import build_graph
-from crosstrain.core.layers import Attention, ClassToken, Dense, Embedding, RMSNorm
-from crosstrain.core.layers.sequences import rotary_tables
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.optimizers import DECAY, DECAY_MODES, decayed_weights
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary
+from crosstrain.core.model.graph import build_graph
+from crosstrain.core.model.layers import Attention, ClassToken, Dense, Embedding, RMSNorm
+from crosstrain.core.model.layers.sequences import rotary_tables
+from crosstrain.core.model.optimizers import DECAY, DECAY_MODES, decayed_weights
+from crosstrain.core.run.checkpoint import plan_hash
+from crosstrain.core.run.evaluation import evaluate, perplexity
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.plan_dicts import structure_plan, unstructure_plan
+from crosstrain.core.spec.planfile import load_plan
+from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary, check_plan_vocabulary
 from crosstrain.describe import describe_graph
 from crosstrain.testing.data_plans import MULTILABEL_PLAN
 from crosstrain.testing.null import NullStrategy

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.layers import Block, Layer
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.plan import Plan, check_world_fits
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.model.layers import Block, Layer
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.plan import Plan, check_world_fits
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.describe import describe_graph
 from crosstrain.testing.zoo import ZOO
 from tests.conftest import EXAMPLES, run_cli, worker_env

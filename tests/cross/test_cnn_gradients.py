@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.layers import Flatten, MaxPool2D, ReLU
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.plan import ModelSpec, Plan
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.model.layers import Flatten, MaxPool2D, ReLU
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.spec.plan import ModelSpec, Plan
+from crosstrain.core.spec.planfile import load_plan
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("tensorflow")

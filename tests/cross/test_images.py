@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.checkpoint import complete_checkpoints
-from crosstrain.core.data import GlobalSampler
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.sources.images import ImageRows
+from crosstrain.core.data.batches import GlobalSampler
+from crosstrain.core.data.sources.images import ImageRows
+from crosstrain.core.run.checkpoint import complete_checkpoints
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.conformance import fail_then_resume
 from crosstrain.testing.data_plans import damaged_png
 from crosstrain.testing.launches import RunCache, run_cli, train_refused, write_plan

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.imported import FORWARD_TOLERANCE, plan_outputs, relative_difference
 from crosstrain.testing.runs import max_relative_difference, step_losses
 from tests.conftest import run_cli

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crosstrain.core.admission.runfolder import read_run_plan
+from crosstrain.core.data.scaling import ScaledRows
 from crosstrain.core.errors import CheckpointError, InputError, RunFolderError
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.runfolder import read_run_plan
-from crosstrain.core.scaling import ScaledRows
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.inference import evaluate_run, export_run, predict_run, read_rows
 from crosstrain.testing.launches import made_once, shared_folder
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crosstrain.core.layers import Dropout, Layer
-from crosstrain.core.plan import Plan
+from crosstrain.core.model.layers import Dropout, Layer
+from crosstrain.core.spec.plan import Plan
 from crosstrain.testing.layer_cases import (
     PARITY_CASES,
     STEP,

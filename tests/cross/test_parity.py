@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import crosstrain
-from crosstrain.core.checkpoint import load_checkpoint
+from crosstrain.core.run.checkpoint import load_checkpoint
 from crosstrain.plugins.metrics import METRICS_FILE
 from tests.support import max_relative_difference, step_losses, summary
 

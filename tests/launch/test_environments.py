@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crosstrain.core.admission import check_cluster, owns_run_folder
+from crosstrain.core.admission.checks import check_cluster, owns_run_folder
 from crosstrain.core.errors import BackendError, InputError
 from crosstrain.launch.environments import (
     KubeflowEnvironment,
@@ -216,8 +216,8 @@ def test_only_rank_0_minds_the_run_folder(
     node_rank: int,
     owns: bool,
 ) -> None:
-    from crosstrain.core.planfile import load_plan
-    from crosstrain.core.strategy import Job
+    from crosstrain.core.run.strategy import Job
+    from crosstrain.core.spec.planfile import load_plan
 
     for name, value in environ.items():
         monkeypatch.setenv(name, value)

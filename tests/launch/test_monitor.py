@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from crosstrain.core.heartbeat import Heartbeat
+from crosstrain.core.run.heartbeat import Heartbeat
 from crosstrain.launch.monitor import STARTUP_SECONDS, StallMonitor
 
 

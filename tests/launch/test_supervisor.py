@@ -17,7 +17,7 @@ import pytest
 
 from crosstrain.core.errors import Interrupted, PlanError, WorkerError, WorkerStalled
 from crosstrain.launch import WorkerSpec, error_summary, launch_folder, run_workers, stop_processes, supervise
-from crosstrain.launch.reports import first_failure
+from crosstrain.launch.outcomes import first_failure
 from crosstrain.launch.supervisor import remove_orphaned_folders
 
 
@@ -127,7 +127,7 @@ def test_a_worker_exiting_cleanly_without_a_result_is_a_failure(tmp_path: Path) 
 
 _BEATING_WORKER = (
     "import os, time\n"
-    "from crosstrain.core.heartbeat import Heartbeat\n"
+    "from crosstrain.core.run.heartbeat import Heartbeat\n"
     "beat = Heartbeat(int(os.environ['CROSSTRAIN_LAUNCH_RANK']))\n"
     "for step in range(1, 3):\n"
     "    beat.beat('step'); beat.beat('idle', step)\n"
@@ -190,7 +190,7 @@ def test_folders_of_launchers_that_were_killed_are_removed(tmp_path: Path) -> No
 #: while rank 0 waits forever; in a restart both report the restart count they were given
 _FAIL_ONCE_WORKER = """
 import os, pathlib, signal, time
-from crosstrain.core.heartbeat import Heartbeat
+from crosstrain.core.run.heartbeat import Heartbeat
 from crosstrain.launch import serve
 from crosstrain.launch.worker import restart_count, worker_rank
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from crosstrain.core.checkpoint import complete_checkpoints
+from crosstrain.core.run.checkpoint import complete_checkpoints
 from crosstrain.testing import step_losses, summary
 from tests.conftest import InProcessCli, worker_env
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from crosstrain.core.context import RunContext
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import Job, World
+from crosstrain.core.run.context import RunContext
+from crosstrain.core.run.strategy import Job, World
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins import tensorboard
 from tests.conftest import EXAMPLES, InProcessCli, run_cli, worker_env
 

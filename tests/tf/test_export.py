@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from crosstrain.core.errors import InputError
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 
 pytest.importorskip("tensorflow")

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN, RESNET_PLAN
 from tests.conftest import json_from_fresh_process

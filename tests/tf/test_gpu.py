@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from crosstrain.backends.tf.gpu import nvml_name
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.spec.planfile import load_plan
 
 pytestmark = pytest.mark.tf
 

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from crosstrain.core import dropout as neutral_dropout
-from crosstrain.core.convert import structure_plan
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.layers import LAYER_TYPES, Block, Layer
-from crosstrain.core.plan import LossSpec, Plan
-from crosstrain.core.strategy import World
-from crosstrain.core.vocabulary import CORE_VOCABULARY, missing_names
+from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.model import dropout as neutral_dropout
+from crosstrain.core.model.layers import LAYER_TYPES, Block, Layer
+from crosstrain.core.run.strategy import World
+from crosstrain.core.spec.plan import LossSpec, Plan
+from crosstrain.core.spec.plan_dicts import structure_plan
+from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, missing_names
 from crosstrain.testing.layer_cases import case_plan
 
 pytest.importorskip("tensorflow")

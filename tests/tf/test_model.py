@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.plan import OptimizerSpec, Plan
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import World
+from crosstrain.core.run.strategy import World
+from crosstrain.core.spec.plan import OptimizerSpec, Plan
+from crosstrain.core.spec.planfile import load_plan
 
 pytest.importorskip("tensorflow")
 
@@ -26,7 +26,7 @@ from crosstrain.backends.tf.optimizer import (
     update_rule,
 )
 from crosstrain.backends.tf.strategy import TfStrategy
-from crosstrain.core.convert import structure_plan
+from crosstrain.core.spec.plan_dicts import structure_plan
 
 pytestmark = pytest.mark.tf
 
@@ -200,8 +200,8 @@ def test_adam_adds_eps_after_the_bias_correction_like_torch(name: str) -> None:
 def test_the_optimizer_table_covers_core_s_names_and_slots_only_what_it_trains() -> None:
     import tensorflow as tf
 
-    from crosstrain.core.optimizers import OPTIMIZER_SLOTS
-    from crosstrain.core.optimizers import OPTIMIZERS as CORE_OPTIMIZERS
+    from crosstrain.core.model.optimizers import OPTIMIZER_SLOTS
+    from crosstrain.core.model.optimizers import OPTIMIZERS as CORE_OPTIMIZERS
 
     assert set(OPTIMIZERS) == set(CORE_OPTIMIZERS)
     for name, slots in OPTIMIZER_SLOTS.items():  # a checkpoint names each slot the row keeps
@@ -234,7 +234,7 @@ def test_loss_scale_halves_on_overflow_and_grows_after_a_run_of_finite_steps() -
 
 def test_fp16_skips_a_step_whose_gradients_overflow() -> None:
     """An inf gradient leaves weights and Adam's step count alone and halves the scale."""
-    from crosstrain.core.data import Batch, StepBatch
+    from crosstrain.core.data.batches import Batch, StepBatch
 
     plan = structure_plan(
         {

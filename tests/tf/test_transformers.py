@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.spec.planfile import load_plan
 
 pytest.importorskip("tensorflow")
 

@@ -25,13 +25,13 @@ import numpy as np
 from crosstrain.backends.tf.launch import Layout
 from crosstrain.backends.tf.strategy import TfState, TfStrategy
 from crosstrain.backends.tf.worker import configure_devices
-from crosstrain.core.data import Batch, GlobalSampler, step_batch
-from crosstrain.core.evaluation import evaluate
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import initial_weights, train
-from crosstrain.core.plan import Plan
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import Job, World
+from crosstrain.core.data.batches import Batch, GlobalSampler, step_batch
+from crosstrain.core.run.evaluation import evaluate
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.run.loop import initial_weights, train
+from crosstrain.core.run.strategy import Job, World
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.planfile import load_plan
 from tests.support import StepRecorder
 
 STEPS = 6

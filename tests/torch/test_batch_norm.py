@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from crosstrain.backends.torch.nodes import ForwardContext  # noqa: E402
 from crosstrain.backends.torch.norms import BatchNormNode  # noqa: E402
-from crosstrain.core.graph import Node  # noqa: E402
-from crosstrain.core.layers import BatchNorm  # noqa: E402
+from crosstrain.core.model.graph import Node  # noqa: E402
+from crosstrain.core.model.layers import BatchNorm  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -14,8 +14,8 @@ import pytest
 
 import crosstrain
 from crosstrain import cli
-from crosstrain.core.checkpoint import load_checkpoint
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.run.checkpoint import load_checkpoint
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.data_plans import write_tokens
 from crosstrain.testing.plans import GPT_PLAN
 from tests.conftest import EXAMPLES, run_cli, worker_env

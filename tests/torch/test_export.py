@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.checkpoint import save_checkpoint
+from crosstrain.core.admission.runfolder import write_run_plan
 from crosstrain.core.errors import InputError
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.runfolder import write_run_plan
+from crosstrain.core.run.checkpoint import save_checkpoint
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.inference import export_run, predict_run
 from crosstrain.testing.plans import RESNET_PLAN
 from tests.conftest import run_cli, user_env

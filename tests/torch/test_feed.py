@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data import Batch, stored_rows
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.mapped import MappedRows
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.data.batches import Batch, stored_rows
+from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 from tests.support import scaled_images_on_the_host
@@ -48,7 +48,7 @@ def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: 
 def test_a_full_batchs_indices_are_a_view_of_the_epochs_order_on_the_device() -> None:
     """Placed data: the epoch's order is copied once, each full batch slices it (the same
     storage every step), a padded batch copies its own indices; rows equal the host's."""
-    from crosstrain.core.data import ArrayDataset, GlobalSampler, step_batch
+    from crosstrain.core.data.batches import ArrayDataset, GlobalSampler, step_batch
 
     rng = np.random.default_rng(1)
     dataset = ArrayDataset(rng.normal(size=(20, 3)).astype(np.float32), rng.integers(0, 5, 20))

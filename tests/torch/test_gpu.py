@@ -67,7 +67,7 @@ def test_gpu_request_without_enough_gpus_is_refused(tmp_path: Path) -> None:
 def test_dropout_masks_on_the_gpu_equal_the_numpy_reference() -> None:
 
     from crosstrain.backends.torch.dense import keep_mask
-    from crosstrain.core.dropout import keep_mask as reference
+    from crosstrain.core.model.dropout import keep_mask as reference
 
     rows = np.array([0, 3, 2**31 + 5, 2**32 - 1], np.int64)
     on_gpu = keep_mask(2**40 + 1, 77, 4, torch.from_numpy(rows).cuda(), 999, 0.25).cpu().numpy()
@@ -80,8 +80,8 @@ def test_fp32_convolutions_on_the_gpu_are_ieee_not_tf32(tmp_path: Path) -> None:
     algorithm it picks. A strategy built on a GPU turns that
     off, so the result is within fp32 rounding."""
     from crosstrain.backends.torch.strategy import TorchStrategy
-    from crosstrain.core.loop import initial_weights
-    from crosstrain.core.planfile import load_plan
+    from crosstrain.core.run.loop import initial_weights
+    from crosstrain.core.spec.planfile import load_plan
     from crosstrain.testing.launches import write_plan
 
     plan = load_plan(write_plan(tmp_path, "resnet"))
@@ -389,7 +389,7 @@ def test_a_small_resnet50_compiled_in_bf16_trains_like_eager(tmp_path: Path) -> 
 def _capturable(plan: Path) -> Path:
     """``plan``, checked to be one the GPU replays as one CUDA graph (no layer blocks it)."""
     from crosstrain.backends.torch.graphs import capture_blocker
-    from crosstrain.core.planfile import load_plan
+    from crosstrain.core.spec.planfile import load_plan
 
     assert capture_blocker(load_plan(plan), "cuda:0", 1) is None
     return plan

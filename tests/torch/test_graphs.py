@@ -19,9 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from crosstrain.backends.torch.graphs import WARMUP_STEPS, Replayable, StepGraph, capture_blocker  # noqa: E402
-from crosstrain.core.data import GlobalSampler  # noqa: E402
-from crosstrain.core.loading import load_datasets  # noqa: E402
-from crosstrain.core.planfile import load_plan  # noqa: E402
+from crosstrain.core.data.batches import GlobalSampler  # noqa: E402
+from crosstrain.core.run.loading import load_datasets  # noqa: E402
+from crosstrain.core.spec.planfile import load_plan  # noqa: E402
 from crosstrain.testing.launches import write_plan  # noqa: E402
 from crosstrain.testing.runs import max_relative_difference  # noqa: E402
 
@@ -183,8 +183,8 @@ def _train_on_a_cpu(
     it ran, and the step's graph (None when launched or interrupted)."""
     from crosstrain.backends.torch import graphs
     from crosstrain.backends.torch.strategy import TorchStrategy
-    from crosstrain.core.loop import train
-    from crosstrain.core.strategy import Job
+    from crosstrain.core.run.loop import train
+    from crosstrain.core.run.strategy import Job
 
     on_a_gpu = graphs.capture_blocker
     recorder = _LossesByStep(fail_after)

@@ -10,8 +10,8 @@ import attrs
 import numpy as np
 import pytest
 
-from crosstrain.core.dropout import keep_mask as reference_keep_mask
-from crosstrain.core.layers import (
+from crosstrain.core.model.dropout import keep_mask as reference_keep_mask
+from crosstrain.core.model.layers import (
     GELU,
     LAYER_TYPES,
     Add,
@@ -28,9 +28,9 @@ from crosstrain.core.layers import (
     ReLU,
     ZeroPad2D,
 )
-from crosstrain.core.plan import ModelSpec, Plan
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.vocabulary import missing_names
+from crosstrain.core.spec.plan import ModelSpec, Plan
+from crosstrain.core.spec.planfile import load_plan
+from crosstrain.core.spec.vocabulary import missing_names
 from crosstrain.testing.layer_cases import case_plan
 from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
 

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from crosstrain.backends.torch.optimizer import OPTIMIZERS, make_optimizer  # noqa: E402
-from crosstrain.core.optimizers import OPTIMIZER_SLOTS  # noqa: E402
-from crosstrain.core.plan import OptimizerSpec  # noqa: E402
+from crosstrain.core.model.optimizers import OPTIMIZER_SLOTS  # noqa: E402
+from crosstrain.core.spec.plan import OptimizerSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.checkpoint import complete_checkpoints
-from crosstrain.core.runfolder import read_launch_record
-from crosstrain.core.strategy import Layout
+from crosstrain.core.admission.runfolder import read_launch_record
+from crosstrain.core.run.checkpoint import complete_checkpoints
+from crosstrain.core.run.strategy import Layout
 from crosstrain.testing.launches import made_once, run_cli, shared_folder, write_plan
 from crosstrain.testing.runs import step_losses, summary
 

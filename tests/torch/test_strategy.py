@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from crosstrain.backends.torch.strategy import TorchStrategy
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import initial_weights
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.run.loop import initial_weights
+from crosstrain.core.spec.planfile import load_plan
 
 pytestmark = pytest.mark.torch
 

@@ -11,8 +11,8 @@ import attrs
 import numpy as np
 import pytest
 
-from crosstrain.core.layers import Attention, Dense, Embedding, LayerNorm, PaddingMask
-from crosstrain.core.plan import ModelSpec, OptimizerSpec, Plan
+from crosstrain.core.model.layers import Attention, Dense, Embedding, LayerNorm, PaddingMask
+from crosstrain.core.spec.plan import ModelSpec, OptimizerSpec, Plan
 
 torch = pytest.importorskip("torch")
 
@@ -25,7 +25,7 @@ from crosstrain.backends.torch.model import (  # noqa: E402
     undecayed_parameters,
 )
 from crosstrain.backends.torch.optimizer import make_optimizer  # noqa: E402
-from crosstrain.core.scaling import InputScaling  # noqa: E402
+from crosstrain.core.data.scaling import InputScaling  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -15,10 +15,10 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.backends.torch.worker import join_group
-from crosstrain.core.evaluation import evaluate
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import initial_weights, train
-from crosstrain.core.strategy import Job
+from crosstrain.core.run.evaluation import evaluate
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.run.loop import initial_weights, train
+from crosstrain.core.run.strategy import Job
 from crosstrain.plugins.manager import make_plugin_manager
 
 T = TypeVar("T")

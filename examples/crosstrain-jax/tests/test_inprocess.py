@@ -23,11 +23,11 @@ from crosstrain import (
     World,
 )
 from crosstrain.api import prepare_plan
-from crosstrain.core.evaluation import evaluate
+from crosstrain.core.run.evaluation import evaluate
 
 # the loop's own pieces, driven by hand here: internals, not the public surface
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.loop import initial_weights
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.run.loop import initial_weights
 from crosstrain.testing import assert_same_eval
 
 from crosstrain_jax import JaxState, JaxStrategy

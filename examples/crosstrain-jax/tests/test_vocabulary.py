@@ -11,8 +11,8 @@ from pathlib import Path
 import crosstrain
 import pytest
 from crosstrain import DECAY_MODES, Attention, PlanError, Vocabulary
-from crosstrain.core.plan import WEIGHT_DTYPES
-from crosstrain.core.vocabulary import missing_names  # the check's own helper, tested here
+from crosstrain.core.spec.plan import WEIGHT_DTYPES
+from crosstrain.core.spec.vocabulary import missing_names  # the check's own helper, tested here
 
 from crosstrain_jax import JaxStrategy, layers
 from crosstrain_jax.layers import LAYERS

@@ -14,12 +14,12 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from crosstrain.core.data import ArrayDataset, Rows, image_rows
+from crosstrain.core.data.batches import ArrayDataset, Rows, image_rows
+from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.scaling import ScaledRows
+from crosstrain.core.data.tokens import TokenWindows
 from crosstrain.core.errors import PlanError
-from crosstrain.core.mapped import MappedRows
-from crosstrain.core.plan import Plan
-from crosstrain.core.scaling import ScaledRows
-from crosstrain.core.tokens import TokenWindows
+from crosstrain.core.spec.plan import Plan
 
 #: threads a worker process computes with on a CPU (torch's, and each of TensorFlow's two
 #: pools): N workers on N cores each spawning N threads run ~7x slower (measured, 2 cores)

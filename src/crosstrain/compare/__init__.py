@@ -15,7 +15,7 @@ One concern a module, each importing only those above it in this list:
   (docs/running.md#compare-agreement-horizon-and-seed-spread);
 - :mod:`~crosstrain.compare.folders`: ``compare.json``, roles, reading finished run folders;
 - :mod:`~crosstrain.compare.launch`: running the plan on each backend and the seed runs;
-- :mod:`~crosstrain.compare.report`: the side-by-side table and the verdict line.
+- :mod:`~crosstrain.compare.table`: the side-by-side table and the verdict line.
 
 The names below are re-exported for users; crosstrain's own modules import each from the
 module that holds it.
@@ -38,8 +38,8 @@ from crosstrain.compare.folders import (
     write_compare_file,
 )
 from crosstrain.compare.launch import CompareLaunch, compare_plan, plan_runs, run_backends
-from crosstrain.compare.report import print_comparison
 from crosstrain.compare.spread import MetricSpread, seed_spreads
+from crosstrain.compare.table import print_comparison
 from crosstrain.compare.verdict import FP64_FACTOR, Kind, Verdict, judge
 
 __all__ = [

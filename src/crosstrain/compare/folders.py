@@ -14,10 +14,10 @@ import numpy as np
 
 from crosstrain.compare.difference import BackendRun, ComparedRuns
 from crosstrain.compare.verdict import probe_plan
-from crosstrain.core.convert import unstructure_plan
+from crosstrain.core.admission.runfolder import PLAN_FILE, read_run_plan
 from crosstrain.core.errors import InputError, RunDirError
-from crosstrain.core.plan import Plan
-from crosstrain.core.runfolder import PLAN_FILE, read_run_plan
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.plan_dicts import unstructure_plan
 from crosstrain.plugins.metrics import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 COMPARE_FILE = "compare.json"

@@ -14,10 +14,10 @@ from crosstrain.api import LaunchOptions, default_out_dir, make_job, run_job
 from crosstrain.compare.difference import BackendRun, ComparedRuns
 from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs, write_compare_file
 from crosstrain.compare.verdict import probe_plan
-from crosstrain.core.admission import admit
+from crosstrain.core.admission.checks import admit
 from crosstrain.core.errors import CrosstrainError, InputError
-from crosstrain.core.plan import Plan
-from crosstrain.core.strategy import DeviceChoice, PluginSelection
+from crosstrain.core.run.strategy import DeviceChoice, PluginSelection
+from crosstrain.core.spec.plan import Plan
 from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
 from crosstrain.plugins.metrics import METRICS_FILE

@@ -31,7 +31,7 @@ import attrs
 
 from crosstrain.compare.difference import EARLY_STEPS, Comparison
 from crosstrain.compare.spread import SEED_CONFIDENCE, MetricSpread, metric_value, seeds_text
-from crosstrain.core.plan import Plan
+from crosstrain.core.spec.plan import Plan
 
 Kind = Literal["AGREE", "EQUIVALENT", "DRIFTED", "DIFFERENT"]
 

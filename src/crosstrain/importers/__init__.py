@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crosstrain.core.errors import InputError, did_you_mean
-from crosstrain.core.layers import Shape
+from crosstrain.core.model.layers import Shape
 from crosstrain.importers.common import ImportResult
 
 Say = Callable[[str], None]

@@ -16,13 +16,13 @@ import numpy as np
 import tomlkit
 from tomlkit.items import Array, InlineTable
 
-from crosstrain.core.admission import check_init_from
-from crosstrain.core.checkpoint import save_checkpoint
+from crosstrain.core.admission.checks import check_init_from
 from crosstrain.core.errors import InputError, PlanError
-from crosstrain.core.layers import DType, Layer, Shape, as_pair
-from crosstrain.core.layers.convolutions import as_padding2d
-from crosstrain.core.plan import ModelSpec, Plan, validate_plan
-from crosstrain.core.planfile import load_plan
+from crosstrain.core.model.layers import DType, Layer, Shape, as_pair
+from crosstrain.core.model.layers.convolutions import as_padding2d
+from crosstrain.core.run.checkpoint import save_checkpoint
+from crosstrain.core.spec.plan import ModelSpec, Plan, validate_plan
+from crosstrain.core.spec.planfile import load_plan
 
 #: where the weights go unless the caller names a file: beside the plan
 DEFAULT_WEIGHTS = "init.safetensors"

@@ -25,8 +25,8 @@ import attrs
 import keras
 
 from crosstrain.core.errors import InputError
-from crosstrain.core.graph import INPUT_NAME
-from crosstrain.core.layers import (
+from crosstrain.core.model.graph import INPUT_NAME
+from crosstrain.core.model.layers import (
     DType,
     Layer,
     Shape,
@@ -344,7 +344,7 @@ class _Assembly:
     ) -> None:
         """Each Keras layer's output shape, as Keras recorded it, is its plan layer's: a
         converter that missed an option would show here, not in a wrong forward."""
-        from crosstrain.core.graph import build_graph
+        from crosstrain.core.model.graph import build_graph
 
         graph = build_graph(input_shape, self.layers, None, input_dtype)
         shapes = {node.path: node.output_shape for node in graph.nodes}

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from crosstrain.core.errors import InputError
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     Shape,
 )
 from crosstrain.importers.common import Conversion

@@ -12,7 +12,7 @@ import attrs
 import keras
 import numpy as np
 
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     GELU,
     AvgPool2D,
     Conv1D,
@@ -41,7 +41,7 @@ from crosstrain.core.layers import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.layers.activations import ACTIVATIONS
+from crosstrain.core.model.layers.activations import ACTIVATIONS
 from crosstrain.importers.common import Conversion, Piece, Weights
 from crosstrain.importers.keras_calls import Call
 

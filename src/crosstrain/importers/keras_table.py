@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     Add,
     Attention,
     AvgPool2D,

@@ -41,8 +41,8 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from crosstrain.core.errors import InputError, PlanError
-from crosstrain.core.graph import INPUT_NAME, build_graph
-from crosstrain.core.layers import (
+from crosstrain.core.model.graph import INPUT_NAME, build_graph
+from crosstrain.core.model.layers import (
     DType,
     Layer,
     Shape,

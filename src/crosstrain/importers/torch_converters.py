@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from crosstrain.backends.torch.layers import LAYERS as TORCH_LAYERS
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     AvgPool2D,
     Concat,
     Conv1D,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     GELU,
     Add,
     Attention,

@@ -3,7 +3,7 @@
 A rank that hangs stops its peers too: they wait for it in the next collective. So the
 monitor watches not the first rank it sees silent but the one that is behind: the fewest
 beats (every rank makes the same beats in the same order, see
-:mod:`crosstrain.core.heartbeat`), then the longest silent; the job has stalled when that
+:mod:`crosstrain.core.run.heartbeat`), then the longest silent; the job has stalled when that
 rank has been silent for the timeout. Times are this process's own
 clock, taken when a rank's record changes, so no two clocks are ever compared.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import attrs
 
 from crosstrain.core.errors import WorkerStalled
-from crosstrain.core.heartbeat import Beat, heartbeat_path, read_beat
+from crosstrain.core.run.heartbeat import Beat, heartbeat_path, read_beat
 
 #: until a rank's first beat (interpreter and framework start-up, data loading), the
 #: deadline is at least this long: a short --timeout is for steps, not for imports

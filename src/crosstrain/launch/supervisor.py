@@ -11,7 +11,7 @@ any third-party backend that trains in subprocesses describe their workers
   :class:`WorkerStalled` or :class:`Interrupted`;
 - with ``max_restarts``, after a worker's failure or stall, stops the group and starts it
   again (fresh specs, so fresh ports; fresh heartbeats; :data:`RESTART_COUNT` set, so each
-  worker resumes through :func:`crosstrain.core.worker.attempt_job`), up to that many times;
+  worker resumes through :func:`crosstrain.core.run.worker.attempt_job`), up to that many times;
   bad input (exit code 2) and a signal to the launcher end the job at once;
 - removes its temporary folder on every exit it sees, and the folders of launchers that
   were killed outright (SIGKILL leaves nobody to clean up) the next time one starts.
@@ -33,12 +33,11 @@ from typing import Any
 
 import attrs
 
-from crosstrain.core.checkpoint import complete_checkpoints
 from crosstrain.core.errors import BAD_INPUT_EXIT_CODE, WorkerError
-from crosstrain.core.heartbeat import HEARTBEAT_DIR
+from crosstrain.core.run.checkpoint import complete_checkpoints
+from crosstrain.core.run.heartbeat import HEARTBEAT_DIR
 from crosstrain.launch.monitor import StallMonitor
-from crosstrain.launch.process import interrupts_raise, start_process, stop_processes
-from crosstrain.launch.reports import (
+from crosstrain.launch.outcomes import (
     error_path,
     first_failure,
     log_failure,
@@ -46,6 +45,7 @@ from crosstrain.launch.reports import (
     read_result,
     result_path,
 )
+from crosstrain.launch.process import interrupts_raise, start_process, stop_processes
 from crosstrain.launch.worker import LAUNCH_DIR, LAUNCH_RANK, RESTART_COUNT
 
 POLL_SECONDS = 0.1

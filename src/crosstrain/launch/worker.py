@@ -4,7 +4,7 @@ A worker started by :func:`crosstrain.launch.run_workers` finds its folder and r
 environment (:data:`LAUNCH_DIR`, :data:`LAUNCH_RANK`) and calls :func:`serve` with the
 function that trains; every failure, even SystemExit, reaches the launcher once. A worker
 of a restarted group (:data:`RESTART_COUNT` > 0) runs
-``crosstrain.core.worker.attempt_job(job, restart_count())``, which resumes.
+``crosstrain.core.run.worker.attempt_job(job, restart_count())``, which resumes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crosstrain.launch.outcomes import error_path, error_report, result_path, write_atomically
 from crosstrain.launch.process import exit_now
-from crosstrain.launch.reports import error_path, error_report, result_path, write_atomically
 
 LAUNCH_DIR = "CROSSTRAIN_LAUNCH_DIR"
 LAUNCH_RANK = "CROSSTRAIN_LAUNCH_RANK"

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from crosstrain.core.checkpoint import KEEP_BEST
-from crosstrain.core.context import RunContext
 from crosstrain.core.errors import PlanError
+from crosstrain.core.run.checkpoint import KEEP_BEST
+from crosstrain.core.run.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
 
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from crosstrain.core.context import RunContext
-    from crosstrain.core.strategy import DistributedStrategy
+    from crosstrain.core.run.context import RunContext
+    from crosstrain.core.run.strategy import DistributedStrategy
 
 hookspec = pluggy.HookspecMarker("crosstrain")
 hookimpl = pluggy.HookimplMarker("crosstrain")
@@ -34,7 +34,7 @@ hookimpl = pluggy.HookimplMarker("crosstrain")
 def crosstrain_backends() -> list[type[DistributedStrategy]]:  # type: ignore[empty-body]
     """Return the backend classes this plugin provides.
 
-    Each class implements :class:`crosstrain.core.strategy.DistributedStrategy` and is
+    Each class implements :class:`crosstrain.core.run.strategy.DistributedStrategy` and is
     selected by its ``name`` (``--backend NAME``). The module holding this hook must
     import without the backend's framework, so that ``crosstrain backends`` can say the
     framework is missing instead of failing. Two distributions returning the same

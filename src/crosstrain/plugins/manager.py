@@ -23,9 +23,9 @@ from typing import cast
 import attrs
 import pluggy
 
-from crosstrain.core.admission import check_framework
+from crosstrain.core.admission.checks import check_framework
 from crosstrain.core.errors import BackendError, PluginError
-from crosstrain.core.strategy import DistributedStrategy, PluginSelection
+from crosstrain.core.run.strategy import DistributedStrategy, PluginSelection
 from crosstrain.plugins import hookspecs
 
 GROUP = "crosstrain"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from crosstrain.core.context import RunContext
+from crosstrain.core.run.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
 
 METRICS_FILE = "metrics.jsonl"

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from crosstrain.core.context import RunContext
 from crosstrain.core.errors import TensorboardError
+from crosstrain.core.run.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
 
 OPTION = "tensorboard"  # the argparse dest, hence the key in context.options

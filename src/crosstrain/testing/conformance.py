@@ -43,14 +43,19 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from crosstrain.core.checkpoint import complete_checkpoints, load_checkpoint
-from crosstrain.core.data import GlobalSampler
+from crosstrain.core.admission.runfolder import read_launch_record
+from crosstrain.core.data.batches import GlobalSampler
 from crosstrain.core.errors import PlanError
-from crosstrain.core.loading import load_datasets
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.runfolder import read_launch_record
-from crosstrain.core.strategy import Layout, PlacesData, Predicts, SkipsNonFiniteSteps
-from crosstrain.core.vocabulary import CORE_VOCABULARY, SpeaksVocabulary, check_plan_vocabulary, missing_names
+from crosstrain.core.run.checkpoint import complete_checkpoints, load_checkpoint
+from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.run.strategy import Layout, PlacesData, Predicts, SkipsNonFiniteSteps
+from crosstrain.core.spec.planfile import load_plan
+from crosstrain.core.spec.vocabulary import (
+    CORE_VOCABULARY,
+    SpeaksVocabulary,
+    check_plan_vocabulary,
+    missing_names,
+)
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 from crosstrain.testing.data_plans import NAN_ROW_PLAN, write_nan_row_data
 from crosstrain.testing.launches import (

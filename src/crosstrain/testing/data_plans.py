@@ -39,7 +39,7 @@ def write_multilabel_data(path: str) -> None:
     a closed loop in the glyph (0, 6, 8, 9), a prime (2, 3, 5, 7)."""
     import numpy as np
 
-    from crosstrain.core.loading import load_digits_arrays
+    from crosstrain.core.run.loading import load_digits_arrays
 
     x, digits = load_digits_arrays()
     facts = [digits % 2 == 0, digits > 4, np.isin(digits, (0, 6, 8, 9)), np.isin(digits, (2, 3, 5, 7))]
@@ -206,7 +206,7 @@ def write_image_folder(directory: str, rows: int = 360) -> None:
     import numpy as np
     from PIL import Image
 
-    from crosstrain.core.loading import load_digits_arrays
+    from crosstrain.core.run.loading import load_digits_arrays
 
     pixels, labels = load_digits_arrays()
     for row in range(rows):
@@ -257,7 +257,7 @@ def write_nan_row_data(path: str, row: int = 300) -> None:
     layer, so the loss of the step that holds it is not finite on every backend."""
     import numpy as np
 
-    from crosstrain.core.loading import load_digits_arrays
+    from crosstrain.core.run.loading import load_digits_arrays
 
     x, y = load_digits_arrays()
     x[row] = 3e38

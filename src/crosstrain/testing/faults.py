@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from crosstrain.core.context import RunContext
+from crosstrain.core.run.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
 
 FAIL_STEP = 3

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from crosstrain.core.checkpoint import load_checkpoint, weights_file
-from crosstrain.core.plan import Plan
-from crosstrain.core.planfile import load_plan
-from crosstrain.core.strategy import Predicts, RunsLocally
+from crosstrain.core.run.checkpoint import load_checkpoint, weights_file
+from crosstrain.core.run.strategy import Predicts, RunsLocally
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 
 #: the imported plan's forward equals the framework's within this, relative to the largest

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     GELU,
     LAYER_TYPES,
     Add,
@@ -61,7 +61,7 @@ from crosstrain.core.layers import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.plan import BlockSpec, ModelSpec, Plan
+from crosstrain.core.spec.plan import BlockSpec, ModelSpec, Plan
 
 #: relative to the largest value of each compared array
 TOLERANCE = 1e-5

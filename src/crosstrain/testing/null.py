@@ -8,7 +8,7 @@ The module is a crosstrain plugin, loaded by name (it is no entry point, so a us
 
     crosstrain -p crosstrain.testing.null run plan.toml --backend null
 
-``launch`` runs the worker side (:func:`crosstrain.core.worker.run_worker`: the job's
+``launch`` runs the worker side (:func:`crosstrain.core.run.worker.run_worker`: the job's
 plugins, the loop) right here, so ``crosstrain.cli.main([...])`` trains in the caller's
 process. Two backends:
 
@@ -32,12 +32,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from crosstrain.core.data import Batch, StepBatch
+from crosstrain.core.data.batches import Batch, StepBatch
 from crosstrain.core.errors import BackendError, Interrupted, WorkerError
-from crosstrain.core.strategy import DistributedStrategy, FrameworkStatus, Job, RunResult, World
-from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary
-from crosstrain.core.worker import run_worker
-from crosstrain.launch.reports import error_report
+from crosstrain.core.run.strategy import DistributedStrategy, FrameworkStatus, Job, RunResult, World
+from crosstrain.core.run.worker import run_worker
+from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
+from crosstrain.launch.outcomes import error_report
 from crosstrain.plugins.hookspecs import hookimpl
 
 #: the state both backends keep: names to numpy arrays and counts

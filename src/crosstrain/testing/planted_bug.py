@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 from crosstrain.backends.torch.state import TorchState
 from crosstrain.backends.torch.strategy import TorchStrategy
-from crosstrain.core.data import StepBatch
-from crosstrain.core.strategy import DistributedStrategy
+from crosstrain.core.data.batches import StepBatch
+from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.plugins.hookspecs import hookimpl
 
 #: the planted error: each step's learning rate times this

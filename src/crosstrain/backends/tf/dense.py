@@ -11,11 +11,11 @@ import keras
 import tensorflow as tf
 
 from crosstrain.backends.tf.nodes import ContextLayer
-from crosstrain.core import dropout as neutral_dropout
+from crosstrain.core.model import dropout as neutral_dropout
 
 
 def _mix(value: Any) -> Any:
-    """crosstrain.core.dropout.mix in TensorFlow's int64 ops (products stay below 2**63)."""
+    """crosstrain.core.model.dropout.mix in TensorFlow's int64 ops (products stay below 2**63)."""
     first, second = neutral_dropout.MULTIPLIERS
     mask = tf.constant(neutral_dropout.MASK32, tf.int64)
     value = tf.bitwise.bitwise_xor(value, tf.bitwise.right_shift(value, tf.constant(16, tf.int64)))
@@ -26,7 +26,7 @@ def _mix(value: Any) -> Any:
 
 
 def keep_mask(seed: int, step: Any, layer: int, rows: Any, features: int, rate: float) -> Any:
-    """bool [rows, features], bit for bit :func:`crosstrain.core.dropout.keep_mask`."""
+    """bool [rows, features], bit for bit :func:`crosstrain.core.model.dropout.keep_mask`."""
     mask = tf.constant(neutral_dropout.MASK32, tf.int64)
     step = tf.bitwise.bitwise_and(tf.cast(step, tf.int64), mask)
     state = _mix(tf.constant(seed & neutral_dropout.MASK32, tf.int64))

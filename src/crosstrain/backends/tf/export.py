@@ -27,10 +27,10 @@ import keras
 import numpy as np
 
 from crosstrain.backends.tf.layers import LAYERS
+from crosstrain.core.data.scaling import InputScaling
 from crosstrain.core.errors import InputError
-from crosstrain.core.graph import MODEL_INPUT
-from crosstrain.core.plan import Plan
-from crosstrain.core.scaling import InputScaling
+from crosstrain.core.model.graph import MODEL_INPUT
+from crosstrain.core.spec.plan import Plan
 
 MODEL_FILE = "model.keras"
 #: largest difference between the saved model's outputs and crosstrain's

@@ -27,11 +27,11 @@ import numpy as np
 
 from crosstrain.backends.common import Prefetched, should_place, unplaceable
 from crosstrain.backends.tf.gpu import free_gpu_bytes
-from crosstrain.core.data import ArrayDataset, Batch, Datasets, Rows, input_scaling
-from crosstrain.core.mapped import MappedRows
-from crosstrain.core.plan import Plan
-from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.tokens import TokenWindows
+from crosstrain.core.data.batches import ArrayDataset, Batch, Datasets, Rows, input_scaling
+from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.scaling import InputScaling, ScaledRows
+from crosstrain.core.data.tokens import TokenWindows
+from crosstrain.core.spec.plan import Plan
 
 #: dtypes kept as they are on the device (TensorFlow gathers them on CPUs and GPUs);
 #: other integer arrays are widened to int32, other floats to float32, once

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from crosstrain.core.report import GpuUtilisation
+from crosstrain.core.run.rank_usage import GpuUtilisation
 
 
 def nvml_name(ordinal: int, visible: str | None) -> str:

@@ -33,7 +33,7 @@ import attrs
 
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
-from crosstrain.core.strategy import DistributedStrategy, Job, RunResult, World
+from crosstrain.core.run.strategy import DistributedStrategy, Job, RunResult, World
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers
 from crosstrain.launch.environments import (
     TF_CONFIG,

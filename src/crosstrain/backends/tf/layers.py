@@ -34,8 +34,8 @@ from crosstrain.backends.tf.sequences import (
     TokenEmbedding,
 )
 from crosstrain.core.errors import InputError
-from crosstrain.core.graph import Node
-from crosstrain.core.layers import (
+from crosstrain.core.model.graph import Node
+from crosstrain.core.model.layers import (
     GELU,
     Add,
     Attention,
@@ -76,7 +76,7 @@ from crosstrain.core.layers import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS
+from crosstrain.core.model.layers.sequences import ATTENTION_PROJECTIONS
 
 
 def exact_gelu(x: Any) -> Any:

@@ -21,8 +21,8 @@ import tensorflow as tf
 from crosstrain.backends.common import native_factory
 from crosstrain.backends.tf.layers import LAYERS
 from crosstrain.backends.tf.nodes import ContextLayer, NodeOptions
-from crosstrain.core.graph import MODEL_INPUT, Graph
-from crosstrain.core.plan import LossSpec, Plan
+from crosstrain.core.model.graph import MODEL_INPUT, Graph
+from crosstrain.core.spec.plan import LossSpec, Plan
 
 #: core precision -> Keras dtype policy: float32 variables, low-precision compute; fp64:
 #: float64 variables and compute (core's ``WEIGHT_DTYPES``)
@@ -249,6 +249,6 @@ METRIC_COUNTS: dict[str, tuple[str, Callable[[Any, Any, Plan], Any]]] = {
 
 
 def targets_per_row(targets: Any) -> int:
-    """Target positions in one row, as :attr:`crosstrain.core.data.ArrayDataset.targets_per_row`:
+    """Target positions in one row, as :attr:`crosstrain.core.data.batches.ArrayDataset.targets_per_row`:
     every position of integer labels, one for regression targets (averaged within the row)."""
     return math.prod(targets.shape[1:]) if targets.dtype.is_integer else 1

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from crosstrain.core.plan import OptimizerSpec
+from crosstrain.core.spec.plan import OptimizerSpec
 
 # Positions in the vector of per-step scalars handed to the compiled step (in the weights'
 # dtype: float32, or float64 under fp64).

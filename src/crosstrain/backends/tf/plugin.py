@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crosstrain.core.strategy import DistributedStrategy
+from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.plugins.hookspecs import hookimpl
 
 

@@ -9,10 +9,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from crosstrain.core.layers import (
+from crosstrain.core.model.layers import (
     Attention,
 )
-from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
+from crosstrain.core.model.layers.sequences import ATTENTION_PROJECTIONS, rotary_tables
 
 
 class TokenEmbedding(keras.layers.Layer):  # type: ignore[misc]

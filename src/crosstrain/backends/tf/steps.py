@@ -20,9 +20,9 @@ from crosstrain.backends.tf.optimizer import (
     clip_like_torch,
     update_rule,
 )
-from crosstrain.core.data import StepBatch
-from crosstrain.core.optimizers import decayed_weights
-from crosstrain.core.plan import Plan
+from crosstrain.core.data.batches import StepBatch
+from crosstrain.core.model.optimizers import decayed_weights
+from crosstrain.core.spec.plan import Plan
 
 #: (the step's input tensors, this replica's part) -> this replica's x and y rows: the
 #: inputs are the rows themselves (x, y) or, from placed data, their indices (indices,)

@@ -32,13 +32,13 @@ from crosstrain.backends.tf.steps import (
     predict_function,
     train_function,
 )
-from crosstrain.core.data import Batch, Datasets, StepBatch
+from crosstrain.core.data.batches import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
-from crosstrain.core.optimizers import DECAY_MODES, OPTIMIZER_SLOTS
-from crosstrain.core.plan import Plan
-from crosstrain.core.report import GpuUtilisation
-from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
-from crosstrain.core.vocabulary import CORE_VOCABULARY, Vocabulary
+from crosstrain.core.model.optimizers import DECAY_MODES, OPTIMIZER_SLOTS
+from crosstrain.core.run.rank_usage import GpuUtilisation
+from crosstrain.core.run.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 
 if TYPE_CHECKING:
     import keras

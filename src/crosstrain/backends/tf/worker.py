@@ -1,5 +1,5 @@
 """What runs inside each tf worker process: make its devices visible, build the
-tf.distribute strategy and crosstrain's, run :func:`crosstrain.core.worker.run_worker`.
+tf.distribute strategy and crosstrain's, run :func:`crosstrain.core.run.worker.run_worker`.
 
 The launching side (:mod:`crosstrain.backends.tf.launch`) starts a fresh python running
 :func:`worker_main` (named in its command line, not imported) and leaves the job, the
@@ -19,9 +19,9 @@ from typing import Any
 from crosstrain.backends.common import CPU_THREADS
 from crosstrain.backends.tf.launch import JOB_FILE, Layout, StrategyMaker
 from crosstrain.core.errors import BackendError
-from crosstrain.core.heartbeat import collective_timeout
-from crosstrain.core.strategy import Job, World
-from crosstrain.core.worker import attempt_job, run_worker
+from crosstrain.core.run.heartbeat import collective_timeout
+from crosstrain.core.run.strategy import Job, World
+from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.launch import serve
 from crosstrain.launch.worker import restart_count, worker_folder, worker_rank
 

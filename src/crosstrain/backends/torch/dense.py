@@ -11,9 +11,9 @@ from torch import nn
 
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule, UnaryNode
 from crosstrain.backends.torch.sequences import EmbeddingNode
-from crosstrain.core import dropout as neutral_dropout
-from crosstrain.core.graph import Node
-from crosstrain.core.layers import (
+from crosstrain.core.model import dropout as neutral_dropout
+from crosstrain.core.model.graph import Node
+from crosstrain.core.model.layers import (
     Dense,
     Dropout,
     LayerScale,
@@ -125,7 +125,7 @@ def keep_mask(
     rate: float,
     units: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """bool [rows, features], equal bit for bit to :func:`crosstrain.core.dropout.keep_mask`;
+    """bool [rows, features], equal bit for bit to :func:`crosstrain.core.model.dropout.keep_mask`;
     ``units`` (int64 [features]) puts column j at the reference's column ``units[j]``."""
     mask32 = neutral_dropout.MASK32
     device = rows.device

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from crosstrain.backends.torch.feed import scaler
+from crosstrain.core.data.scaling import InputScaling
 from crosstrain.core.errors import InputError
-from crosstrain.core.scaling import InputScaling
 
 PROGRAM_FILE = "model.pt2"
 STATE_DICT_FILE = "state_dict.pt"

@@ -24,13 +24,21 @@ import numpy as np
 import torch
 
 from crosstrain.backends.common import PREFETCH_TIMEOUT_SECONDS, Prefetched, should_place, unplaceable
-from crosstrain.core.data import Batch, Datasets, Rows, epoch_slice, image_rows, input_scaling, stored_rows
-from crosstrain.core.mapped import MappedRows
-from crosstrain.core.plan import Plan
-from crosstrain.core.scaling import InputScaling, ScaledRows
-from crosstrain.core.sources.images import MixedReading
-from crosstrain.core.sources.pool import Reading
-from crosstrain.core.tokens import TokenWindows
+from crosstrain.core.data.batches import (
+    Batch,
+    Datasets,
+    Rows,
+    epoch_slice,
+    image_rows,
+    input_scaling,
+    stored_rows,
+)
+from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.scaling import InputScaling, ScaledRows
+from crosstrain.core.data.sources.images import MixedReading
+from crosstrain.core.data.sources.pool import Reading
+from crosstrain.core.data.tokens import TokenWindows
+from crosstrain.core.spec.plan import Plan
 
 #: dtypes torch indexes natively; other integer token arrays are widened to int32 once
 _TORCH_DTYPES = (np.uint8, np.int16, np.int32, np.int64, np.float32, np.float64)

@@ -31,7 +31,7 @@ import torch
 
 from crosstrain.backends.torch.feed import Finish
 from crosstrain.backends.torch.layers import LAYERS
-from crosstrain.core.plan import Plan
+from crosstrain.core.spec.plan import Plan
 
 #: real steps run eagerly (on a side stream) before the capture
 WARMUP_STEPS = 2

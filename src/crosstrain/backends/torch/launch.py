@@ -39,16 +39,16 @@ from crosstrain.core.errors import (
     WorkerError,
     WorkerStalled,
 )
-from crosstrain.core.heartbeat import HEARTBEAT_DIR
-from crosstrain.core.plan import check_world_fits
-from crosstrain.core.strategy import Job, RunResult
+from crosstrain.core.run.heartbeat import HEARTBEAT_DIR
+from crosstrain.core.run.strategy import Job, RunResult
+from crosstrain.core.spec.plan import check_world_fits
 from crosstrain.launch import StallMonitor, launch_folder
 from crosstrain.launch.environments import (
     detect_environment,
     mismatch,
     parse_endpoint,
 )
-from crosstrain.launch.reports import blame_order, describe_exit, log_failure
+from crosstrain.launch.outcomes import blame_order, describe_exit, log_failure
 
 _MONITOR_SECONDS = 0.2
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -44,8 +44,8 @@ from crosstrain.backends.torch.sequences import (
     PositionEmbeddingNode,
     padding_mask,
 )
-from crosstrain.core.graph import Node
-from crosstrain.core.layers import (
+from crosstrain.core.model.graph import Node
+from crosstrain.core.model.layers import (
     GELU,
     Add,
     Attention,
@@ -86,7 +86,7 @@ from crosstrain.core.layers import (
     UpSample2D,
     ZeroPad2D,
 )
-from crosstrain.core.layers.sequences import ATTENTION_PROJECTIONS
+from crosstrain.core.model.layers.sequences import ATTENTION_PROJECTIONS
 
 
 class ConvNode(NodeModule):

@@ -20,10 +20,10 @@ from torch import nn
 from crosstrain.backends.common import native_factory
 from crosstrain.backends.torch.layers import LAYERS
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule, Order, to_nchw, to_nhwc
-from crosstrain.core.graph import MODEL_INPUT, Graph, Node
-from crosstrain.core.layers import Conv2D, MaxPool2D, ReLU, ReLU6, ZeroPad2D
-from crosstrain.core.optimizers import decayed_weights
-from crosstrain.core.plan import LossSpec, Plan
+from crosstrain.core.model.graph import MODEL_INPUT, Graph, Node
+from crosstrain.core.model.layers import Conv2D, MaxPool2D, ReLU, ReLU6, ZeroPad2D
+from crosstrain.core.model.optimizers import decayed_weights
+from crosstrain.core.spec.plan import LossSpec, Plan
 
 
 def _module_key(path: str) -> str:
@@ -356,7 +356,7 @@ def neutral_parameters(
 
 def undecayed_parameters(module: nn.Module, plan: Plan) -> list[nn.Parameter]:
     """The trainable parameters ``optimizer.decay`` keeps weight decay off (core chooses,
-    by neutral name: crosstrain.core.optimizers.decayed_weights)."""
+    by neutral name: crosstrain.core.model.optimizers.decayed_weights)."""
     if plan.optimizer.decay == "all":
         return []
     decayed = decayed_weights(plan.model.graph().weight_specs(), plan.optimizer.decay)

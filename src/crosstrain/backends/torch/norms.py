@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule
-from crosstrain.core.graph import Node
-from crosstrain.core.layers import (
+from crosstrain.core.model.graph import Node
+from crosstrain.core.model.layers import (
     BatchNorm,
     LayerNorm,
     RMSNorm,

@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 import torch
 
-from crosstrain.core.plan import OptimizerSpec
+from crosstrain.core.spec.plan import OptimizerSpec
 
 Params = list[torch.nn.Parameter]
 #: (parameters, the plan's optimizer, fused, capturable) -> torch.optim's keyword arguments
@@ -20,7 +20,7 @@ Arguments = Callable[[Params, OptimizerSpec, bool, bool], dict[str, Any]]
 class TorchOptimizer:
     """How one core optimizer runs on torch: torch.optim's class, its arguments from the
     plan's optimizer, its state keys under core's slot names
-    (:data:`crosstrain.core.optimizers.OPTIMIZER_SLOTS`), whether it keeps its own step
+    (:data:`crosstrain.core.model.optimizers.OPTIMIZER_SLOTS`), whether it keeps its own step
     count (Adam's bias corrections read it), and whether its fused kernel may run under
     fp16's loss scaler."""
 

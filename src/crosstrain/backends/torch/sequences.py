@@ -11,15 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule
-from crosstrain.core.graph import Node
-from crosstrain.core.layers import (
+from crosstrain.core.model.graph import Node
+from crosstrain.core.model.layers import (
     Attention,
     ClassToken,
     Embedding,
     PaddingMask,
     PositionEmbedding,
 )
-from crosstrain.core.layers.sequences import rotary_tables
+from crosstrain.core.model.layers.sequences import rotary_tables
 
 
 class EmbeddingNode(NodeModule):

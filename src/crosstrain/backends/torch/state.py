@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from crosstrain.core.plan import Plan
-from crosstrain.core.report import GpuUtilisation
+from crosstrain.core.run.rank_usage import GpuUtilisation
+from crosstrain.core.spec.plan import Plan
 
 if TYPE_CHECKING:
     import torch

@@ -19,8 +19,8 @@ from crosstrain.backends.torch.graphs import StepGraph
 from crosstrain.backends.torch.model import METRIC_COUNTS, per_row_loss, summed_loss
 from crosstrain.backends.torch.optimizer import grads_finite
 from crosstrain.backends.torch.state import PRECISIONS, TorchState
-from crosstrain.core.data import Batch, StepBatch
-from crosstrain.core.plan import CLASS_LOSSES
+from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.spec.plan import CLASS_LOSSES
 
 
 @attrs.frozen

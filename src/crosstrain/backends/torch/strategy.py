@@ -15,13 +15,13 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from crosstrain.backends.torch.state import PRECISIONS, TorchState
-from crosstrain.core.data import Batch, Datasets, StepBatch
+from crosstrain.core.data.batches import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError
-from crosstrain.core.optimizers import DECAY_MODES
-from crosstrain.core.plan import Plan
-from crosstrain.core.report import GpuUtilisation
-from crosstrain.core.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
-from crosstrain.core.vocabulary import Vocabulary
+from crosstrain.core.model.optimizers import DECAY_MODES
+from crosstrain.core.run.rank_usage import GpuUtilisation
+from crosstrain.core.run.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.spec.plan import Plan
+from crosstrain.core.spec.vocabulary import Vocabulary
 
 
 def _ieee_convolutions() -> None:

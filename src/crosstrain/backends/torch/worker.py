@@ -1,5 +1,5 @@
 """What runs inside each torch worker process: join the process group, build the
-strategy, run :func:`crosstrain.core.worker.run_worker`, leave the group.
+strategy, run :func:`crosstrain.core.run.worker.run_worker`, leave the group.
 
 The launching side (:mod:`crosstrain.backends.torch.launch`) hands :func:`worker_main` to
 torch's elastic agent together with the strategy's class, which the agent pickles (by
@@ -22,9 +22,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from crosstrain.backends.common import CPU_THREADS
 from crosstrain.core.errors import BackendError
-from crosstrain.core.heartbeat import collective_timeout
-from crosstrain.core.strategy import DistributedStrategy, Job, World
-from crosstrain.core.worker import attempt_job, run_worker
+from crosstrain.core.run.heartbeat import collective_timeout
+from crosstrain.core.run.strategy import DistributedStrategy, Job, World
+from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.launch import die_with_parent
 from crosstrain.launch.environments import LocalEnvironment, TorchElasticEnvironment, detect_environment
 

@@ -3,7 +3,7 @@ each with ``detect()`` and the facts (world size, ranks, rank 0's address and po
 
 The same environment serves every backend: under torchrun or SLURM, torch joins the
 group through it and tf builds its TF_CONFIG from it. The admission step
-(:func:`crosstrain.core.admission.admit`) holds the flags (``--nproc``, ``--nnodes``,
+(:func:`crosstrain.core.admission.checks.admit`) holds the flags (``--nproc``, ``--nnodes``,
 ``--node-rank``, ``--rdzv-endpoint``) against it, so a mismatch is an error naming both
 before anything starts, never a silent override.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from crosstrain.core.cluster import default_replicas, mismatch, parse_endpoint
+from crosstrain.core.admission.cluster import default_replicas, mismatch, parse_endpoint
 from crosstrain.launch.environments.base import ClusterEnvironment
 from crosstrain.launch.environments.kubeflow import KubeflowEnvironment
 from crosstrain.launch.environments.local import LocalEnvironment

@@ -1,0 +1,1 @@
+"""Rows and batches: the sources, the global sampler, scaling, augmentation, tokens."""

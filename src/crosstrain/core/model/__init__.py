@@ -1,0 +1,1 @@
+"""The model a plan describes: layers, the graph they form, widths and optimizers."""

@@ -1,0 +1,1 @@
+"""The plan: its records, its checks, and its TOML and dict forms."""
