@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crosstrain.core.run.strategy import Job
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.worker import run_worker
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins.manager import hook_relay

@@ -25,8 +25,8 @@ from crosstrain.backends.tf.launch import TF_ENVIRONMENT
 from crosstrain.backends.tf.strategy import TfStrategy
 from crosstrain.core.data.batches import Batch, StepBatch
 from crosstrain.core.model.layers import Dense, layer_name
+from crosstrain.core.run.job import World
 from crosstrain.core.run.loop import initial_weights
-from crosstrain.core.run.strategy import World
 from crosstrain.core.spec.plan import Plan
 
 # before TensorFlow is imported (inside main): quiet logs, no oneDNN, Keras config off $HOME

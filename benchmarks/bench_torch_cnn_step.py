@@ -27,8 +27,8 @@ from e2e_configs import CONFIGS, plan_text
 
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.run.job import World
 from crosstrain.core.run.loop import initial_weights
-from crosstrain.core.run.strategy import World
 from crosstrain.core.spec.planfile import load_plan
 
 

@@ -19,8 +19,8 @@ import torch
 from _shared import add_size_arguments, make_plan, print_report, timed
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.core.data.batches import Batch, StepBatch
+from crosstrain.core.run.job import World
 from crosstrain.core.run.loop import initial_weights
-from crosstrain.core.run.strategy import World
 
 
 def main() -> None:

@@ -140,8 +140,8 @@ def _strategies() -> dict[str, Any]:
 
 
 def early_losses(strategy: Any, plan_file: Path, seed: int, precision: str, out: Path) -> np.ndarray:
+    from crosstrain.core.run.job import Job
     from crosstrain.core.run.loop import train
-    from crosstrain.core.run.strategy import Job
 
     settings = [f"seed={seed}", f"train.precision='{precision}'", f"train.max_steps={EARLY_STEPS}"]
     plan = load_plan(plan_file, settings)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from crosstrain.core.run.strategy import FrameworkStatus, World
+from crosstrain.core.run.job import World
+from crosstrain.core.run.strategy import FrameworkStatus
 from crosstrain.plugins.hookspecs import hookimpl
 
 

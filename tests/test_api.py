@@ -8,7 +8,7 @@ import pytest
 
 from crosstrain.api import LaunchOptions, resolve_layout
 from crosstrain.core.admission.cluster import ThisMachine
-from crosstrain.core.run.strategy import Layout
+from crosstrain.core.run.job import Layout
 
 RAN = Layout("tf", 2, workers=2, nnodes=1, device="cpu")
 RESUMED = LaunchOptions(resume=True)

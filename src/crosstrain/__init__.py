@@ -22,29 +22,24 @@ from crosstrain.core.model.layers import *  # noqa: F403 (the layer types, named
 from crosstrain.core.model.layers.sequences import rotary_tables
 from crosstrain.core.model.optimizers import DECAY_MODES, decayed_weights
 from crosstrain.core.run.context import RunContext
+from crosstrain.core.run.job import DeviceChoice, Job, Layout, PluginSelection, RunResult, World
 from crosstrain.core.run.strategy import (
     ChecksJob,
-    DeviceChoice,
     DistributedStrategy,
     Exports,
     FindsFramework,
     FrameworkStatus,
-    Job,
-    Layout,
     PlacesData,
-    PluginSelection,
     Predicts,
     PrefetchesBatches,
     ReduceOp,
     ReportsDevice,
     ResolvesMetrics,
     RestartsWorkers,
-    RunResult,
     RunsLocally,
     SavesOptimizerState,
     SkipsNonFiniteSteps,
     SpansNodes,
-    World,
 )
 from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.core.spec.data_spec import DataSpec

@@ -24,12 +24,7 @@ from crosstrain.core.admission.runfolder import (
     write_run_plan,
 )
 from crosstrain.core.errors import InputError, NonFiniteLossError, RunFolderError
-from crosstrain.core.run.strategy import (
-    DeviceChoice,
-    Job,
-    Layout,
-    PluginSelection,
-)
+from crosstrain.core.run.job import DeviceChoice, Job, Layout, PluginSelection
 from crosstrain.core.spec.plan import Plan, validate_plan
 from crosstrain.core.spec.plan_dicts import structure_plan, unstructure_plan
 from crosstrain.core.spec.planfile import apply_override, load_plan

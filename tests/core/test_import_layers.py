@@ -2,6 +2,8 @@
 runs with no framework installed): core < launch < backends < plugins and testing < the
 top-level modules (cli, api, compare, plot, ...). A module imports its own floor or lower
 ones, never a higher one, and no two modules import each other, directly or through others.
+Inside core the groups are floors too: errors and hashing < model and data < spec < run <
+admission; every module of core stands in one of them.
 Imports inside functions and under ``if TYPE_CHECKING:`` count: a lazy import is still a
 dependency, only a later one.
 """
@@ -21,6 +23,9 @@ TOP_FLOOR = 4  # crosstrain itself and its top-level modules: cli, api, compare,
 #: the hook contract (markers and specs, importing pluggy only) that backends implement:
 #: as low as core, so that a backend's plugin module may name ``hookimpl``
 CONTRACTS = {f"{PACKAGE}.plugins.hookspecs": 0}
+#: core's groups, lowest first: the model and the rows share a floor (neither needs the other),
+#: the plan describes both, a run reads a plan, and admission checks a run before it starts
+CORE_GROUPS = {"errors": 0, "hashing": 0, "model": 1, "data": 1, "spec": 2, "run": 3, "admission": 4}
 
 
 @attrs.frozen
@@ -79,6 +84,31 @@ def floor(module: str) -> int:
 
 def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def core_group(module: str) -> str | None:
+    """The group of core a module stands in (``crosstrain.core.run.loop``: ``run``); None
+    outside core and for core's own ``__init__``."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == [PACKAGE, "core"] and len(parts) > 2 else None
+
+
+def core_group_problems(edges: list[Import], modules: list[str]) -> list[str]:
+    """Modules of core outside every group, and imports of a higher group of core."""
+    found = [
+        f"ungrouped: {module} stands in none of core's groups ({', '.join(CORE_GROUPS)})"
+        for module in modules
+        if (group := core_group(module)) is not None and group not in CORE_GROUPS
+    ]
+    for edge in edges:
+        importer, imported = core_group(edge.importer), core_group(edge.imported)
+        if (
+            importer in CORE_GROUPS
+            and imported in CORE_GROUPS
+            and CORE_GROUPS[imported] > CORE_GROUPS[importer]
+        ):
+            found.append(f"upward in core: {edge}")
+    return found
 
 
 def upward_imports(edges: list[Import]) -> list[str]:
@@ -150,6 +180,7 @@ def problems(root: Path) -> list[str]:
         *imports_outside(edges, f"{PACKAGE}.core", (f"{PACKAGE}.core",)),
         *imports_outside(edges, f"{PACKAGE}.launch", (f"{PACKAGE}.core", f"{PACKAGE}.launch")),
         *upward_imports(edges),
+        *core_group_problems(edges, sorted(module_names(root))),
         *circles(edges),
     ]
 
@@ -167,6 +198,7 @@ def test_the_source_is_read() -> None:
     assert ("crosstrain.cli", "crosstrain.api") in edges
     # imported inside a method, so that crosstrain imports without torch
     assert ("crosstrain.backends.torch.strategy", "crosstrain.backends.torch.launch") in edges
+    assert ("crosstrain.core.run.loop", "crosstrain.core.spec.plan") in edges
 
 
 # --------------------------------------------------------------------------- the check itself
@@ -214,6 +246,20 @@ def test_core_and_launch_import_only_what_lies_below(tmp_path: Path) -> None:
     # the hook contract is as low as core, but core still imports only core
     assert "outside: crosstrain.core.spec.plan (line 1) imports crosstrain.plugins.hookspecs" in found
     assert "upward: crosstrain.launch.store (line 1) imports crosstrain.backends.mine" in found
+
+
+def test_core_s_groups_are_floors_and_every_module_stands_in_one(tmp_path: Path) -> None:
+    files = {
+        **LAYERED,
+        "crosstrain/core/run/loop.py": "from crosstrain.core.spec.plan import Plan\n",
+        "crosstrain/core/model/graph.py": "from crosstrain.core.run.loop import fit\n",
+        "crosstrain/core/helpers.py": "",
+    }
+    assert problems(_write(tmp_path, files)) == [
+        "ungrouped: crosstrain.core.helpers stands in none of core's groups "
+        "(errors, hashing, model, data, spec, run, admission)",
+        "upward in core: crosstrain.core.model.graph (line 1) imports crosstrain.core.run.loop",
+    ]
 
 
 def test_the_package_itself_is_the_top_floor(tmp_path: Path) -> None:

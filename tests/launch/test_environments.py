@@ -216,7 +216,7 @@ def test_only_rank_0_minds_the_run_folder(
     node_rank: int,
     owns: bool,
 ) -> None:
-    from crosstrain.core.run.strategy import Job
+    from crosstrain.core.run.job import Job
     from crosstrain.core.spec.planfile import load_plan
 
     for name, value in environ.items():

@@ -13,8 +13,8 @@ import pluggy
 import pytest
 
 from crosstrain.core.errors import PlanError
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.loop import train
-from crosstrain.core.run.strategy import Job
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins import early_stop, hookspecs
 from crosstrain.testing.null import MomentumStrategy

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.run.context import RunContext
-from crosstrain.core.run.strategy import Job, World
+from crosstrain.core.run.job import Job, World
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins.progress import ProgressReporter
 from tests.conftest import EXAMPLES, InProcessCli

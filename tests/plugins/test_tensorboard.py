@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from crosstrain.core.run.context import RunContext
-from crosstrain.core.run.strategy import Job, World
+from crosstrain.core.run.job import Job, World
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins import tensorboard
 from tests.conftest import EXAMPLES, InProcessCli, run_cli, worker_env

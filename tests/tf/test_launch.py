@@ -15,7 +15,7 @@ import pytest
 from crosstrain.api import prepare_plan
 from crosstrain.backends.tf.launch import Cluster, Layout, cluster_from_environment, plan_layout
 from crosstrain.core.errors import BackendError
-from crosstrain.core.run.strategy import DeviceChoice, Job
+from crosstrain.core.run.job import DeviceChoice, Job
 from tests.conftest import run_cli, worker_env
 
 pytestmark = pytest.mark.tf

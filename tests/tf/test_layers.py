@@ -13,7 +13,7 @@ import pytest
 from crosstrain.core.data.batches import Batch, StepBatch
 from crosstrain.core.model import dropout as neutral_dropout
 from crosstrain.core.model.layers import LAYER_TYPES, Block, Layer
-from crosstrain.core.run.strategy import World
+from crosstrain.core.run.job import World
 from crosstrain.core.spec.plan import LossSpec, Plan
 from crosstrain.core.spec.plan_dicts import structure_plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, missing_names

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.run.strategy import World
+from crosstrain.core.run.job import World
 from crosstrain.core.spec.plan import OptimizerSpec, Plan
 from crosstrain.core.spec.planfile import load_plan
 

@@ -27,9 +27,9 @@ from crosstrain.backends.tf.strategy import TfState, TfStrategy
 from crosstrain.backends.tf.worker import configure_devices
 from crosstrain.core.data.batches import Batch, GlobalSampler, step_batch
 from crosstrain.core.run.evaluation import evaluate
+from crosstrain.core.run.job import Job, World
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.loop import initial_weights, train
-from crosstrain.core.run.strategy import Job, World
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.planfile import load_plan
 from tests.support import StepRecorder

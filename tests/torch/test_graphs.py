@@ -183,8 +183,8 @@ def _train_on_a_cpu(
     it ran, and the step's graph (None when launched or interrupted)."""
     from crosstrain.backends.torch import graphs
     from crosstrain.backends.torch.strategy import TorchStrategy
+    from crosstrain.core.run.job import Job
     from crosstrain.core.run.loop import train
-    from crosstrain.core.run.strategy import Job
 
     on_a_gpu = graphs.capture_blocker
     recorder = _LossesByStep(fail_after)

@@ -14,7 +14,7 @@ import pytest
 
 from crosstrain.core.admission.runfolder import read_launch_record
 from crosstrain.core.run.checkpoint import complete_checkpoints
-from crosstrain.core.run.strategy import Layout
+from crosstrain.core.run.job import Layout
 from crosstrain.testing.launches import made_once, run_cli, shared_folder, write_plan
 from crosstrain.testing.runs import step_losses, summary
 

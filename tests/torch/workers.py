@@ -16,9 +16,9 @@ from crosstrain.backends.common import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.backends.torch.worker import join_group
 from crosstrain.core.run.evaluation import evaluate
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.loop import initial_weights, train
-from crosstrain.core.run.strategy import Job
 from crosstrain.plugins.manager import make_plugin_manager
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs,
 from crosstrain.compare.verdict import probe_plan
 from crosstrain.core.admission.checks import admit
 from crosstrain.core.errors import CrosstrainError, InputError
-from crosstrain.core.run.strategy import DeviceChoice, PluginSelection
+from crosstrain.core.run.job import DeviceChoice, PluginSelection
 from crosstrain.core.spec.plan import Plan
 from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend

@@ -25,7 +25,8 @@ import pluggy
 
 from crosstrain.core.admission.checks import check_framework
 from crosstrain.core.errors import BackendError, PluginError
-from crosstrain.core.run.strategy import DistributedStrategy, PluginSelection
+from crosstrain.core.run.job import PluginSelection
+from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.plugins import hookspecs
 
 GROUP = "crosstrain"

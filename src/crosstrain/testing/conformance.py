@@ -47,8 +47,9 @@ from crosstrain.core.admission.runfolder import read_launch_record
 from crosstrain.core.data.batches import GlobalSampler
 from crosstrain.core.errors import PlanError
 from crosstrain.core.run.checkpoint import complete_checkpoints, load_checkpoint
+from crosstrain.core.run.job import Layout
 from crosstrain.core.run.loading import load_datasets
-from crosstrain.core.run.strategy import Layout, PlacesData, Predicts, SkipsNonFiniteSteps
+from crosstrain.core.run.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import (
     CORE_VOCABULARY,

@@ -34,7 +34,8 @@ import numpy as np
 
 from crosstrain.core.data.batches import Batch, StepBatch
 from crosstrain.core.errors import BackendError, Interrupted, WorkerError
-from crosstrain.core.run.strategy import DistributedStrategy, FrameworkStatus, Job, RunResult, World
+from crosstrain.core.run.job import Job, RunResult, World
+from crosstrain.core.run.strategy import DistributedStrategy, FrameworkStatus
 from crosstrain.core.run.worker import run_worker
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 from crosstrain.launch.outcomes import error_report

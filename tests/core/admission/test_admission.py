@@ -15,7 +15,8 @@ from safetensors.numpy import save_file
 from crosstrain.core.admission.checks import admit, starting_weights_source
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError, RunFolderError
 from crosstrain.core.run.checkpoint import LoopState, plan_hash, write_checkpoint
-from crosstrain.core.run.strategy import FrameworkStatus, Job
+from crosstrain.core.run.job import Job
+from crosstrain.core.run.strategy import FrameworkStatus
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 from crosstrain.testing.null import NullStrategy

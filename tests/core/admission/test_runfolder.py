@@ -120,7 +120,7 @@ def test_the_launch_layout_is_kept_read_back_and_replaced_by_overwrite(tmp_path:
     """launch.json: the layout a bare --resume continues on; a folder written before it
     existed reads as None; a damaged one names itself; --overwrite removes it."""
     from crosstrain.core.admission.runfolder import LAUNCH_FILE, read_launch_record, write_launch_record
-    from crosstrain.core.run.strategy import Layout
+    from crosstrain.core.run.job import Layout
 
     run = tmp_path / "run"
     run.mkdir()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from crosstrain.core.data.batches import StepBatch
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.loop import _named_ahead, train
-from crosstrain.core.run.strategy import Job
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.null import NullStrategy
 from tests.conftest import MLP_PLAN

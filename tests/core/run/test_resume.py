@@ -24,9 +24,9 @@ from crosstrain.core.run.checkpoint import (
     plan_hash,
     read_checkpoint,
 )
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.loop import train
 from crosstrain.core.run.resume import check_backend_supports
-from crosstrain.core.run.strategy import Job
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing import step_losses
 from crosstrain.testing.null import MomentumStrategy
@@ -241,7 +241,7 @@ def test_fit_starts_a_new_run_from_another_run_s_weights(
     keeps the plan's, under their real names), a step-0 evaluation first, the source named
     in plan.json."""
     from crosstrain.api import fit
-    from crosstrain.core.run.strategy import PluginSelection
+    from crosstrain.core.run.job import PluginSelection
 
     plugins = PluginSelection(enabled=("crosstrain.testing.null",), disabled=("progress",))
     plan = write_plan()
@@ -298,7 +298,7 @@ def test_fit_resumes_on_the_run_s_own_layout(write_plan: Callable[..., Path], tm
     """``crosstrain.fit(None, out=RUN, resume=True)`` leaves backend, nproc and device to
     the run, as the CLI's bare --resume does; a keyword given overrides its part."""
     from crosstrain.api import fit
-    from crosstrain.core.run.strategy import PluginSelection
+    from crosstrain.core.run.job import PluginSelection
 
     plugins = PluginSelection(enabled=("crosstrain.testing.null",), disabled=("progress",))
     out = tmp_path / "run"

@@ -33,7 +33,8 @@ import attrs
 
 from crosstrain.backends.common import free_port
 from crosstrain.core.errors import BackendError
-from crosstrain.core.run.strategy import DistributedStrategy, Job, RunResult, World
+from crosstrain.core.run.job import Job, RunResult, World
+from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.launch import WorkerSpec, launch_folder, run_workers
 from crosstrain.launch.environments import (
     TF_CONFIG,

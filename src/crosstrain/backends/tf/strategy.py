@@ -35,8 +35,9 @@ from crosstrain.backends.tf.steps import (
 from crosstrain.core.data.batches import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.model.optimizers import DECAY_MODES, OPTIMIZER_SLOTS
+from crosstrain.core.run.job import Job, RunResult, World
 from crosstrain.core.run.rank_usage import GpuUtilisation
-from crosstrain.core.run.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.run.strategy import FrameworkStatus, ReduceOp
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 

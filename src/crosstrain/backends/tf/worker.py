@@ -20,7 +20,7 @@ from crosstrain.backends.common import CPU_THREADS
 from crosstrain.backends.tf.launch import JOB_FILE, Layout, StrategyMaker
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.heartbeat import collective_timeout
-from crosstrain.core.run.strategy import Job, World
+from crosstrain.core.run.job import Job, World
 from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.launch import serve
 from crosstrain.launch.worker import restart_count, worker_folder, worker_rank

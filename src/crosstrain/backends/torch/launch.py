@@ -40,7 +40,7 @@ from crosstrain.core.errors import (
     WorkerStalled,
 )
 from crosstrain.core.run.heartbeat import HEARTBEAT_DIR
-from crosstrain.core.run.strategy import Job, RunResult
+from crosstrain.core.run.job import Job, RunResult
 from crosstrain.core.spec.plan import check_world_fits
 from crosstrain.launch import StallMonitor, launch_folder
 from crosstrain.launch.environments import (

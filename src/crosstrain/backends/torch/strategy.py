@@ -18,8 +18,9 @@ from crosstrain.backends.torch.state import PRECISIONS, TorchState
 from crosstrain.core.data.batches import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError
 from crosstrain.core.model.optimizers import DECAY_MODES
+from crosstrain.core.run.job import Job, RunResult, World
 from crosstrain.core.run.rank_usage import GpuUtilisation
-from crosstrain.core.run.strategy import FrameworkStatus, Job, ReduceOp, RunResult, World
+from crosstrain.core.run.strategy import FrameworkStatus, ReduceOp
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.vocabulary import Vocabulary
 

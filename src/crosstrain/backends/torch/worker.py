@@ -23,7 +23,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from crosstrain.backends.common import CPU_THREADS
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.heartbeat import collective_timeout
-from crosstrain.core.run.strategy import DistributedStrategy, Job, World
+from crosstrain.core.run.job import Job, World
+from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.launch import die_with_parent
 from crosstrain.launch.environments import LocalEnvironment, TorchElasticEnvironment, detect_environment

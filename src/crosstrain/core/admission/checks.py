@@ -64,10 +64,11 @@ from crosstrain.core.run.checkpoint import (
     tensor_shapes,
     weights_file,
 )
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.length import RunLength
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.resume import check_backend_supports
-from crosstrain.core.run.strategy import ChecksJob, DistributedStrategy, FindsFramework, Job, SpansNodes
+from crosstrain.core.run.strategy import ChecksJob, DistributedStrategy, FindsFramework, SpansNodes
 from crosstrain.core.spec.plan import Plan, check_world_fits
 from crosstrain.core.spec.vocabulary import SpeaksVocabulary, check_plan_vocabulary
 

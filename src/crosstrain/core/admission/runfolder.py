@@ -29,8 +29,8 @@ from crosstrain.core.data.sources.images import CLASSES_FILE, read_image_index
 from crosstrain.core.data.sources.table import STATISTICS_FILE, TableStatistics, write_statistics
 from crosstrain.core.errors import ERROR_LOG, InputError, RunFolderError
 from crosstrain.core.run.checkpoint import MODEL_FILE, last_checkpoint
+from crosstrain.core.run.job import DeviceChoice, Layout
 from crosstrain.core.run.loading import table_datasets
-from crosstrain.core.run.strategy import DeviceChoice, Layout
 from crosstrain.core.spec.plan import Plan, validate_plan
 
 LOCK_FILE = ".crosstrain.lock"

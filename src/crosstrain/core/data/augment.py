@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from crosstrain.core.model.dropout import MASK32, mix
+from crosstrain.core.hashing import MASK32, mix
 
 #: a domain tag mixed into the state, so no augmentation draw equals a dropout draw
 AUGMENT_TAG = 0x41554731

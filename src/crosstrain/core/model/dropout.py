@@ -19,19 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-MASK32 = 0xFFFFFFFF
-#: odd multipliers below 2**31 (a product with a 32-bit value fits in int64)
-MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D)
+from crosstrain.core.hashing import MASK32, MULTIPLIERS, mix
+
+#: the hash's pieces are part of dropout's contract: a backend writes them in its own ops
+__all__ = ["KEEP_BITS", "MASK32", "MULTIPLIERS", "keep_mask", "mix", "threshold"]
+
 KEEP_BITS = 24
-
-
-def mix(value: np.ndarray) -> np.ndarray:
-    """A 32-bit avalanche mix (xor-shift-multiply) on int64 arrays of 32-bit values."""
-    value = value ^ (value >> 16)
-    value = (value * MULTIPLIERS[0]) & MASK32
-    value = value ^ (value >> 15)
-    value = (value * MULTIPLIERS[1]) & MASK32
-    return value ^ (value >> 16)
 
 
 def threshold(rate: float) -> int:

@@ -8,8 +8,8 @@ from typing import Any
 
 import attrs
 
+from crosstrain.core.run.job import Job, World
 from crosstrain.core.run.length import RunLength
-from crosstrain.core.run.strategy import Job, World
 from crosstrain.core.spec.plan import Plan
 
 

@@ -33,6 +33,7 @@ from crosstrain.core.run.checkpoint import load_checkpoint, save_checkpoint
 from crosstrain.core.run.context import RunContext
 from crosstrain.core.run.evaluation import evaluate
 from crosstrain.core.run.heartbeat import Heartbeat
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.length import RunLength
 from crosstrain.core.run.loading import epoch_rows, load_datasets
 from crosstrain.core.run.rank_usage import gather_rank_reports, peak_host_memory_bytes
@@ -40,7 +41,6 @@ from crosstrain.core.run.schedule import LearningRateSchedule
 from crosstrain.core.run.strategy import (
     PREFETCH_STEPS,
     DistributedStrategy,
-    Job,
     PlacesData,
     PrefetchesBatches,
     ReportsDevice,

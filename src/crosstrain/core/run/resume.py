@@ -28,9 +28,9 @@ from crosstrain.core.run.checkpoint import (
     write_checkpoint,
 )
 from crosstrain.core.run.context import RunContext
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.strategy import (
     DistributedStrategy,
-    Job,
     PlacesData,
     RestartsWorkers,
     SavesOptimizerState,

@@ -16,8 +16,9 @@ import attrs
 import pluggy
 
 from crosstrain.core.run.context import RunContext
+from crosstrain.core.run.job import Job
 from crosstrain.core.run.loop import fit, report_exception
-from crosstrain.core.run.strategy import DistributedStrategy, Job
+from crosstrain.core.run.strategy import DistributedStrategy
 
 
 def attempt_job(job: Job, restart_count: int) -> Job:

@@ -27,7 +27,7 @@ import numpy as np
 
 from crosstrain.core.data.tokens import TokenWindows, cache_dir, write_atomically
 from crosstrain.core.errors import InputError, PlanError
-from crosstrain.core.model.dropout import MASK32, mix
+from crosstrain.core.hashing import MASK32, mix
 
 #: what a user without the tokenizers package is told
 INSTALL_HINT = "pip install 'crosstrain[text]'"
