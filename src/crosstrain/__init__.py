@@ -18,8 +18,18 @@ from crosstrain.core.errors import (
 from crosstrain.core.model import dropout
 from crosstrain.core.model import layers as _layers
 from crosstrain.core.model.graph import MODEL_INPUT, Graph, Node
-from crosstrain.core.model.layers import *  # noqa: F403 (the layer types, named once in core.layers.__all__)
+
+# the layer types, by family: each family's __all__ names its own (a type checker reads those
+# lists; core.layers.__all__, added below, comes from the classes' registry at run time)
+from crosstrain.core.model.layers.activations import *  # noqa: F403
+from crosstrain.core.model.layers.base import Layer as Layer
+from crosstrain.core.model.layers.convolutions import *  # noqa: F403
+from crosstrain.core.model.layers.dense import *  # noqa: F403
+from crosstrain.core.model.layers.merges import *  # noqa: F403
+from crosstrain.core.model.layers.norms import *  # noqa: F403
+from crosstrain.core.model.layers.sequences import *  # noqa: F403
 from crosstrain.core.model.layers.sequences import rotary_tables
+from crosstrain.core.model.layers.shapes import *  # noqa: F403
 from crosstrain.core.model.optimizers import DECAY_MODES, decayed_weights
 from crosstrain.core.run.context import RunContext
 from crosstrain.core.run.job import DeviceChoice, Job, Layout, PluginSelection, RunResult, World

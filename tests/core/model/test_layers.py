@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
+from collections.abc import Iterator
+from types import ModuleType
+from typing import ClassVar
 
+import attrs
 import numpy as np
+import pytest
 
 import crosstrain
 from crosstrain.core.model import layers
@@ -20,6 +27,7 @@ from crosstrain.core.model.layers import (
     ReLU,
     Weights,
 )
+from crosstrain.core.spec.plan_dicts import structure_plan
 from tests.conftest import REPO
 
 
@@ -89,17 +97,70 @@ def test_layernorm_starts_at_identity() -> None:
 # --------------------------------------------------------------------------- one place per layer type
 
 
-def test_every_layer_class_is_in_the_vocabulary_and_exported() -> None:
-    """A layer type is its class, its row in LAYER_TYPES and its name in core.layers.__all__
-    (which ``crosstrain`` re-exports): a class missing from either fails here."""
-    classes = {
-        value for value in vars(layers).values() if isinstance(value, type) and issubclass(value, Layer)
+def _families() -> list[ModuleType]:
+    """Every module of core/model/layers/ but the base: one family of layer types each."""
+    names = (info.name for info in pkgutil.iter_modules(layers.__path__) if info.name != "base")
+    return [importlib.import_module(f"{layers.__name__}.{name}") for name in sorted(names)]
+
+
+def _layer_classes(module: ModuleType) -> set[type[Layer]]:
+    return {
+        value
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, Layer) and value.__module__ == module.__name__
     }
-    public = {cls for cls in classes if not cls.__name__.startswith("_")}
-    assert public == {*LAYER_TYPES.values(), Layer}
-    assert sorted(layers.__all__) == sorted(cls.__name__ for cls in public)
+
+
+def test_every_layer_class_registers_itself_and_is_exported() -> None:
+    """A layer type is its class in its family's module, named in that module's __all__
+    (``crosstrain`` re-exports it, and a type checker reads the list): a class missing from
+    LAYER_TYPES, from its family's __all__ or from ``crosstrain`` fails here."""
+    public = set()
+    for family in _families():
+        defined = {cls for cls in _layer_classes(family) if not cls.__name__.startswith("_")}
+        assert sorted(family.__all__) == sorted(cls.__name__ for cls in defined), family.__name__
+        public |= defined
+    assert set(LAYER_TYPES.values()) == public
+    assert all(LAYER_TYPES[cls.type] is cls for cls in public)
+    assert sorted(layers.__all__) == sorted(cls.__name__ for cls in {*public, Layer})
     assert all(getattr(crosstrain, name) is getattr(layers, name) for name in layers.__all__)
     assert set(layers.__all__) <= set(crosstrain.__all__)
+
+
+@pytest.fixture
+def registry() -> Iterator[dict[str, type[Layer]]]:
+    """LAYER_TYPES as it was once the test's classes are gone (they register for good)."""
+    before = dict(LAYER_TYPES)
+    yield LAYER_TYPES
+    LAYER_TYPES.clear()
+    LAYER_TYPES.update(before)
+
+
+def test_a_new_layer_class_registers_itself_and_a_plan_can_name_it(registry: dict[str, type[Layer]]) -> None:
+    @attrs.frozen
+    class _Gate(Layer):  # a base without a tag of its own: not a plan's layer type
+        pass
+
+    @attrs.frozen
+    class Softsign(_Gate):
+        type: ClassVar[str] = "softsign"
+
+    assert registry["softsign"] is Softsign
+    assert _Gate not in registry.values()
+    plan = structure_plan({"model": {"input_shape": [4], "layers": [{"type": "softsign"}]}})
+    assert plan.model.layers == (Softsign(),)
+
+
+def test_a_second_class_with_a_tag_already_taken_is_refused_where_it_is_defined(
+    registry: dict[str, type[Layer]],
+) -> None:
+    with pytest.raises(TypeError, match=r"layer type 'dense' of .*MyDense is already taken by .*\.Dense"):
+
+        @attrs.frozen
+        class MyDense(Layer):
+            type: ClassVar[str] = "dense"
+
+    assert registry["dense"] is Dense
 
 
 def _documented_types() -> set[str]:

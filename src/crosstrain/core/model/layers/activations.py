@@ -11,6 +11,20 @@ import attrs
 from crosstrain.core.errors import closest_name
 from crosstrain.core.model.layers.base import Layer
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "GELU",
+    "HardSwish",
+    "LeakyReLU",
+    "ReLU",
+    "ReLU6",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
+]
+
 
 def known_activation(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
     """``activation`` is a name of :data:`ACTIVATIONS` (defined below, beside the layers it

@@ -81,11 +81,20 @@ def glorot(shape: Shape, fan_in: int, fan_out: int) -> WeightSpec:
     return WeightSpec(shape, "glorot", fan_in=fan_in, fan_out=fan_out, kernel=True)
 
 
+#: every layer type by its plan tag: the vocabulary a plan's layers are checked against. Each
+#: class with a ``type`` of its own enters it where it is defined (:meth:`Layer.__init_subclass__`),
+#: in the order the family modules define them; a base without one (``_Pool2D``) stays out.
+LAYER_TYPES: dict[str, type[Layer]] = {}
+
+
 @attrs.frozen
 class Layer:
     """Base of every neutral layer. ``type`` is the plan's tag; ``name`` (unique within its
     list) and ``inputs`` (names of earlier layers of the same list, or ``"input"``) are
-    optional: without ``inputs`` a layer takes the previous layer's output."""
+    optional: without ``inputs`` a layer takes the previous layer's output.
+
+    A subclass that sets ``type`` registers itself in :data:`LAYER_TYPES`; a tag another
+    class already holds is refused when the second class is defined."""
 
     type: ClassVar[str] = ""
     #: how many inputs the layer takes: 1, or None for two or more (add, concat)
@@ -101,6 +110,10 @@ class Layer:
     name: str | None = attrs.field(default=None, kw_only=True)
     inputs: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _register(cls)
+
     def output_shape(self, input_shape: Shape) -> Shape:
         return input_shape
 
@@ -114,6 +127,28 @@ class Layer:
     def multiply_adds(self, input_shape: Shape) -> int:
         """Multiply-adds of the forward pass for one row (elementwise work not counted)."""
         return 0
+
+
+def _register(cls: type[Layer]) -> None:
+    tag = cls.__dict__.get("type")
+    if not tag:  # Layer's own "" inherited, or no tag: a base, not a plan's layer type
+        return
+    holder = LAYER_TYPES.get(tag)
+    if holder is not None and not _rebuilt_by_attrs(holder, cls):
+        raise TypeError(
+            f"layer type {tag!r} of {cls.__module__}.{cls.__qualname__} is already taken by "
+            f"{holder.__module__}.{holder.__qualname__}: a plan's tag names one class"
+        )
+    LAYER_TYPES[tag] = cls
+
+
+def _rebuilt_by_attrs(holder: type[Layer], cls: type[Layer]) -> bool:
+    """attrs makes a slotted class anew from the class statement's own: the statement's class
+    holds the tag (it has no attrs fields yet) until its rebuilt self takes it over."""
+    return "__attrs_attrs__" not in holder.__dict__ and (holder.__module__, holder.__qualname__) == (
+        cls.__module__,
+        cls.__qualname__,
+    )
 
 
 def expect_rank(layer: Layer, input_shape: Shape, rank: int, what: str) -> None:

@@ -25,6 +25,20 @@ from crosstrain.core.model.layers.base import (
     positive,
 )
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "AvgPool2D",
+    "Conv1D",
+    "Conv2D",
+    "Conv2DTranspose",
+    "Crop2D",
+    "GlobalAvgPool2D",
+    "MaxPool2D",
+    "UpSample2D",
+    "ZeroPad2D",
+]
+
 
 def _window_output(size: int, window: int, stride: int, padding: str) -> int:
     if padding == "same":

@@ -14,6 +14,15 @@ from crosstrain.core.model.layers.activations import ACTIVATIONS, known_activati
 from crosstrain.core.model.layers.base import Layer, Shape, WeightSpec, glorot, positive
 from crosstrain.core.model.layers.convolutions import Conv1D, Conv2D, Conv2DTranspose
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "Dense",
+    "Dropout",
+    "LayerScale",
+    "Rescale",
+]
+
 
 @attrs.frozen
 class Dense(Layer):

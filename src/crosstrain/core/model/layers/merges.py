@@ -11,6 +11,15 @@ import attrs
 
 from crosstrain.core.model.layers.base import Layer, Shape, not_negative
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "Add",
+    "Block",
+    "Concat",
+    "Multiply",
+]
+
 
 @attrs.frozen
 class Multiply(Layer):

@@ -8,6 +8,14 @@ import attrs
 
 from crosstrain.core.model.layers.base import Layer, Shape, WeightSpec
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "BatchNorm",
+    "LayerNorm",
+    "RMSNorm",
+]
+
 
 @attrs.frozen
 class LayerNorm(Layer):

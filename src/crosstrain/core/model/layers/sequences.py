@@ -12,6 +12,16 @@ import numpy as np
 
 from crosstrain.core.model.layers.base import DType, Layer, Shape, WeightSpec, expect_rank, glorot, positive
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "Attention",
+    "ClassToken",
+    "Embedding",
+    "PaddingMask",
+    "PositionEmbedding",
+]
+
 
 @attrs.frozen
 class Embedding(Layer):

@@ -12,6 +12,16 @@ import attrs
 
 from crosstrain.core.model.layers.base import Layer, Shape
 
+#: this module's layer types: what ``crosstrain`` re-exports (a type checker reads this list;
+#: it cannot read LAYER_TYPES, which the classes fill as they are defined)
+__all__ = [
+    "Flatten",
+    "Mean",
+    "Reshape",
+    "Take",
+    "Transpose",
+]
+
 
 @attrs.frozen
 class Flatten(Layer):
