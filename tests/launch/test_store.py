@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.host import free_port
 from crosstrain.core.errors import InputError
 from crosstrain.launch.store import exchange, reachable_address, serve_store
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import crosstrain
-from crosstrain.backends.common import free_port
+from crosstrain.backends.host import free_port
 from crosstrain.core.errors import BackendError
 from crosstrain.testing.launches import RunCache, made_once, shared_folder
 from tests.conftest import MLP_PLAN, REPO, json_from_fresh_process, worker_env

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.host import free_port
 from crosstrain.testing import launches
 from crosstrain.testing.launches import RunCache
 from tests.conftest import run_cli_together, worker_env

@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.host import free_port
 from crosstrain.backends.torch.strategy import TorchStrategy
 from crosstrain.backends.torch.worker import join_group
 from crosstrain.core.run.evaluation import evaluate

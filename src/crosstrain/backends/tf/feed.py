@@ -2,7 +2,7 @@
 
 As the torch backend's feed (:mod:`crosstrain.backends.torch.feed`): placed on the device
 (``data.placement = "device"``, or ``"auto"`` on a GPU when the arrays fit in
-:data:`~crosstrain.backends.common.AUTO_SHARE` of its free memory), each array becomes a
+:data:`~crosstrain.backends.placement.AUTO_SHARE` of its free memory), each array becomes a
 non-trainable variable made under the distribution's scope, so every replica's device
 holds one copy; a step then hands over row indices only, and each replica gathers its
 rows from its own copy inside the compiled step. Otherwise the rows are gathered on the
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from crosstrain.backends.common import Prefetched, should_place, unplaceable
+from crosstrain.backends.placement import should_place, unplaceable
+from crosstrain.backends.prefetch import Prefetched
 from crosstrain.backends.tf.gpu import free_gpu_bytes
 from crosstrain.core.data.batches import ArrayDataset, Batch, Datasets, Rows, input_scaling
 from crosstrain.core.data.mapped import MappedRows

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.host import free_port
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.job import Job, RunResult, World
 from crosstrain.core.run.strategy import DistributedStrategy

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from crosstrain.backends.common import native_factory
+from crosstrain.backends.native import native_factory
 from crosstrain.backends.tf.layers import LAYERS
 from crosstrain.backends.tf.nodes import ContextLayer, NodeOptions
 from crosstrain.core.model.graph import MODEL_INPUT, Graph

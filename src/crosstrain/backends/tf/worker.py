@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from crosstrain.backends.common import CPU_THREADS
+from crosstrain.backends.host import CPU_THREADS
 from crosstrain.backends.tf.launch import JOB_FILE, Layout, StrategyMaker
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.heartbeat import collective_timeout

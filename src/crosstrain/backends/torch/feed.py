@@ -2,7 +2,7 @@
 
 Core decides which rows form each step (the sampler); this module decides where they are
 read. Placed on the device (``data.placement = "device"``, or ``"auto"`` on a GPU when the
-arrays fit in :data:`~crosstrain.backends.common.AUTO_SHARE` of its free memory), each
+arrays fit in :data:`~crosstrain.backends.placement.AUTO_SHARE` of its free memory), each
 array is copied there once and a step's rows are gathered there by an index tensor: no
 host gather, no per-step copy of the rows. Otherwise the rows are gathered on the host and
 copied each step; on a GPU as their data set stores them (a file's uint8 images stay
@@ -23,7 +23,8 @@ import attrs
 import numpy as np
 import torch
 
-from crosstrain.backends.common import PREFETCH_TIMEOUT_SECONDS, Prefetched, should_place, unplaceable
+from crosstrain.backends.placement import should_place, unplaceable
+from crosstrain.backends.prefetch import PREFETCH_TIMEOUT_SECONDS, Prefetched
 from crosstrain.core.data.batches import (
     Batch,
     Datasets,

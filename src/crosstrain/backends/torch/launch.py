@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from crosstrain.backends.common import free_port
+from crosstrain.backends.host import free_port
 from crosstrain.backends.torch.worker import LAUNCHER_PID, StrategyMaker, resolve_device, worker_main
 from crosstrain.core.errors import (
     BAD_INPUT_EXIT_CODE,

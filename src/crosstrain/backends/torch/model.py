@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from crosstrain.backends.common import native_factory
+from crosstrain.backends.native import native_factory
 from crosstrain.backends.torch.layers import LAYERS
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule, Order, to_nchw, to_nhwc
 from crosstrain.core.model.graph import MODEL_INPUT, Graph, Node

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from crosstrain.backends.common import CPU_THREADS
+from crosstrain.backends.host import CPU_THREADS
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.heartbeat import collective_timeout
 from crosstrain.core.run.job import Job, World

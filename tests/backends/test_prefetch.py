@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from crosstrain.backends.common import Prefetched
+from crosstrain.backends.prefetch import Prefetched
 
 
 def test_a_batch_finds_the_work_started_for_it_once() -> None:
