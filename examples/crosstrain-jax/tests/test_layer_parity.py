@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from crosstrain import Dropout, Layer, Plan, dropout
+from crosstrain import Dropout, Plan, dropout
 from crosstrain.testing.layer_cases import (
     PARITY_CASES,
     STEP,
@@ -70,10 +70,10 @@ def _jax_results(plan: Plan) -> CaseResults:
 
 
 @pytest.mark.parametrize("kind", PARITY_CASES, ids=case_id)
-def test_forward_and_gradients_agree(kind: type[Layer] | str) -> None:
+def test_forward_and_gradients_agree(kind: str) -> None:
     pytest.importorskip("torch")
     plan = case_plan(kind)
     expected = torch_results(plan)
     assert_same_results(_jax_results(plan), expected)
-    if kind is Dropout:  # the masks really drop something: the same somethings
+    if kind == Dropout.type:  # the masks really drop something: the same somethings
         assert 0.1 < np.mean(expected.outputs == 0) < 0.5

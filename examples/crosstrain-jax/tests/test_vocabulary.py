@@ -10,7 +10,7 @@ from pathlib import Path
 
 import crosstrain
 import pytest
-from crosstrain import DECAY_MODES, Attention, PlanError, Vocabulary
+from crosstrain import DECAY_MODES, PlanError, Vocabulary
 from crosstrain.core.spec.plan import WEIGHT_DTYPES
 from crosstrain.core.spec.vocabulary import missing_names  # the check's own helper, tested here
 
@@ -25,7 +25,7 @@ from jaxtest_support import run_cli
 def test_the_vocabulary_is_what_the_tables_hold() -> None:
     vocabulary = JaxStrategy.vocabulary()
     assert vocabulary == Vocabulary.of(
-        (layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS,
+        LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS,
         DECAY_MODES)
     # every core layer type (block is core's structure, not a layer to build), every loss,
     # optimizer, counted metric and decay mode; fp16 would need a loss scaler, which this
@@ -65,7 +65,7 @@ def test_a_layer_missing_from_the_table_is_refused_naming_its_field(
 ) -> None:
     # The tables are the only source of the vocabulary: take attention out of LAYERS and the
     # plan that uses it in a block is refused before the output folder or a worker exists.
-    monkeypatch.delitem(layers.LAYERS, Attention)
+    monkeypatch.delitem(layers.LAYERS, "attention")
     with pytest.raises(PlanError) as refused:
         crosstrain.fit(token_plan, backend="jax", device="cpu", out=tmp_path / "run")
     assert refused.value.field == "model.blocks.decoder.layers[1]"

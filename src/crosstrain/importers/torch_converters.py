@@ -38,7 +38,7 @@ from crosstrain.importers.torch_steps import BATCH, Step, Value
 def _neutral(layer_type: type[Layer], param: str, tensor: torch.Tensor) -> np.ndarray:
     """A torch weight in its neutral layout: the torch backend's layout (neutral -> torch
     axes, :data:`crosstrain.backends.torch.layers.LAYERS`) undone."""
-    _, axes = TORCH_LAYERS[layer_type].layout[param]
+    _, axes = TORCH_LAYERS[layer_type.type].layout[param]
     array = tensor.detach().to("cpu", torch.float32).numpy()
     return array if axes is None else np.ascontiguousarray(array.transpose(np.argsort(axes)))
 

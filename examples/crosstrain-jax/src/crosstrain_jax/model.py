@@ -52,7 +52,7 @@ def build_forward(plan: Plan) -> Forward:
     """The plan's model graph as one function; every node is built by its type's LAYERS entry."""
     graph = plan.model.graph(plan.source)
     compute = PRECISIONS[plan.train.precision]
-    steps = [(node, LAYERS[type(node.layer)](node)) for node in graph.nodes]
+    steps = [(node, LAYERS[node.layer.type](node)) for node in graph.nodes]
     float_input = graph.input_dtype == "float32"  # token ids stay int32 for the embedding
     tied = {
         node.index: table for node in graph.nodes if (table := graph.tied_table(node)) is not None

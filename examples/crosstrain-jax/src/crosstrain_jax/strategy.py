@@ -96,8 +96,7 @@ class JaxStrategy:
         from crosstrain_jax.optimizer import OPTIMIZERS
 
         # every decay mode: the update decays the weights crosstrain's decayed_weights names
-        return Vocabulary.of((layer.type for layer in LAYERS), LOSSES, OPTIMIZERS, PRECISIONS,
-                             METRIC_COUNTS, DECAY_MODES)
+        return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
 
     def check_job(self, job: Job) -> None:
         from crosstrain_jax.launch import check_job

@@ -85,7 +85,7 @@ def stock_model(plan: Plan, weights: dict[str, np.ndarray]) -> keras.Model:
     values: dict[int, Any] = {MODEL_INPUT: scaled}
     layers = []
     for node in graph.nodes:
-        stock = LAYERS[type(node.layer)].stock()
+        stock = LAYERS[node.layer.type].stock()
         if stock is None:
             raise InputError(
                 f"--format keras: {node.field} ({node.layer.type!r}) has no stock Keras layer; "

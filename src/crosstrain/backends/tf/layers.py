@@ -36,45 +36,17 @@ from crosstrain.backends.tf.sequences import (
 from crosstrain.core.errors import InputError
 from crosstrain.core.model.graph import Node
 from crosstrain.core.model.layers import (
-    GELU,
-    Add,
-    Attention,
     AvgPool2D,
     BatchNorm,
-    ClassToken,
-    Concat,
     Conv1D,
     Conv2D,
     Conv2DTranspose,
-    Crop2D,
     Dense,
     Dropout,
     Embedding,
-    Flatten,
-    GlobalAvgPool2D,
-    HardSwish,
     Layer,
-    LayerNorm,
-    LayerScale,
-    LeakyReLU,
     MaxPool2D,
     Mean,
-    Multiply,
-    PaddingMask,
-    PositionEmbedding,
-    ReLU,
-    ReLU6,
-    Rescale,
-    Reshape,
-    RMSNorm,
-    Sigmoid,
-    SiLU,
-    Softmax,
-    Take,
-    Tanh,
-    Transpose,
-    UpSample2D,
-    ZeroPad2D,
 )
 from crosstrain.core.model.layers.sequences import ATTENTION_PROJECTIONS
 
@@ -293,92 +265,92 @@ def _keras(factory: Callable[..., keras.layers.Layer], *args: Any, **kwargs: Any
 _KERNEL = _same(("kernel", "bias"))
 _BATCH_NORM = ("scale", "offset", "moving_mean", "moving_variance")
 
-#: core layer type -> how it runs here, one row each; core's graph resolves blocks, so
-#: Block has no row. The keys are the backend's vocabulary of layers.
-LAYERS: dict[type[Layer], NodeSpec[Any]] = {
-    Dense: NodeSpec(_dense, Stock(_stock_dense, _KERNEL), _KERNEL),
-    Conv2D: NodeSpec(_conv2d, AS_BUILT, _KERNEL),
-    MaxPool2D: NodeSpec(_max_pool, AS_BUILT),
-    AvgPool2D: NodeSpec(_avg_pool, AS_BUILT),
-    GlobalAvgPool2D: NodeSpec(_keras(keras.layers.GlobalAveragePooling2D), AS_BUILT),
+#: a layer type's tag -> how it runs here, one row each; core's graph resolves blocks, so
+#: ``block`` has no row. The keys are the backend's vocabulary of layers.
+LAYERS: dict[str, NodeSpec[Any]] = {
+    "dense": NodeSpec(_dense, Stock(_stock_dense, _KERNEL), _KERNEL),
+    "conv2d": NodeSpec(_conv2d, AS_BUILT, _KERNEL),
+    "maxpool2d": NodeSpec(_max_pool, AS_BUILT),
+    "avgpool2d": NodeSpec(_avg_pool, AS_BUILT),
+    "global_avg_pool2d": NodeSpec(_keras(keras.layers.GlobalAveragePooling2D), AS_BUILT),
     # channels_last: NHWC order, as the neutral Flatten
-    Flatten: NodeSpec(_keras(keras.layers.Flatten), AS_BUILT),
-    Conv1D: NodeSpec(_conv1d, AS_BUILT, _KERNEL),
-    Conv2DTranspose: NodeSpec(_conv2d_transpose, AS_BUILT, _KERNEL),
-    UpSample2D: NodeSpec(  # bilinear: tf.image.resize's half-pixel centres
+    "flatten": NodeSpec(_keras(keras.layers.Flatten), AS_BUILT),
+    "conv1d": NodeSpec(_conv1d, AS_BUILT, _KERNEL),
+    "conv2d_transpose": NodeSpec(_conv2d_transpose, AS_BUILT, _KERNEL),
+    "upsample2d": NodeSpec(  # bilinear: tf.image.resize's half-pixel centres
         lambda layer, node, options: keras.layers.UpSampling2D(
             layer.size, interpolation=layer.interpolation, **_named(node, options)
         ),
         AS_BUILT,
     ),
-    ZeroPad2D: NodeSpec(
+    "zero_pad2d": NodeSpec(
         lambda layer, node, options: keras.layers.ZeroPadding2D(layer.padding, **_named(node, options)),
         AS_BUILT,
     ),
-    Crop2D: NodeSpec(
+    "crop2d": NodeSpec(
         lambda layer, node, options: keras.layers.Cropping2D(layer.cropping, **_named(node, options)),
         AS_BUILT,
     ),
-    LayerScale: NodeSpec(_keras(FeatureScale), None, _same(("scale",))),
-    Sigmoid: NodeSpec(_keras(keras.layers.Activation, "sigmoid"), AS_BUILT),
-    SiLU: NodeSpec(_keras(keras.layers.Activation, "silu"), AS_BUILT),
-    Softmax: NodeSpec(_keras(keras.layers.Softmax, axis=-1), AS_BUILT),
-    ReLU6: NodeSpec(_keras(keras.layers.Activation, "relu6"), AS_BUILT),  # gradient 0 at 0 and 6
-    HardSwish: NodeSpec(_keras(keras.layers.Activation, "hard_silu"), AS_BUILT),  # x * (relu6(x + 3) / 6)
-    Multiply: NodeSpec(_keras(keras.layers.Multiply), AS_BUILT),  # left to right, broadcasting sizes of 1
-    Reshape: NodeSpec(
+    "layer_scale": NodeSpec(_keras(FeatureScale), None, _same(("scale",))),
+    "sigmoid": NodeSpec(_keras(keras.layers.Activation, "sigmoid"), AS_BUILT),
+    "silu": NodeSpec(_keras(keras.layers.Activation, "silu"), AS_BUILT),
+    "softmax": NodeSpec(_keras(keras.layers.Softmax, axis=-1), AS_BUILT),
+    "relu6": NodeSpec(_keras(keras.layers.Activation, "relu6"), AS_BUILT),  # gradient 0 at 0 and 6
+    "hard_swish": NodeSpec(_keras(keras.layers.Activation, "hard_silu"), AS_BUILT),  # x * (relu6(x + 3) / 6)
+    "multiply": NodeSpec(_keras(keras.layers.Multiply), AS_BUILT),  # left to right, broadcasting sizes of 1
+    "reshape": NodeSpec(
         lambda layer, node, options: keras.layers.Reshape(node.output_shape, **_named(node, options)),
         AS_BUILT,
     ),
-    Transpose: NodeSpec(  # Keras counts the batch axis as 0
+    "transpose": NodeSpec(  # Keras counts the batch axis as 0
         lambda layer, node, options: keras.layers.Permute(
             [axis + 1 for axis in layer.perm], **_named(node, options)
         ),
         AS_BUILT,
     ),
-    Mean: NodeSpec(_mean, Stock(_stock_mean)),
-    Rescale: NodeSpec(  # x * scale + offset, as Keras's Rescaling rounds it
+    "mean": NodeSpec(_mean, Stock(_stock_mean)),
+    "rescale": NodeSpec(  # x * scale + offset, as Keras's Rescaling rounds it
         lambda layer, node, options: keras.layers.Rescaling(
             layer.scale, offset=layer.offset, **_named(node, options)
         ),
         AS_BUILT,
     ),
-    ReLU: NodeSpec(_keras(keras.layers.ReLU), AS_BUILT),  # gradient 0 at 0, as torch's
-    LeakyReLU: NodeSpec(  # gradient negative_slope at 0, as torch's
+    "relu": NodeSpec(_keras(keras.layers.ReLU), AS_BUILT),  # gradient 0 at 0, as torch's
+    "leaky_relu": NodeSpec(  # gradient negative_slope at 0, as torch's
         lambda layer, node, options: keras.layers.LeakyReLU(
             negative_slope=layer.negative_slope, **_named(node, options)
         ),
         AS_BUILT,
     ),
-    GELU: NodeSpec(
+    "gelu": NodeSpec(
         _keras(keras.layers.Activation, exact_gelu),
         # a function of ours would need crosstrain to load; Keras's gelu activation is erf's by default
         Stock(lambda layer, node: keras.layers.Activation("gelu", **_named(node, EXPORTED))),
     ),
-    Tanh: NodeSpec(_keras(keras.layers.Activation, "tanh"), AS_BUILT),
-    Dropout: NodeSpec(_dropout, Stock(_stock_dropout)),
-    LayerNorm: NodeSpec(
+    "tanh": NodeSpec(_keras(keras.layers.Activation, "tanh"), AS_BUILT),
+    "dropout": NodeSpec(_dropout, Stock(_stock_dropout)),
+    "layernorm": NodeSpec(
         lambda layer, node, options: keras.layers.LayerNormalization(
             axis=-1, epsilon=layer.eps, **_named(node, options)
         ),
         AS_BUILT,
         {"scale": "gamma", "offset": "beta"},
     ),
-    BatchNorm: NodeSpec(
+    "batchnorm": NodeSpec(
         _batch_norm,
         Stock(_stock_batch_norm, {"scale": "gamma", "offset": "beta"} | _same(_BATCH_NORM[2:])),
         _same(_BATCH_NORM),
     ),
-    Embedding: NodeSpec(_embedding, Stock(_stock_embedding, {"table": "embeddings"}), _same(("table",))),
-    PositionEmbedding: NodeSpec(_keras(PositionTable), None, _same(("table",))),
-    Attention: NodeSpec(
+    "embedding": NodeSpec(_embedding, Stock(_stock_embedding, {"table": "embeddings"}), _same(("table",))),
+    "position_embedding": NodeSpec(_keras(PositionTable), None, _same(("table",))),
+    "attention": NodeSpec(
         lambda layer, node, options: SelfAttention(layer, *node.input_shape, **_named(node, options)),
         None,
         _same(
             f"{projection}_{param}" for projection in ATTENTION_PROJECTIONS for param in ("kernel", "bias")
         ),
     ),
-    RMSNorm: NodeSpec(
+    "rmsnorm": NodeSpec(
         lambda layer, node, options: RootMeanSquareNorm(layer.epsilon, **_named(node, options)),
         Stock(
             lambda layer, node: keras.layers.RMSNormalization(
@@ -388,11 +360,11 @@ LAYERS: dict[type[Layer], NodeSpec[Any]] = {
         ),
         _same(("scale",)),
     ),
-    ClassToken: NodeSpec(_keras(ClassTokenLayer), None, _same(("token",))),
-    Take: NodeSpec(lambda layer, node, options: TakePosition(layer.index, **_named(node, options)), None),
-    PaddingMask: NodeSpec(
+    "class_token": NodeSpec(_keras(ClassTokenLayer), None, _same(("token",))),
+    "take": NodeSpec(lambda layer, node, options: TakePosition(layer.index, **_named(node, options)), None),
+    "padding_mask": NodeSpec(
         lambda layer, node, options: PaddingMaskLayer(layer.pad_id, **_named(node, options)), None
     ),
-    Add: NodeSpec(_keras(keras.layers.Add), AS_BUILT),  # sums left to right
-    Concat: NodeSpec(_keras(keras.layers.Concatenate, axis=-1), AS_BUILT),
+    "add": NodeSpec(_keras(keras.layers.Add), AS_BUILT),  # sums left to right
+    "concat": NodeSpec(_keras(keras.layers.Concatenate, axis=-1), AS_BUILT),
 }

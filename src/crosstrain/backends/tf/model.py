@@ -46,7 +46,7 @@ class GraphModel(keras.Model):  # type: ignore[misc]
         super().__init__(name=name, dtype=policy)
         self.neutral_graph = graph
         options = NodeOptions(policy=policy, seed=seed)
-        self.node_layers = [LAYERS[type(node.layer)].build(node.layer, node, options) for node in graph.nodes]
+        self.node_layers = [LAYERS[node.layer.type].build(node.layer, node, options) for node in graph.nodes]
         for node in graph.nodes:  # a tied dense reads its embedding's table
             if node.tied_to is not None:
                 self.node_layers[node.index].tie(self.node_layers[node.tied_to])
@@ -75,7 +75,7 @@ class GraphModel(keras.Model):  # type: ignore[misc]
         variables: dict[str, Any] = {}
         for node, layer in zip(self.neutral_graph.nodes, self.node_layers, strict=True):
             for param in node.weight_specs():
-                variables[f"{node.path}.{param}"] = getattr(layer, LAYERS[type(node.layer)].weights[param])
+                variables[f"{node.path}.{param}"] = getattr(layer, LAYERS[node.layer.type].weights[param])
         return variables
 
 

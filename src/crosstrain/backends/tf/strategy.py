@@ -435,8 +435,7 @@ def table_vocabulary() -> Vocabulary:
     from crosstrain.backends.tf.optimizer import OPTIMIZERS
 
     # every decay mode: each variable's rule decays or not as core chooses (decayed_variables)
-    layers = (layer.type for layer in LAYERS)
-    return Vocabulary.of(layers, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES)
+    return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES)
 
 
 def check_compilable(plan: Plan) -> None:

@@ -69,7 +69,7 @@ def capture_blocker(plan: Plan, device: str, processes: int) -> str | None:
         if blocked:
             return reason
     for node in plan.model.graph().nodes:  # a layer type with an op that cannot be captured
-        uncapturable = LAYERS[type(node.layer)].uncapturable
+        uncapturable = LAYERS[node.layer.type].uncapturable
         if uncapturable is not None:
             return uncapturable
     return None

@@ -46,42 +46,19 @@ from crosstrain.backends.torch.sequences import (
 )
 from crosstrain.core.model.graph import Node
 from crosstrain.core.model.layers import (
-    GELU,
-    Add,
-    Attention,
     AvgPool2D,
-    BatchNorm,
-    ClassToken,
     Concat,
     Conv1D,
     Conv2D,
     Conv2DTranspose,
     Crop2D,
-    Dense,
-    Dropout,
-    Embedding,
-    Flatten,
     GlobalAvgPool2D,
-    HardSwish,
     Layer,
-    LayerNorm,
-    LayerScale,
-    LeakyReLU,
     MaxPool2D,
     Mean,
-    Multiply,
-    PaddingMask,
-    PositionEmbedding,
-    ReLU,
-    ReLU6,
-    Rescale,
     Reshape,
-    RMSNorm,
-    Sigmoid,
-    SiLU,
     Softmax,
     Take,
-    Tanh,
     Transpose,
     UpSample2D,
     ZeroPad2D,
@@ -374,67 +351,67 @@ _ATTENTION: Layout = {
     for param, native in (("kernel", "weight"), ("bias", "bias"))
 }
 
-#: core layer type -> how it runs here, one row each; core's graph resolves blocks, so
-#: Block has no row. The keys are the backend's vocabulary of layers.
-LAYERS: dict[type[Layer], NodeSpec[Any]] = {
-    Dense: NodeSpec(dense_node, Order.NEUTRAL, _DENSE),  # on the last axis; tied: no kernel of its own
-    Conv2D: NodeSpec(
+#: a layer type's tag -> how it runs here, one row each; core's graph resolves blocks, so
+#: ``block`` has no row. The keys are the backend's vocabulary of layers.
+LAYERS: dict[str, NodeSpec[Any]] = {
+    "dense": NodeSpec(dense_node, Order.NEUTRAL, _DENSE),  # on the last axis; tied: no kernel of its own
+    "conv2d": NodeSpec(
         ConvNode, Order.CHANNELS_FIRST, {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)}
     ),
-    MaxPool2D: NodeSpec(PoolNode, Order.CHANNELS_FIRST),
-    AvgPool2D: NodeSpec(PoolNode, Order.CHANNELS_FIRST),
-    GlobalAvgPool2D: NodeSpec(GlobalPoolNode, Order.REDUCES),
-    Flatten: NodeSpec(_unary(_flatten), Order.NEUTRAL),  # the neutral order of the elements is its output
-    Conv1D: NodeSpec(  # a sequence, not an image
+    "maxpool2d": NodeSpec(PoolNode, Order.CHANNELS_FIRST),
+    "avgpool2d": NodeSpec(PoolNode, Order.CHANNELS_FIRST),
+    "global_avg_pool2d": NodeSpec(GlobalPoolNode, Order.REDUCES),
+    "flatten": NodeSpec(_unary(_flatten), Order.NEUTRAL),  # the neutral order of the elements is its output
+    "conv1d": NodeSpec(  # a sequence, not an image
         Conv1DNode, Order.NEUTRAL, {"kernel": ("conv.weight", (2, 1, 0)), "bias": ("conv.bias", None)}
     ),
-    Conv2DTranspose: NodeSpec(  # [kh, kw, out, in] -> torch's [in, out, kh, kw]
+    "conv2d_transpose": NodeSpec(  # [kh, kw, out, in] -> torch's [in, out, kh, kw]
         ConvTransposeNode,
         Order.CHANNELS_FIRST,
         {"kernel": ("conv.weight", (3, 2, 0, 1)), "bias": ("conv.bias", None)},
     ),
-    UpSample2D: NodeSpec(UpSampleNode, Order.CHANNELS_FIRST),
-    ZeroPad2D: NodeSpec(_zero_pad, Order.CHANNELS_FIRST),
-    Crop2D: NodeSpec(_crop, Order.CHANNELS_FIRST),
-    LayerScale: NodeSpec(LayerScaleNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
-    Sigmoid: NodeSpec(_unary(torch.sigmoid), Order.EITHER),
-    SiLU: NodeSpec(_unary(F.silu), Order.EITHER),
-    Softmax: NodeSpec(_softmax, Order.EITHER),  # over the channel axis of either order
-    ReLU6: NodeSpec(_unary(F.relu6), Order.EITHER),  # gradient 0 at 0 and 6, as tf's
-    HardSwish: NodeSpec(_unary(_hard_swish), Order.EITHER),
-    Multiply: NodeSpec(lambda layer, node, channels_first: MultiplyNode(), Order.EITHER),
-    Reshape: NodeSpec(_reshape, Order.NEUTRAL),
-    Transpose: NodeSpec(_transpose, Order.NEUTRAL),
-    Mean: NodeSpec(MeanNode, Order.EITHER),
-    Rescale: NodeSpec(rescale_node, Order.EITHER),
-    ReLU: NodeSpec(_unary(F.relu), Order.EITHER),
-    LeakyReLU: NodeSpec(
+    "upsample2d": NodeSpec(UpSampleNode, Order.CHANNELS_FIRST),
+    "zero_pad2d": NodeSpec(_zero_pad, Order.CHANNELS_FIRST),
+    "crop2d": NodeSpec(_crop, Order.CHANNELS_FIRST),
+    "layer_scale": NodeSpec(LayerScaleNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
+    "sigmoid": NodeSpec(_unary(torch.sigmoid), Order.EITHER),
+    "silu": NodeSpec(_unary(F.silu), Order.EITHER),
+    "softmax": NodeSpec(_softmax, Order.EITHER),  # over the channel axis of either order
+    "relu6": NodeSpec(_unary(F.relu6), Order.EITHER),  # gradient 0 at 0 and 6, as tf's
+    "hard_swish": NodeSpec(_unary(_hard_swish), Order.EITHER),
+    "multiply": NodeSpec(lambda layer, node, channels_first: MultiplyNode(), Order.EITHER),
+    "reshape": NodeSpec(_reshape, Order.NEUTRAL),
+    "transpose": NodeSpec(_transpose, Order.NEUTRAL),
+    "mean": NodeSpec(MeanNode, Order.EITHER),
+    "rescale": NodeSpec(rescale_node, Order.EITHER),
+    "relu": NodeSpec(_unary(F.relu), Order.EITHER),
+    "leaky_relu": NodeSpec(
         lambda layer, node, first: UnaryNode(partial(F.leaky_relu, negative_slope=layer.negative_slope)),
         Order.EITHER,
     ),
-    GELU: NodeSpec(_unary(F.gelu), Order.EITHER),  # erf, torch's default
-    Tanh: NodeSpec(_unary(torch.tanh), Order.EITHER),
-    Dropout: NodeSpec(DropoutNode, Order.EITHER),  # draws its mask in the input's order
-    LayerNorm: NodeSpec(
+    "gelu": NodeSpec(_unary(F.gelu), Order.EITHER),  # erf, torch's default
+    "tanh": NodeSpec(_unary(torch.tanh), Order.EITHER),
+    "dropout": NodeSpec(DropoutNode, Order.EITHER),  # draws its mask in the input's order
+    "layernorm": NodeSpec(
         LayerNormNode, Order.NEUTRAL, {"scale": ("norm.weight", None), "offset": ("norm.bias", None)}
     ),  # on the last axis
-    BatchNorm: NodeSpec(  # on the channel axis of either order
+    "batchnorm": NodeSpec(  # on the channel axis of either order
         BatchNormNode,
         Order.EITHER,
         {name: (name, None) for name in ("scale", "offset", "moving_mean", "moving_variance")},
     ),
-    Embedding: NodeSpec(  # token ids are never an image
+    "embedding": NodeSpec(  # token ids are never an image
         EmbeddingNode,
         Order.NEUTRAL,
         {"table": ("table.weight", None)},
         uncapturable="an embedding's backward syncs with the host (pytorch#82886)",
     ),
-    PositionEmbedding: NodeSpec(PositionEmbeddingNode, Order.NEUTRAL, {"table": ("table", None)}),
-    Attention: NodeSpec(AttentionNode, Order.NEUTRAL, _ATTENTION),
-    RMSNorm: NodeSpec(RMSNormNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
-    ClassToken: NodeSpec(ClassTokenNode, Order.NEUTRAL, {"token": ("token", None)}),
-    Take: NodeSpec(TakeNode, Order.NEUTRAL),
-    PaddingMask: NodeSpec(lambda layer, node, first: UnaryNode(padding_mask(layer)), Order.NEUTRAL),
-    Add: NodeSpec(lambda layer, node, channels_first: AddNode(), Order.EITHER),
-    Concat: NodeSpec(ConcatNode, Order.EITHER),  # on the channel axis of either order
+    "position_embedding": NodeSpec(PositionEmbeddingNode, Order.NEUTRAL, {"table": ("table", None)}),
+    "attention": NodeSpec(AttentionNode, Order.NEUTRAL, _ATTENTION),
+    "rmsnorm": NodeSpec(RMSNormNode, Order.NEUTRAL, {"scale": ("scale", None)}),  # on the last axis
+    "class_token": NodeSpec(ClassTokenNode, Order.NEUTRAL, {"token": ("token", None)}),
+    "take": NodeSpec(TakeNode, Order.NEUTRAL),
+    "padding_mask": NodeSpec(lambda layer, node, first: UnaryNode(padding_mask(layer)), Order.NEUTRAL),
+    "add": NodeSpec(lambda layer, node, channels_first: AddNode(), Order.EITHER),
+    "concat": NodeSpec(ConcatNode, Order.EITHER),  # on the channel axis of either order
 }

@@ -130,7 +130,7 @@ def plan_layout(graph: Graph) -> LayoutPlan:
             continue
         inputs = tuple(graph.nodes[i].inputs[0] if i in folds else i for i in node.inputs)
         absorbed.update((node.index, folds[i]) for i in node.inputs if i in folds)
-        order = LAYERS[type(node.layer)].order
+        order = LAYERS[node.layer.type].order
         if order is Order.CHANNELS_FIRST or order is Order.NEUTRAL:
             first = order is Order.CHANNELS_FIRST
         else:  # EITHER, REDUCES: the inputs' order; NCHW when they differ
@@ -156,7 +156,7 @@ class GraphModule(nn.Module):
         self.layout = plan_layout(graph)
         self.nodes = nn.ModuleDict(
             {
-                _module_key(node.path): LAYERS[type(node.layer)].module(node.layer, node, first)
+                _module_key(node.path): LAYERS[node.layer.type].module(node.layer, node, first)
                 for node, first in zip(graph.nodes, self.layout.channels_first, strict=True)
             }
         )
@@ -204,7 +204,7 @@ def _layouts(plan: Plan) -> dict[str, tuple[str, tuple[int, ...] | None]]:
     """Neutral weight name -> (torch state_dict name, axes to go neutral -> torch)."""
     table: dict[str, tuple[str, tuple[int, ...] | None]] = {}
     for node in plan.model.graph().nodes:
-        for neutral, (native, axes) in LAYERS[type(node.layer)].layout.items():
+        for neutral, (native, axes) in LAYERS[node.layer.type].layout.items():
             if neutral in node.weight_specs():
                 table[f"{node.path}.{neutral}"] = (f"nodes.{_module_key(node.path)}.{native}", axes)
     return table

@@ -86,8 +86,7 @@ class TorchStrategy:
         from crosstrain.backends.torch.optimizer import OPTIMIZERS
 
         # every decay mode: the optimizer's groups come from core's choice (undecayed_parameters)
-        layers = (layer.type for layer in LAYERS)
-        return Vocabulary.of(layers, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
+        return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.torch.launch import check_layout
