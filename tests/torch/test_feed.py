@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data.batches import Batch, stored_rows
+from crosstrain.core.data.batches import Batch
 from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.rows import stored_rows
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens

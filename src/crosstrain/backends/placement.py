@@ -1,16 +1,20 @@
 """The placement policy every backend shares, with no framework: whether the data sets go
-to the device (``data.placement``), and the host arrays placing them copies."""
+to the device (``data.placement``), the host arrays placing them copies, and the base of a
+backend's translator of rows into what it keeps there (:class:`Placing`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 
-from crosstrain.core.data.batches import ArrayDataset, Rows, image_rows
+from crosstrain.core.data.arrays import Translated
+from crosstrain.core.data.batches import ArrayDataset
 from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.rows import RowKind, Rows, image_rows, translate
 from crosstrain.core.data.scaling import ScaledRows
+from crosstrain.core.data.sources.images import ImageRows
 from crosstrain.core.data.tokens import TokenWindows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.spec.plan import Plan
@@ -41,15 +45,7 @@ def should_place(
 
 def placed_arrays(rows: Rows) -> list[np.ndarray]:
     """The host arrays a data set's ``x`` or ``y`` reads from (what placing copies)."""
-    if isinstance(rows, ScaledRows):
-        return placed_arrays(rows.raw)
-    if isinstance(rows, TokenWindows):
-        return [rows.tokens]
-    if isinstance(rows, MappedRows):
-        return [rows.array] if rows.index is None else [rows.array, rows.index]
-    if not isinstance(rows, np.ndarray):
-        raise unplaceable(rows)
-    return [rows]
+    return translate(rows, _PlacedArrays())
 
 
 def placed_bytes(
@@ -65,3 +61,30 @@ def placed_bytes(
 def unplaceable(rows: object) -> PlanError:
     """The refusal of rows no backend knows how to place."""
     return PlanError(f"cannot place {type(rows).__name__} rows on the device", field="data.placement")
+
+
+class Placing(Generic[Translated]):
+    """The base of a backend's :class:`~crosstrain.core.data.rows.RowsTranslator` into what
+    it keeps on its device: it translates arrays, memory-mapped rows, token windows and
+    scaled rows; rows read on the host each step (image files, a mixing set's labels,
+    shifted windows) are refused here."""
+
+    def images(self, rows: ImageRows) -> Translated:
+        raise unplaceable(rows)
+
+    def host(self, rows: RowKind) -> Translated:
+        raise unplaceable(rows)
+
+
+class _PlacedArrays(Placing[list[np.ndarray]]):
+    def array(self, rows: np.ndarray) -> list[np.ndarray]:
+        return [rows]
+
+    def mapped(self, rows: MappedRows) -> list[np.ndarray]:
+        return [rows.array] if rows.index is None else [rows.array, rows.index]
+
+    def windows(self, rows: TokenWindows) -> list[np.ndarray]:
+        return [rows.tokens]
+
+    def scaled(self, rows: ScaledRows) -> list[np.ndarray]:
+        return translate(rows.raw, self)

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data.batches import Batch, stored_rows
+from crosstrain.core.data.batches import Batch
 from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.rows import stored_rows
 from crosstrain.core.data.scaling import InputScaling, ScaledRows
 from crosstrain.core.errors import PlanError
 from crosstrain.core.run.loading import load_datasets

@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from crosstrain.backends.placement import should_place, unplaceable
+from crosstrain.backends.placement import Placing, should_place
 from crosstrain.backends.prefetch import Prefetched
 from crosstrain.backends.tf.gpu import free_gpu_bytes
-from crosstrain.core.data.batches import ArrayDataset, Batch, Datasets, Rows, input_scaling
+from crosstrain.core.data.batches import ArrayDataset, Batch, Datasets
 from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.rows import input_scaling, translate
 from crosstrain.core.data.scaling import InputScaling, ScaledRows
 from crosstrain.core.data.tokens import TokenWindows
 from crosstrain.core.spec.plan import Plan
@@ -90,13 +91,10 @@ class TfFeed:
             for part in parts:  # a scaling's variables are made here, on every worker alike
                 self.converter(part.x.dtype, input_scaling(part.x))
             return
-        on_device: dict[int, Any] = {}  # one copy of an array shared by parts
+        gathers = _VariableGathers()
         with self.distribution.scope():
             for part in parts:
-                self._placed[id(part)] = (
-                    self._gatherer(part.x, on_device),
-                    self._gatherer(part.y, on_device),
-                )
+                self._placed[id(part)] = (translate(part.x, gathers), translate(part.y, gathers))
 
     def converter(self, dtype: np.dtype[Any], scaling: InputScaling | None) -> Convert:
         """Rows from the host -> the model's rows: cast to ``dtype``, then scaled (made once
@@ -112,20 +110,6 @@ class TfFeed:
                 with self.distribution.scope():
                     self._converters[key] = scaler(scaling)
         return self._converters[key]
-
-    def _gatherer(self, rows: Rows, on_device: dict[int, Any]) -> Gather:
-        import tensorflow as tf
-
-        if isinstance(rows, ScaledRows):
-            return _scaled_gather(self._gatherer(rows.raw, on_device), rows.scaling)
-        if isinstance(rows, TokenWindows):
-            return _window_gather(rows, _variable(rows.tokens, on_device))
-        if isinstance(rows, MappedRows):
-            return _mapped_gather(rows, on_device)
-        if not isinstance(rows, np.ndarray):
-            raise unplaceable(rows)
-        array, dtype = _variable(rows, on_device), tf.as_dtype(rows.dtype)
-        return lambda indices: tf.cast(tf.gather(array, indices), dtype)
 
 
 def host_inputs(batches: Sequence[Batch]) -> tuple[np.ndarray, np.ndarray, Conversion]:
@@ -188,33 +172,51 @@ class Prefetcher:
         return tuple(parts), conversion
 
 
-def _variable(array: np.ndarray, on_device: dict[int, Any]) -> Any:
-    """``array`` as a non-trainable variable (made under the distribution's scope: one copy
-    per replica device), once per array (by its id: the data sets hold every array they
-    read from while the variables live)."""
-    import tensorflow as tf
+class _VariableGathers(Placing[Gather]):
+    """Rows translated into gathers of a replica's rows from non-trainable variables (made
+    under the distribution's scope: one copy per replica device), one per array that
+    several parts read."""
 
-    key = id(array)
-    if key not in on_device:
-        host = np.ascontiguousarray(array, dtype=kept_dtype(array.dtype))
-        on_device[key] = tf.Variable(host, trainable=False, name="crosstrain_data")
-    return on_device[key]
+    def __init__(self) -> None:
+        self._on_device: dict[int, Any] = {}
 
+    def array(self, rows: np.ndarray) -> Gather:
+        import tensorflow as tf
 
-def _mapped_gather(rows: MappedRows, on_device: dict[int, Any]) -> Gather:
-    """Rows of a memory-mapped file, placed in the file's layout; this view's rows are one
-    index away (its own index, placed too), reshaped and cast as the host reads them."""
-    import tensorflow as tf
+        array, dtype = self._variable(rows), tf.as_dtype(rows.dtype)
+        return lambda indices: tf.cast(tf.gather(array, indices), dtype)
 
-    array = _variable(rows.array, on_device)
-    index = None if rows.index is None else _variable(rows.index, on_device)
-    shape, dtype = [-1, *rows.row_shape], tf.as_dtype(rows.dtype)
+    def mapped(self, rows: MappedRows) -> Gather:
+        """Rows of a memory-mapped file, placed in the file's layout; this view's rows are one
+        index away (its own index, placed too), reshaped and cast as the host reads them."""
+        import tensorflow as tf
 
-    def gather(indices: Any) -> Any:
-        file_rows = indices if index is None else tf.gather(index, indices)
-        return tf.cast(tf.reshape(tf.gather(array, file_rows), shape), dtype)
+        array = self._variable(rows.array)
+        index = None if rows.index is None else self._variable(rows.index)
+        shape, dtype = [-1, *rows.row_shape], tf.as_dtype(rows.dtype)
 
-    return gather
+        def gather(indices: Any) -> Any:
+            file_rows = indices if index is None else tf.gather(index, indices)
+            return tf.cast(tf.reshape(tf.gather(array, file_rows), shape), dtype)
+
+        return gather
+
+    def windows(self, rows: TokenWindows) -> Gather:
+        return _window_gather(rows, self._variable(rows.tokens))
+
+    def scaled(self, rows: ScaledRows) -> Gather:
+        return _scaled_gather(translate(rows.raw, self), rows.scaling)
+
+    def _variable(self, array: np.ndarray) -> Any:
+        """``array`` as a non-trainable variable, once per array (by its id: the data sets
+        hold every array they read from while the variables live)."""
+        import tensorflow as tf
+
+        key = id(array)
+        if key not in self._on_device:
+            host = np.ascontiguousarray(array, dtype=kept_dtype(array.dtype))
+            self._on_device[key] = tf.Variable(host, trainable=False, name="crosstrain_data")
+        return self._on_device[key]
 
 
 _TF_OPERATIONS = {"mul": "multiply", "sub": "subtract", "div": "divide"}

@@ -23,18 +23,11 @@ import attrs
 import numpy as np
 import torch
 
-from crosstrain.backends.placement import should_place, unplaceable
+from crosstrain.backends.placement import Placing, should_place
 from crosstrain.backends.prefetch import PREFETCH_TIMEOUT_SECONDS, Prefetched
-from crosstrain.core.data.batches import (
-    Batch,
-    Datasets,
-    Rows,
-    epoch_slice,
-    image_rows,
-    input_scaling,
-    stored_rows,
-)
+from crosstrain.core.data.batches import Batch, Datasets, epoch_slice
 from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.rows import image_rows, input_scaling, stored_rows, translate
 from crosstrain.core.data.scaling import InputScaling, ScaledRows
 from crosstrain.core.data.sources.images import MixedReading
 from crosstrain.core.data.sources.pool import Reading
@@ -77,12 +70,9 @@ class Feed:
         on_gpu = self.device.type == "cuda"
         if not should_place(plan, parts, self._free_bytes if on_gpu else None):
             return
-        on_device: dict[int, torch.Tensor] = {}  # one copy of an array shared by parts
+        gathers = _DeviceGathers(self.device)
         for part in parts:
-            self._placed[id(part)] = (
-                self._gatherer(part.x, on_device),
-                self._gatherer(part.y, on_device),
-            )
+            self._placed[id(part)] = (translate(part.x, gathers), translate(part.y, gathers))
 
     def prefetch(self, batches: Iterable[Batch]) -> None:
         """Start gathering and copying the batches' rows (a GPU, rows on the host); a later
@@ -206,31 +196,23 @@ class Feed:
         free, _ = torch.cuda.mem_get_info(self.device)
         return int(free)
 
-    def _gatherer(self, rows: Rows, on_device: dict[int, torch.Tensor]) -> Gather:
-        if isinstance(rows, ScaledRows):
-            return _scaled_gather(self._gatherer(rows.raw, on_device), rows.scaling, self.device)
-        if isinstance(rows, TokenWindows):
-            return _window_gather(rows, self._to_device(rows.tokens, on_device))
-        if isinstance(rows, MappedRows):
-            return self._mapped_gather(rows, on_device)
-        if not isinstance(rows, np.ndarray):
-            raise unplaceable(rows)
-        return self._to_device(rows, on_device).__getitem__
 
-    def _to_device(self, array: np.ndarray, on_device: dict[int, torch.Tensor]) -> torch.Tensor:
-        key = id(array)
-        if key not in on_device:
-            host = np.ascontiguousarray(torch_compatible(array))
-            with warnings.catch_warnings():  # a read-only memory map: rows are only ever read
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                on_device[key] = torch.from_numpy(host).to(self.device)
-        return on_device[key]
+class _DeviceGathers(Placing[Gather]):
+    """Rows translated into gathers of a step's rows from arrays copied to the device once
+    (one copy of an array that several parts read)."""
 
-    def _mapped_gather(self, rows: MappedRows, on_device: dict[int, torch.Tensor]) -> Gather:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._on_device: dict[int, torch.Tensor] = {}
+
+    def array(self, rows: np.ndarray) -> Gather:
+        return self._to_device(rows).__getitem__
+
+    def mapped(self, rows: MappedRows) -> Gather:
         """Rows of a memory-mapped file, copied to the device in the file's dtype (uint8 images
         stay uint8 until here) and in this view's row order and shape; a step's rows are then
         one index away, cast there when the model takes another dtype."""
-        array = self._to_device(rows.array, on_device)
+        array = self._to_device(rows.array)
         if rows.index is not None:
             array = array[torch.from_numpy(rows.index).to(self.device)]
         array = array.reshape(len(array), *rows.row_shape)
@@ -238,6 +220,21 @@ class Feed:
         if array.dtype == dtype:
             return array.__getitem__
         return lambda indices: array[indices].to(dtype)
+
+    def windows(self, rows: TokenWindows) -> Gather:
+        return _window_gather(rows, self._to_device(rows.tokens))
+
+    def scaled(self, rows: ScaledRows) -> Gather:
+        return _scaled_gather(translate(rows.raw, self), rows.scaling, self.device)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        key = id(array)
+        if key not in self._on_device:
+            host = np.ascontiguousarray(torch_compatible(array))
+            with warnings.catch_warnings():  # a read-only memory map: rows are only ever read
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                self._on_device[key] = torch.from_numpy(host).to(self.device)
+        return self._on_device[key]
 
 
 def as_torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:

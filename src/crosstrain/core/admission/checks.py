@@ -53,7 +53,8 @@ import attrs
 
 from crosstrain.core.admission.cluster import Cluster, ThisMachine, mismatch, parse_endpoint
 from crosstrain.core.admission.runfolder import PLAN_FILE, check_request, read_run_plan
-from crosstrain.core.data.batches import Datasets, image_rows
+from crosstrain.core.data.batches import Datasets
+from crosstrain.core.data.rows import image_rows
 from crosstrain.core.data.sources.decoding import opencv
 from crosstrain.core.data.sources.images import check_image_headers
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError

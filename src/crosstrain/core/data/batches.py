@@ -10,33 +10,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import numpy as np
 
-from crosstrain.core.data.mapped import MappedRows
-from crosstrain.core.data.scaling import InputScaling, ScaledRows
+from crosstrain.core.data.rows import Rows, input_scaling, read_rows, stored_rows, take_rows
+from crosstrain.core.data.scaling import InputScaling
 from crosstrain.core.data.sources import table as tables
-from crosstrain.core.data.sources.images import ImageRows, MixedTargets
-
-
-class Rows(Protocol):
-    """What a data set's ``x`` or ``y`` is: a numpy array, or windows of a memory-mapped
-    token file; either way rows are read by an index array."""
-
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def dtype(self) -> np.dtype[Any]: ...
-
-    def __getitem__(self, indices: Any) -> np.ndarray: ...
 
 
 @attrs.frozen(eq=False)
 class ArrayDataset:
-    """Rows of inputs ``x`` (channels-last) and targets ``y``."""
+    """Rows of inputs ``x`` (channels-last) and targets ``y``: each a numpy array or rows of
+    another kind (:mod:`crosstrain.core.data.rows`)."""
 
     x: Rows
     y: Rows
@@ -53,11 +40,7 @@ class ArrayDataset:
 
     def take(self, indices: np.ndarray) -> ArrayDataset:
         """Some rows; memory-mapped rows stay a view, unread."""
-        return ArrayDataset(_take(self.x, indices), _take(self.y, indices))
-
-
-def _take(rows: Rows, indices: np.ndarray) -> Rows:
-    return rows.take(indices) if isinstance(rows, MappedRows | ScaledRows | ImageRows) else rows[indices]
+        return ArrayDataset(take_rows(self.x, indices), take_rows(self.y, indices))
 
 
 @attrs.frozen(eq=False)
@@ -203,54 +186,6 @@ def _padded(indices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     padded = np.zeros(size, np.int64)
     padded[: len(indices)] = indices
     return padded, weight
-
-
-def read_rows(rows: Rows, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
-    """``rows[indices]``, read in ``epoch`` (image rows: augmented as drawn for it; a mixing
-    set's labels: mixed as its images are)."""
-    if isinstance(rows, MixedTargets):
-        return rows.read(indices, epoch)
-    images = image_rows(rows)
-    if images is None:
-        return np.asarray(rows[indices])
-    decoded = images.read(indices, epoch)
-    if isinstance(rows, ScaledRows):
-        return rows.scaling.apply(decoded)
-    return decoded.astype(rows.dtype)
-
-
-def stored_rows(
-    rows: Rows, indices: np.ndarray, epoch: int | None = None
-) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]] | None:
-    """Where ``rows[indices]`` are read from, before any conversion: the array as stored (a
-    memory-mapped file in its own dtype), the indices into its first axis, and the shape
-    of the rows read. Cast to ``rows.dtype`` and scaled by :func:`input_scaling`,
-    ``array[indices]`` is ``rows[indices]``. Image rows are decoded here (as uint8, in
-    ``epoch``: augmented as drawn for it), the array their batch. None for rows that are more than a gather
-    (token windows), and for a stored dtype wider than ``rows.dtype`` (float64 read as
-    float32: narrowed on the host, there are fewer bytes to copy)."""
-    stored = rows.raw if isinstance(rows, ScaledRows) else rows
-    if isinstance(stored, np.ndarray):
-        found = stored, indices, (len(indices), *stored.shape[1:])
-    elif isinstance(stored, MappedRows):
-        found = stored.array, np.asarray(stored.file_rows(indices)), (len(indices), *stored.row_shape)
-    elif isinstance(stored, ImageRows):
-        decoded = stored.read(indices, epoch)
-        found = decoded, np.arange(len(indices)), decoded.shape
-    else:
-        return None
-    return found if found[0].dtype.itemsize <= rows.dtype.itemsize else None
-
-
-def image_rows(rows: Rows) -> ImageRows | None:
-    """The image files ``rows`` decode (scaled or not); None for rows of arrays."""
-    stored = rows.raw if isinstance(rows, ScaledRows) else rows
-    return stored if isinstance(stored, ImageRows) else None
-
-
-def input_scaling(rows: Rows) -> InputScaling | None:
-    """The scaling the rows apply as they are read (``data.scale``, ``mean``, ``std``)."""
-    return rows.scaling if isinstance(rows, ScaledRows) else None
 
 
 def epoch_slice(indices: np.ndarray) -> tuple[np.ndarray, int] | None:

@@ -10,11 +10,19 @@ them to the dtype the model takes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from crosstrain.core.data.arrays import StoredRows, Translated, Translation
 from crosstrain.core.errors import PlanError
+
+
+class TranslatesMappedRows(Protocol[Translation]):
+    """The method memory-mapped rows call on a translator (the whole translator:
+    :class:`crosstrain.core.data.rows.RowsTranslator`)."""
+
+    def mapped(self, rows: MappedRows) -> Translation: ...
 
 
 class MappedRows:
@@ -49,6 +57,16 @@ class MappedRows:
     def take(self, indices: np.ndarray) -> MappedRows:
         """A view of some rows, still not read."""
         return MappedRows(self.array, self.row_shape, self.dtype, self.file_rows(indices))
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        return self[indices]
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows:
+        """The file's rows in its own dtype (uint8 images stay uint8)."""
+        return self.array, np.asarray(self.file_rows(indices)), (len(indices), *self.row_shape)
+
+    def translate(self, translator: TranslatesMappedRows[Translated]) -> Translated:
+        return translator.mapped(self)
 
 
 def map_npy(path: str | None, field: str, source: str | None) -> np.ndarray:

@@ -10,12 +10,12 @@ is the same bits everywhere.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
-from crosstrain.core.data.mapped import MappedRows
+from crosstrain.core.data.arrays import ArrayRows, StoredRows, Translated, Translation
 
 
 @attrs.frozen
@@ -54,12 +54,31 @@ class InputScaling:
 _NUMPY_OPERATIONS = {"mul": np.multiply, "sub": np.subtract, "div": np.divide}
 
 
+class TranslatesScaledRows(Protocol[Translation]):
+    """The method scaled rows call on a translator (the whole translator:
+    :class:`crosstrain.core.data.rows.RowsTranslator`), which translates ``rows.raw`` too."""
+
+    def scaled(self, rows: ScaledRows) -> Translation: ...
+
+
+class _RawRows(Protocol):
+    """What scaled rows read their raw rows through (every kind of rows has it)."""
+
+    def take(self, indices: np.ndarray) -> Any: ...
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray: ...
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None: ...
+
+
 class ScaledRows:
-    """Rows read from ``raw`` (in its own dtype) and returned scaled, as float32."""
+    """Rows read from ``raw`` (an array, or rows of another kind, in its own dtype) and
+    returned scaled, as float32."""
 
     def __init__(self, raw: Any, scaling: InputScaling) -> None:
         self.raw = raw
         self.scaling = scaling
+        self._rows: _RawRows = ArrayRows(raw) if isinstance(raw, np.ndarray) else raw
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -77,5 +96,14 @@ class ScaledRows:
 
     def take(self, indices: np.ndarray) -> ScaledRows:
         """Some rows, still raw."""
-        raw = self.raw.take(indices) if isinstance(self.raw, MappedRows) else self.raw[indices]
-        return ScaledRows(raw, self.scaling)
+        return ScaledRows(self._rows.take(indices), self.scaling)
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        return self.scaling.apply(self._rows.gather(indices, epoch))
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None:
+        """The raw rows as stored: cast to float32 and scaled, they are these rows."""
+        return self._rows.stored(indices, epoch)
+
+    def translate(self, translator: TranslatesScaledRows[Translated]) -> Translated:
+        return translator.scaled(self)

@@ -18,11 +18,19 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from crosstrain.core.data.arrays import StoredRows, Translated, Translation
 from crosstrain.core.errors import PlanError
+
+
+class TranslatesTokenWindows(Protocol[Translation]):
+    """The method token windows call on a translator (the whole translator:
+    :class:`crosstrain.core.data.rows.RowsTranslator`)."""
+
+    def windows(self, rows: TokenWindows) -> Translation: ...
 
 
 class TokenWindows:
@@ -53,6 +61,20 @@ class TokenWindows:
         window = self.tokens[starts[:, None] + np.arange(self.length)[None, :]]
         window = window.astype(self.dtype)
         return window if np.ndim(rows) else window[0]
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Some windows, read into an array (windows are a contiguous run; a choice of them is not)."""
+        return self[indices]
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        return self[indices]
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None:
+        """None: a window is more than a gather of rows."""
+        return None
+
+    def translate(self, translator: TranslatesTokenWindows[Translated]) -> Translated:
+        return translator.windows(self)
 
 
 def load_token_file(path: str, source: str | None = None) -> np.ndarray:

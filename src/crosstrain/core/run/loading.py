@@ -17,8 +17,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from crosstrain.core.data.batches import ArrayDataset, Datasets, Rows
+from crosstrain.core.data.batches import ArrayDataset, Datasets
 from crosstrain.core.data.mapped import MappedRows, map_npy
+from crosstrain.core.data.rows import Rows
 from crosstrain.core.data.scaling import InputScaling, ScaledRows
 from crosstrain.core.data.sources import table as tables
 from crosstrain.core.data.sources import text

@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 import pytest
 
-from crosstrain.core.data.batches import read_rows
+from crosstrain.core.data.rows import read_rows
 from crosstrain.core.data.sources.images import (
     ImageRows,
 )

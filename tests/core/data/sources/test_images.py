@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from crosstrain.core.admission.checks import check_image_files
-from crosstrain.core.data.batches import read_rows
+from crosstrain.core.data.rows import read_rows
 from crosstrain.core.data.sources.images import (
     ImageRows,
     batches,

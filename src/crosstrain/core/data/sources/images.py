@@ -28,11 +28,12 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
+from crosstrain.core.data.arrays import StoredRows, Translated, Translation
 from crosstrain.core.data.augment import Augmentation, Mixing, mix_rows, mixed_targets, mixing, uniforms
 from crosstrain.core.data.sources.cache import CachedRows
 from crosstrain.core.data.sources.decoding import IMAGES_EXTRA, UNDECODABLE, FileRows, decode_image, pillow
@@ -207,6 +208,19 @@ def check_classes(train: Sequence[str], evaluation: Sequence[str], field: str, s
 # --------------------------------------------------------------------------- decoding
 
 
+class TranslatesImageRows(Protocol[Translation]):
+    """The method image rows call on a translator (the whole translator:
+    :class:`crosstrain.core.data.rows.RowsTranslator`)."""
+
+    def images(self, rows: ImageRows) -> Translation: ...
+
+
+class TranslatesMixedTargets(Protocol[Translation]):
+    """The method a mixing set's labels call on a translator: they are read on the host."""
+
+    def host(self, rows: MixedTargets) -> Translation: ...
+
+
 #: the training processes on this machine, which share its cores (:func:`share_cores`)
 _PROCESSES_HERE = 1
 _POOL: DecodePool | None = None
@@ -288,6 +302,18 @@ class ImageRows:
         return ImageRows(
             self.paths[indices], self.image_size, self.augmentation, self.seed, cached, self.antialias
         )
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        """Rows ``indices`` as the model takes them (float32), read in ``epoch``."""
+        return self.read(indices, epoch).astype(self.dtype)
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows:
+        """The rows decoded (uint8, in ``epoch``), the array their batch."""
+        decoded = self.read(indices, epoch)
+        return decoded, np.arange(len(indices)), decoded.shape
+
+    def translate(self, translator: TranslatesImageRows[Translated]) -> Translated:
+        return translator.images(self)
 
     def augmented(self, augmentation: Augmentation | None, seed: int) -> ImageRows:
         """These rows, read with ``augmentation`` when read with an epoch."""
@@ -373,13 +399,24 @@ class MixedTargets:
     def __getitem__(self, indices: Any) -> np.ndarray:
         return np.asarray(self.labels[indices])
 
-    def read(self, indices: np.ndarray, epoch: int | None) -> np.ndarray:
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Some rows' labels, unmixed (as read without an epoch)."""
+        return self[indices]
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
         if epoch is None:
             return np.asarray(self.labels[indices])
         augmentation, images = self.images.augmentation, self.images
         assert augmentation is not None
         plan = mixing(augmentation, images.seed, epoch, indices, len(images), images.image_size)
         return mixed_targets(self.labels[indices], self.labels[plan.partners], plan)
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None:
+        """None: mixed labels are more than a gather of rows."""
+        return None
+
+    def translate(self, translator: TranslatesMixedTargets[Translated]) -> Translated:
+        return translator.host(self)
 
 
 def batches(

@@ -20,11 +20,12 @@ import glob
 import hashlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
+from crosstrain.core.data.arrays import StoredRows, Translated, Translation
 from crosstrain.core.data.tokens import TokenWindows, cache_dir, write_atomically
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.hashing import MASK32, mix
@@ -176,6 +177,12 @@ def window_offsets(seed: int, epoch: int, rows: np.ndarray, length: int) -> np.n
     return np.asarray((hashed * np.int64(length)) >> 32, np.int64)
 
 
+class TranslatesShiftedWindows(Protocol[Translation]):
+    """The method shifted windows call on a translator: they are read on the host."""
+
+    def host(self, rows: ShiftedWindows) -> Translation: ...
+
+
 class ShiftedWindows:
     """Token windows read ``shifts[i]`` tokens later than row i of ``windows`` (one epoch's
     draws). Not a :class:`TokenWindows`: a backend that places token windows on its device
@@ -205,3 +212,16 @@ class ShiftedWindows:
         positions = starts[:, None] + np.arange(windows.length)[None, :]
         window = np.asarray(windows.tokens[positions], windows.dtype)
         return window if np.ndim(rows) else np.asarray(window[0])
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        return self[indices]
+
+    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        return self[indices]
+
+    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None:
+        """None: a window is more than a gather of rows."""
+        return None
+
+    def translate(self, translator: TranslatesShiftedWindows[Translated]) -> Translated:
+        return translator.host(self)
