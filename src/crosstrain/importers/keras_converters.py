@@ -12,8 +12,8 @@ import attrs
 import keras
 import numpy as np
 
+from crosstrain.core.model import layers as neutral
 from crosstrain.core.model.layers import (
-    GELU,
     AvgPool2D,
     Conv1D,
     Conv2D,
@@ -23,7 +23,6 @@ from crosstrain.core.model.layers import (
     Dropout,
     Flatten,
     GlobalAvgPool2D,
-    HardSwish,
     Layer,
     LayerScale,
     LeakyReLU,
@@ -33,10 +32,7 @@ from crosstrain.core.model.layers import (
     ReLU6,
     Rescale,
     Reshape,
-    Sigmoid,
-    SiLU,
     Softmax,
-    Tanh,
     Transpose,
     UpSample2D,
     ZeroPad2D,
@@ -86,22 +82,27 @@ def _no_lora(call: Call) -> None:
 
 #: Keras's activation names: the plan layers that compute each, in order. Those that are
 #: also the name of a plan ``activation`` (core's ACTIVATIONS, with the same meaning) stay
-#: ``activation = NAME`` on a dense or convolution.
+#: ``activation = NAME`` on a dense or convolution. Core's classes are written ``neutral.X``,
+#: so a new row needs no import.
 ACTIVATION_LAYERS: dict[str, tuple[Layer, ...]] = {
     "linear": (),
-    "relu": (ReLU(),),
-    "relu6": (ReLU6(),),
-    "sigmoid": (Sigmoid(),),
-    "tanh": (Tanh(),),
-    "gelu": (GELU(),),  # Keras's default is the exact (erf) one, as the plan's
-    "silu": (SiLU(),),
-    "swish": (SiLU(),),
-    "hard_silu": (HardSwish(),),
-    "hard_swish": (HardSwish(),),
-    "leaky_relu": (LeakyReLU(negative_slope=0.2),),  # the activation's slope, not the layer's
-    "softmax": (Softmax(),),
+    "relu": (neutral.ReLU(),),
+    "relu6": (neutral.ReLU6(),),
+    "sigmoid": (neutral.Sigmoid(),),
+    "tanh": (neutral.Tanh(),),
+    "gelu": (neutral.GELU(),),  # Keras's default is the exact (erf) one, as the plan's
+    "silu": (neutral.SiLU(),),
+    "swish": (neutral.SiLU(),),
+    "hard_silu": (neutral.HardSwish(),),
+    "hard_swish": (neutral.HardSwish(),),
+    "leaky_relu": (neutral.LeakyReLU(negative_slope=0.2),),  # the activation's slope, not the layer's
+    "softmax": (neutral.Softmax(),),
     # relu6(x + 3) / 6, as Keras computes it (the division as a product: one rounding apart)
-    "hard_sigmoid": (Rescale(scale=1.0, offset=3.0), ReLU6(), Rescale(scale=1.0 / 6.0)),
+    "hard_sigmoid": (
+        neutral.Rescale(scale=1.0, offset=3.0),
+        neutral.ReLU6(),
+        neutral.Rescale(scale=1.0 / 6.0),
+    ),
 }
 
 

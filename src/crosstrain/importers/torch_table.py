@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from crosstrain.core.model import layers as neutral
 from crosstrain.core.model.layers import (
     GELU,
     Add,
@@ -21,20 +22,14 @@ from crosstrain.core.model.layers import (
     BatchNorm,
     Dropout,
     Embedding,
-    HardSwish,
     Layer,
     LayerNorm,
     LeakyReLU,
     MaxPool2D,
     Multiply,
     PositionEmbedding,
-    ReLU,
-    ReLU6,
     Rescale,
-    Sigmoid,
-    SiLU,
     Softmax,
-    Tanh,
 )
 from crosstrain.importers.common import Conversion, Piece, Weights
 from crosstrain.importers.torch_converters import (
@@ -264,23 +259,25 @@ def _is_causal(step: Step) -> bool:
     return True
 
 
+#: modules, functions and methods that are one plan layer with no options (core's classes
+#: written ``neutral.X``, so a new row needs no import)
 _ELEMENTWISE: dict[Any, Layer] = {
-    nn.ReLU: ReLU(),
-    nn.SiLU: SiLU(),
-    nn.Tanh: Tanh(),
-    nn.Sigmoid: Sigmoid(),
-    nn.ReLU6: ReLU6(),
-    nn.Hardswish: HardSwish(),
-    F.relu: ReLU(),
-    torch.relu: ReLU(),
-    F.silu: SiLU(),
-    F.relu6: ReLU6(),
-    F.hardswish: HardSwish(),
-    torch.sigmoid: Sigmoid(),
-    torch.tanh: Tanh(),
-    "Tensor.relu": ReLU(),
-    "Tensor.sigmoid": Sigmoid(),
-    "Tensor.tanh": Tanh(),
+    nn.ReLU: neutral.ReLU(),
+    nn.SiLU: neutral.SiLU(),
+    nn.Tanh: neutral.Tanh(),
+    nn.Sigmoid: neutral.Sigmoid(),
+    nn.ReLU6: neutral.ReLU6(),
+    nn.Hardswish: neutral.HardSwish(),
+    F.relu: neutral.ReLU(),
+    torch.relu: neutral.ReLU(),
+    F.silu: neutral.SiLU(),
+    F.relu6: neutral.ReLU6(),
+    F.hardswish: neutral.HardSwish(),
+    torch.sigmoid: neutral.Sigmoid(),
+    torch.tanh: neutral.Tanh(),
+    "Tensor.relu": neutral.ReLU(),
+    "Tensor.sigmoid": neutral.Sigmoid(),
+    "Tensor.tanh": neutral.Tanh(),
 }
 
 

@@ -142,13 +142,13 @@ def test_a_new_layer_class_registers_itself_and_a_plan_can_name_it(registry: dic
         pass
 
     @attrs.frozen
-    class Softsign(_Gate):
-        type: ClassVar[str] = "softsign"
+    class TestGate(_Gate):  # a tag no real layer type will take
+        type: ClassVar[str] = "gate_of_a_test"
 
-    assert registry["softsign"] is Softsign
+    assert registry["gate_of_a_test"] is TestGate
     assert _Gate not in registry.values()
-    plan = structure_plan({"model": {"input_shape": [4], "layers": [{"type": "softsign"}]}})
-    assert plan.model.layers == (Softsign(),)
+    plan = structure_plan({"model": {"input_shape": [4], "layers": [{"type": "gate_of_a_test"}]}})
+    assert plan.model.layers == (TestGate(),)
 
 
 def test_a_second_class_with_a_tag_already_taken_is_refused_where_it_is_defined(
