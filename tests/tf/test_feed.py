@@ -1,6 +1,7 @@
-"""Data placement on the tf backend: rows gathered from placed variables equal the host's,
-and rows read ahead to the replicas' devices train as rows read in the step. (That
-training gives the same losses whatever the placement is a conformance check.)"""
+"""Data placement on the tf backend: rows gathered from placed variables equal the host's
+(the conformance kit's feed checks, for every kind of rows), and rows read ahead to the
+replicas' devices train as rows read in the step. (That training gives the same losses
+whatever the placement is a conformance check.)"""
 
 from __future__ import annotations
 
@@ -10,41 +11,47 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crosstrain.core.data.batches import Batch, Datasets
 from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens
-from crosstrain.testing.plans import DROPOUT_MLP_PLAN, GPT_PLAN, RESNET_PLAN
+from crosstrain.testing.conformance import FeedConformance, FeedUnderTest
+from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images
+from crosstrain.testing.plans import DROPOUT_MLP_PLAN
 from tests.conftest import json_from_fresh_process
 from tests.support import scaled_images_on_the_host
 
 tf = pytest.importorskip("tensorflow")
 
-from crosstrain.backends.tf.feed import TfFeed  # noqa: E402
+from crosstrain.backends.tf.feed import TfFeed, host_inputs  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
 
-@pytest.mark.parametrize(
-    "text", [RESNET_PLAN, GPT_PLAN, SCALED_IMAGES_PLAN], ids=["arrays", "token-windows", "scaled-uint8"]
-)
-def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: Path, text: str) -> None:
-    write_tokens(str(tmp_path / "tokens.npy"))
-    write_images(str(tmp_path))
-    plan = load_plan(write_plan(text), ["data.placement='device'"])
-    datasets = load_datasets(plan)
-    feed = TfFeed(tf.distribute.get_strategy(), "cpu")
-    feed.place(plan, datasets)
-    assert feed.placed
-    for part in (datasets.train, datasets.eval):
-        assert part is not None
-        gathers = feed.gathers(part)
-        assert gathers is not None
-        indices = np.array([3, 0, 3, len(part) - 1])
-        for gather, rows in zip(gathers, (part.x, part.y), strict=True):
-            # in a tf.function, as in the steps: Grappler rewrites graphs, not eager ops
-            placed = tf.function(gather)(tf.constant(indices)).numpy()
-            host = np.asarray(rows[indices])
-            assert placed.dtype == host.dtype and np.array_equal(placed, host)
+class TestTfFeed(FeedConformance):
+    """Every kind of rows, placed on the device or kept on the host, as core reads them:
+    gathered or converted in a tf.function, as in the steps (Grappler rewrites graphs, not
+    eager ops)."""
+
+    backend = "tf"
+
+    def feed(self, plan: Plan, datasets: Datasets) -> FeedUnderTest:
+        feed = TfFeed(tf.distribute.get_strategy(), "cpu")
+        feed.place(plan, datasets)
+
+        def rows(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+            assert batch.source is not None
+            gathers = feed.gathers(batch.source.dataset)
+            if gathers is not None:
+                indices = tf.constant(batch.source.indices)
+                x, y = (tf.function(gather)(indices).numpy() for gather in gathers)
+                return x, y
+            xs, ys, (dtype, scaling) = host_inputs([batch])
+            if xs.dtype == dtype and scaling is None:  # the step takes them as they are
+                return xs[0], ys[0]
+            return tf.function(feed.converter(dtype, scaling))(tf.constant(xs[0])).numpy(), ys[0]
+
+        return FeedUnderTest(feed.placed, rows)
 
 
 def test_host_rows_are_fed_as_stored_and_scaled_where_the_model_runs(write_plan: Callable[..., Path]) -> None:

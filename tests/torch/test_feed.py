@@ -1,5 +1,6 @@
-"""Data placement on the torch backend: rows gathered from placed arrays equal the host's.
-(That training gives the same losses whatever the placement is a conformance check.)"""
+"""Data placement on the torch backend: rows gathered from placed arrays equal the host's
+(the conformance kit's feed checks, for every kind of rows). (That training gives the same
+losses whatever the placement is a conformance check too.)"""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crosstrain.core.data.batches import Batch
+from crosstrain.core.data.batches import Batch, Datasets
 from crosstrain.core.data.mapped import MappedRows
 from crosstrain.core.data.rows import stored_rows
 from crosstrain.core.run.loading import load_datasets
+from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images, write_tokens
-from crosstrain.testing.plans import GPT_PLAN, RESNET_PLAN
+from crosstrain.testing.conformance import FeedConformance, FeedUnderTest
+from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN
 from tests.support import scaled_images_on_the_host
 
 torch = pytest.importorskip("torch")
@@ -26,24 +28,20 @@ from crosstrain.backends.torch.feed import Feed, gather_rows  # noqa: E402
 pytestmark = pytest.mark.torch
 
 
-@pytest.mark.parametrize(
-    "text", [RESNET_PLAN, GPT_PLAN, SCALED_IMAGES_PLAN], ids=["arrays", "token-windows", "scaled-uint8"]
-)
-def test_placed_rows_equal_the_hosts(write_plan: Callable[..., Path], tmp_path: Path, text: str) -> None:
-    write_tokens(str(tmp_path / "tokens.npy"))
-    write_images(str(tmp_path))
-    plan = load_plan(write_plan(text), ["data.placement='device'"])
-    datasets = load_datasets(plan)
-    feed = Feed("cpu")
-    feed.place(plan, datasets)
-    assert feed.placed
-    for part in (datasets.train, datasets.eval):
-        assert part is not None
-        indices = np.array([3, 0, 3, len(part) - 1])
-        batch = Batch.of_rows(part, indices, np.ones(4, np.float32), np.arange(4))
-        x, y, _, _ = feed.tensors(batch)
-        assert x.dtype == torch.from_numpy(batch.x).dtype and y.dtype == torch.from_numpy(batch.y).dtype
-        assert np.array_equal(x.numpy(), batch.x) and np.array_equal(y.numpy(), batch.y)
+class TestTorchFeed(FeedConformance):
+    """Every kind of rows, placed on the device or kept on the host, as core reads them."""
+
+    backend = "torch"
+
+    def feed(self, plan: Plan, datasets: Datasets) -> FeedUnderTest:
+        feed = Feed("cpu")
+        feed.place(plan, datasets)
+
+        def rows(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+            x, y, _, _ = feed.tensors(batch)
+            return x.numpy(), y.numpy()
+
+        return FeedUnderTest(feed.placed, rows)
 
 
 def test_a_full_batchs_indices_are_a_view_of_the_epochs_order_on_the_device() -> None:
