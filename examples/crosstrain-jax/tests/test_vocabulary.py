@@ -25,8 +25,7 @@ from jaxtest_support import run_cli
 def test_the_vocabulary_is_what_the_tables_hold() -> None:
     vocabulary = JaxStrategy.vocabulary()
     assert vocabulary == Vocabulary.of(
-        LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS,
-        DECAY_MODES)
+        LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
     # every core layer type (block is core's structure, not a layer to build), every loss,
     # optimizer, counted metric and decay mode; fp16 would need a loss scaler, which this
     # example leaves out
