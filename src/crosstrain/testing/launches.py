@@ -7,12 +7,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -173,6 +176,75 @@ def made_once(folder: Path, make: Callable[[Path], None]) -> Path:
     return folder
 
 
+#: a folder that keeps the conformance runs beyond one pytest session (tox sets it for every
+#: env): the torch runs the torch env makes are the references the cross env's tf and the jax
+#: plugin's session compare with, made once for all of them
+RUNS_VARIABLE = "CROSSTRAIN_TEST_RUNS"
+#: what a run of each backend depends on besides crosstrain's source: its frameworks'
+#: distributions and the packages of a backend outside crosstrain (hashed as its source is)
+BACKEND_DEPENDENCIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "torch": (("torch",), ()),
+    "tf": (("tensorflow-cpu", "tensorflow", "keras"), ()),
+    "jax": (("jax", "jaxlib"), ("crosstrain_jax",)),
+}
+
+
+def _hash_sources(digest: Any, package: str) -> None:
+    spec = importlib.util.find_spec(package)  # found, not imported
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for path in sorted(Path(root).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+
+
+#: settings of the environment that change a run's numbers (the instruction sets the kernels
+#: may use, threads)
+NUMERIC_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "TF_ENABLE_ONEDNN_OPTS")
+
+
+def source_fingerprint() -> str:
+    """A digest of crosstrain's source (read, not imported), Python's version and
+    :data:`NUMERIC_VARIABLES`: runs kept beyond a session are reused only by the same code
+    computing the same way."""
+    digest = hashlib.sha1(sys.version.encode())
+    digest.update(repr([(name, os.environ.get(name)) for name in NUMERIC_VARIABLES]).encode())
+    _hash_sources(digest, "crosstrain")
+    return digest.hexdigest()[:12]
+
+
+def backend_fingerprint(backend: str) -> str | None:
+    """A digest of what runs on ``backend`` depend on beyond crosstrain (its frameworks'
+    versions, its package's source); None for a backend not in :data:`BACKEND_DEPENDENCIES`,
+    whose runs are kept for one session only."""
+    if backend not in BACKEND_DEPENDENCIES:
+        return None
+    distributions, packages = BACKEND_DEPENDENCIES[backend]
+    digest = hashlib.sha1(backend.encode())
+    for name in distributions:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            digest.update(f"{name}=={importlib.metadata.version(name)}".encode())
+    for package in packages:
+        _hash_sources(digest, package)
+    return digest.hexdigest()[:12]
+
+
+def kept_runs_folder() -> Path | None:
+    """The folder for runs kept beyond a session: :data:`RUNS_VARIABLE`'s, one subfolder per
+    :func:`source_fingerprint` (the others, left by earlier code, are removed); None if unset."""
+    kept = os.environ.get(RUNS_VARIABLE)
+    if not kept:
+        return None
+    base = Path(kept)
+    base.mkdir(parents=True, exist_ok=True)
+    current = base / source_fingerprint()
+    with _exclusive(base / ".lock"):
+        for stale in base.iterdir():
+            if stale.is_dir() and stale != current:
+                shutil.rmtree(stale, ignore_errors=True)
+        current.mkdir(exist_ok=True)
+    return current
+
+
 class RunCache:
     """Every conformance run made once per pytest session, whichever test of whichever
     pytest-xdist worker asks for it first: the world-N runs that a backend's suite compares,
@@ -184,6 +256,8 @@ class RunCache:
         self.factory = factory
         self.root = shared_folder(factory) / "runs"
         self.root.mkdir(exist_ok=True)
+        #: where runs of the backends in BACKEND_DEPENDENCIES are kept beyond this session
+        self.kept = kept_runs_folder()
         self.runs: dict[RunKey, Path] = {}
 
     def __call__(
@@ -200,7 +274,10 @@ class RunCache:
             def make(directory: Path) -> None:
                 train(backend, write_plan(directory, plan), directory / "run", nproc, *arguments, *flags)
 
-            folder = made_once(self.root / f"{plan}-{backend}-x{nproc}-{digest}", make)
+            backend_digest = backend_fingerprint(backend) if self.kept is not None else None
+            root = self.kept / backend_digest if self.kept is not None and backend_digest else self.root
+            root.mkdir(parents=True, exist_ok=True)
+            folder = made_once(root / f"{plan}-{backend}-x{nproc}-{digest}", make)
             self.runs[key] = folder / "run"
         return self.runs[key]
 
