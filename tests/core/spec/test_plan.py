@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from crosstrain.core.errors import PlanError
 from crosstrain.core.model.layers import Conv2D, Dense
 from crosstrain.core.spec.plan import PRECISIONS, WEIGHT_DTYPES, Plan, check_world_fits
+from crosstrain.core.spec.plan_dicts import structure_plan, unstructure_plan
 from crosstrain.core.spec.planfile import load_plan
 from tests.conftest import EXAMPLES, MLP_PLAN, run_cli
 
@@ -151,6 +154,31 @@ def test_plan_is_frozen() -> None:
     with pytest.raises(AttributeError):
         plan.seed = 5  # type: ignore[misc]
     assert isinstance(plan, Plan)
+
+
+def test_the_model_graph_is_built_once_and_stays_out_of_the_spec_s_fields() -> None:
+    """Every caller shares one graph; a pickled or plan.json round-tripped spec is the same
+    spec, and builds the same graph."""
+    plan = load_plan(EXAMPLES / "digits_mlp.toml")
+    before = unstructure_plan(plan)
+    graph = plan.model.graph()
+    assert plan.model.graph(plan.source) is graph
+    assert unstructure_plan(plan) == before
+    for copy in (pickle.loads(pickle.dumps(plan)), structure_plan(before, plan.source)):
+        assert copy == plan
+        assert copy.model.graph() is not graph
+        assert copy.model.graph() == graph
+
+
+def test_a_misfit_found_after_loading_names_the_file_each_time(write_plan: Callable[..., Path]) -> None:
+    """A spec made without loading is checked when its graph is first asked for; a misfit is
+    not kept, so each caller hears of it, under its own file."""
+    model = load_plan(write_plan()).model
+    layers = (Conv2D(filters=2, kernel_size=5), *model.layers)
+    misfit = attrs.evolve(model, layers=layers)
+    for source in ("a.toml", "b.toml"):
+        with pytest.raises(PlanError, match=rf"^{source}: model\.layers\[0\]: layer 'conv2d_0'"):
+            misfit.graph(source)
 
 
 DID_YOU_MEAN = [

@@ -108,16 +108,14 @@ class _Builder:
         input_shape: Shape,
         input_dtype: DType,
         blocks: Mapping[str, Sequence[Layer]],
-        source: str | None,
     ) -> None:
         self.blocks = blocks
-        self.source = source
         self.nodes: list[Node] = []
         self.shapes: dict[int, Shape] = {MODEL_INPUT: tuple(input_shape)}
         self.dtypes: dict[int, DType] = {MODEL_INPUT: input_dtype}
 
     def error(self, message: str, field: str) -> PlanError:
-        return PlanError(message, field=field, source=self.source)
+        return PlanError(message, field=field)
 
     def run_list(
         self,
@@ -295,10 +293,10 @@ def build_graph(
     layers: Sequence[Layer],
     blocks: Mapping[str, Sequence[Layer]] | None = None,
     input_dtype: DType = "float32",
-    source: str | None = None,
 ) -> Graph:
-    """Resolve names, inputs and blocks into a flat graph; check every shape on the way."""
-    builder = _Builder(tuple(input_shape), input_dtype, blocks or {}, source)
+    """Resolve names, inputs and blocks into a flat graph; check every shape on the way (a
+    misfit's error names its field; the plan adds its file)."""
+    builder = _Builder(tuple(input_shape), input_dtype, blocks or {})
     output = builder.run_list(layers, MODEL_INPUT, _ListPlace("model.layers", "", ()), ())
     if builder.dtypes[output] != "float32":
         raise builder.error("the model must turn token ids into values (add an embedding)", "model.layers")

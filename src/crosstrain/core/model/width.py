@@ -46,7 +46,7 @@ def scaled_size(size: int, width: float) -> int:
     return max(1, math.floor(size * width + 0.5))
 
 
-def output_layer_field(graph: Graph, source: str | None = None) -> str:
+def output_layer_field(graph: Graph) -> str:
     """The plan field of the layer whose size is the model's output size: the last layer
     of :data:`SCALED_SIZES` before the output, through single-input layers only."""
     index = graph.output
@@ -62,7 +62,6 @@ def output_layer_field(graph: Graph, source: str | None = None) -> str:
         f"going back from the output reaches {reached} before any dense or convolution, so no one "
         "layer's size is the output's; width needs one (width = 1.0 leaves the model as written)",
         field="model.width",
-        source=source,
     )
 
 
@@ -71,13 +70,12 @@ def scale_layers(
     blocks: Mapping[str, Sequence[Layer]],
     width: float,
     kept: str,
-    source: str | None = None,
 ) -> tuple[tuple[Layer, ...], dict[str, tuple[Layer, ...]]]:
     """The model's layer lists at ``width``: every scaled size but the layer at ``kept``."""
 
     def scale_list(list_field: str, written: Sequence[Layer]) -> tuple[Layer, ...]:
         return tuple(
-            layer if field == kept else _scaled(layer, width, field, source)
+            layer if field == kept else _scaled(layer, width, field)
             for field, layer in ((f"{list_field}[{at}]", layer) for at, layer in enumerate(written))
         )
 
@@ -85,7 +83,7 @@ def scale_layers(
     return scale_list("model.layers", layers), scaled_blocks
 
 
-def _scaled(layer: Layer, width: float, field: str, source: str | None) -> Layer:
+def _scaled(layer: Layer, width: float, field: str) -> Layer:
     size_field = SCALED_SIZES.get(type(layer))
     if size_field is None:
         return layer
@@ -96,4 +94,4 @@ def _scaled(layer: Layer, width: float, field: str, source: str | None) -> Layer
     try:
         return attrs.evolve(layer, **changes)
     except ValueError as error:  # grouped filters the scaled size no longer splits evenly
-        raise PlanError(f"at model.width = {width:g}: {error}", field=field, source=source) from None
+        raise PlanError(f"at model.width = {width:g}: {error}", field=field) from None

@@ -9,6 +9,7 @@ overrides any field. All of it is validated before any process starts; the first
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import Literal
 
@@ -112,19 +113,27 @@ class ModelSpec:
             raise ValueError(f"input_shape must be positive sizes, got {list(value)}")
 
     def graph(self, source: str | None = None) -> Graph:
-        """The layers as a flat graph (names, inputs and blocks resolved, shapes checked)."""
+        """The layers as a flat graph (names, inputs and blocks resolved, shapes checked), built
+        once per spec; a misfit names ``source``, the plan's file."""
+        try:
+            return self._graph
+        except PlanError as error:
+            raise PlanError(error.message, field=error.field, source=source) from None
+
+    @functools.cached_property
+    def _graph(self) -> Graph:
+        """Kept beside the fields, not among them: equality, pickling and plan.json see only
+        the fields, and each spec (``attrs.evolve`` makes a new one) builds its own."""
         blocks = {name: spec.layers for name, spec in self.blocks.items()}
-        written = build_graph(self.input_shape, self.layers, blocks, self.input_dtype, source)
+        written = build_graph(self.input_shape, self.layers, blocks, self.input_dtype)
         if self.width == 1.0:
             return written
-        kept = output_layer_field(written, source)
-        layers, scaled_blocks = scale_layers(self.layers, blocks, self.width, kept, source)
+        kept = output_layer_field(written)
+        layers, scaled_blocks = scale_layers(self.layers, blocks, self.width, kept)
         try:
-            return build_graph(self.input_shape, layers, scaled_blocks, self.input_dtype, source)
+            return build_graph(self.input_shape, layers, scaled_blocks, self.input_dtype)
         except PlanError as error:  # it fits as written: say what made it misfit
-            raise PlanError(
-                f"{error.message} (at model.width = {self.width:g})", field=error.field, source=source
-            ) from None
+            raise PlanError(f"{error.message} (at model.width = {self.width:g})", field=error.field) from None
 
 
 @attrs.frozen
