@@ -109,11 +109,6 @@ def read_run(folder: str | Path) -> RunCurves:
     )
 
 
-def expand_runs(folders: Sequence[str | Path]) -> list[Path]:
-    """The run folders to draw: a compare folder stands for its runs, the reference first."""
-    return [run for run, _ in run_roles(folders)]
-
-
 def run_roles(folders: Sequence[str | Path]) -> list[tuple[Path, Role]]:
     """The run folders to draw with their roles: a compare folder's as its compare.json
     says; a plain run folder is the reference when it comes first, else a candidate."""

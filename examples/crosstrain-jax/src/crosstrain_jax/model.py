@@ -154,10 +154,6 @@ METRIC_COUNTS: dict[str, tuple[str, Callable[[jax.Array, jax.Array, Plan], jax.A
 }
 
 
-def parameter_count(params: Params) -> int:
-    return sum(int(value.size) for value in params.values())
-
-
 # --------------------------------------------------------------------------- compiled steps
 
 

@@ -36,7 +36,6 @@ OnNonFinite = Literal["stop", "skip"]
 KeepBest = Literal["eval.loss", "eval.accuracy"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
-METRICS: tuple[str, ...] = typing.get_args(MetricName)
 #: the metrics a backend counts in its eval step (its vocabulary's); core derives the others
 #: from the loss
 COUNTED_METRICS: tuple[str, ...] = ("accuracy", "top_k_accuracy")
