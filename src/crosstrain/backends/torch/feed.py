@@ -29,8 +29,7 @@ from crosstrain.core.data.batches import Batch, Datasets, epoch_slice
 from crosstrain.core.data.mapped import MappedRows
 from crosstrain.core.data.rows import image_rows, input_scaling, stored_rows, translate
 from crosstrain.core.data.scaling import InputScaling, ScaledRows
-from crosstrain.core.data.sources.images import MixedReading
-from crosstrain.core.data.sources.pool import Reading
+from crosstrain.core.data.sources.images import ImageReading
 from crosstrain.core.data.tokens import TokenWindows
 from crosstrain.core.spec.plan import Plan
 
@@ -100,7 +99,7 @@ class Feed:
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         if self.device.type == "cpu":
             # the host is the device: no copy to shrink, and numpy's conversion faults in
-            # fewer pages than torch's (measured: torch's made a uint8 CNN's steps 30 % slower)
+            # fewer pages than torch's (docs/performance.md#measurements-behind-the-code)
             return torch.from_numpy(batch.x), y, weight, rows
         stored, dtype, scaling = batch.stored_x()
         x = torch.from_numpy(torch_compatible(stored)).to(self.device, non_blocking=True)
@@ -248,7 +247,7 @@ def torch_compatible(array: np.ndarray) -> np.ndarray:
 
 
 #: threads that gather one batch's rows into its staging buffer (numpy's take releases the
-#: GIL, so chunks are read in parallel; one thread reaches ~5 GB/s of random rows)
+#: GIL, so chunks are read in parallel, where one thread alone leaves memory bandwidth unused)
 GATHER_THREADS = 4
 #: staging buffers per array: the one being filled, and the one whose copy may be in flight
 STAGING_DEPTH = 2
@@ -317,7 +316,7 @@ class _Decoding:
     """A batch's image rows decoding into a pinned buffer of exactly their shape."""
 
     buffer: torch.Tensor
-    reading: Reading | MixedReading
+    reading: ImageReading
 
 
 class _Prefetcher:
@@ -424,7 +423,7 @@ class _Prefetcher:
 
 def gather_rows(pool: ThreadPoolExecutor, array: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
     """``out[:] = array[indices]``, by the pool's threads in contiguous chunks of ``out``
-    (numpy's take releases the GIL while it copies; one thread reads ~5 GB/s of random rows)."""
+    (numpy's take releases the GIL while it copies)."""
     chunks = np.array_split(np.arange(len(indices)), GATHER_THREADS)
     reads = [
         # mode "clip" writes straight into ``out`` ("raise" buffers a whole copy first); the

@@ -329,7 +329,7 @@ class ImageRows:
 
     def start_read(
         self, indices: np.ndarray, epoch: int | None = None, out: np.ndarray | None = None
-    ) -> Reading | MixedReading:
+    ) -> ImageReading:
         """Start decoding rows ``indices``: :meth:`read` without waiting (several batches
         can be in flight: :func:`batches`). With mixup or cutmix, each row's partner is
         decoded in the same batch (its own draws), and the pair mixed once both are in."""
@@ -374,6 +374,10 @@ class MixedReading:
 
     def discard(self) -> None:
         self.both.discard()
+
+
+#: image rows decoding (:meth:`ImageRows.start_read`): ``result()`` waits for them
+ImageReading = Reading | MixedReading
 
 
 class MixedTargets:
@@ -424,7 +428,7 @@ def batches(
 ) -> Iterator[np.ndarray]:
     """uint8 batches of ``rows`` for each index array in turn, ``ahead`` batches decoding
     in the workers before they are asked for (what a benchmark, or a loop of its own, drives)."""
-    pending: collections.deque[Reading | MixedReading] = collections.deque()
+    pending: collections.deque[ImageReading] = collections.deque()
     try:
         for indices in index_batches:
             pending.append(rows.start_read(indices, epoch))
