@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 
 #: threads a worker process computes with on a CPU (torch's, and each of TensorFlow's two
-#: pools): N workers on N cores each spawning N threads run ~7x slower (measured, 2 cores)
+#: pools): N workers on N cores each spawning N threads oversubscribe the cores
+#: (docs/performance.md#measurements-behind-the-code)
 CPU_THREADS = 1
 
 

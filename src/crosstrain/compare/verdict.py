@@ -45,9 +45,8 @@ FP64_OVER_FP32 = 2.0**-53 / FP32_UNIT_ROUNDOFF
 FP64_FACTOR = 1e4
 #: the least bound: fp32's unit roundoff. A backend training in fp64 may still hold a
 #: constant in fp32 (a GELU's, an epsilon), so two correct backends' fp64 losses can differ
-#: by more than fp64's rounding: measured (benchmarks/compare_rounding.py) up to 4e-10 on
-#: an MLP with layer norm and GELU, 150 x below this; a learning rate 5 % off shows at
-#: 4e-5 and more, 670 x above it (docs/running.md#how-different-is-decided)
+#: by more than fp64's rounding; the floor lies decades above that and decades below what
+#: a learning rate 5 % off does (the numbers: docs/running.md#how-different-is-decided)
 FP64_FLOOR = FP32_UNIT_ROUNDOFF
 
 

@@ -42,9 +42,9 @@ def die_with_parent(parent_pid: int, signal_number: int = signal.SIGKILL) -> Non
 def exit_now(code: int) -> NoReturn:
     """End this process with ``code`` once its exit handlers have run and its output is
     flushed, skipping the interpreter's teardown of its modules: with torch or TensorFlow
-    imported that teardown took over a second after every run (measured: the CLI printed
-    its summary 1.5 s before it exited), and nothing crosstrain or a plugin writes needs it
-    (files are closed and flushed, ``atexit`` handlers run here)."""
+    imported that teardown takes over a second after every run
+    (docs/performance.md#measurements-behind-the-code), and nothing crosstrain or a plugin
+    writes needs it (files are closed and flushed, ``atexit`` handlers run here)."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left

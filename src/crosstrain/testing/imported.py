@@ -16,7 +16,8 @@ from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
 
 #: the imported plan's forward equals the framework's within this, relative to the largest
-#: output (float32 rounding through a network's depth; measured below 2e-6 on ResNet50)
+#: output: float32 rounding through a network's depth, which stays well inside it
+#: (docs/import.md lists each model's)
 FORWARD_TOLERANCE = 1e-5
 
 

@@ -13,7 +13,7 @@ import numpy as np
 #: Counts and correct predictions are integers and must agree exactly; the summed loss is a
 #: float64 sum of fp32 per-row losses, and CPU matrix kernels may round those rows a few
 #: ulps (fp32: 2**-23 ~ 1.2e-7 each) differently when the same rows come in batches of
-#: another shape, depending on the processor (measured: 4e-9 on an AMD EPYC, 0 on Intel).
+#: another shape, depending on the processor (docs/development.md has what each gave).
 #: The relative error of a sum of non-negative terms is at most the largest per-row
 #: relative error, so 1e-6 (eight ulps) bounds it with room and still catches a row
 #: counted twice or dropped (>= 1/count, i.e. > 1e-3 on the test sets).

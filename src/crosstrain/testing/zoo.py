@@ -9,13 +9,13 @@ crosstrain from a wheel, runs the zoo through the suite as crosstrain's own back
 Why the convolutional networks' small versions train in fp64: at the zoo's full depth and
 a tiny width, batch norm over a few rows after each of ~50 convolutions makes the loss so
 sensitive to the weights that fp32's rounding alone (torch against tf, world 1 against
-world 2, fp32 against fp64) parts the curves by step 2 (measured: docs/zoo.md). Each small
-version keeps one of every block its model has, and agrees to about 1e-7 for 12 steps.
+world 2, fp32 against fp64) parts the curves by step 2. Each small version keeps one of
+every block its model has, and agrees for 12 steps (docs/zoo.md has the numbers).
 
 The transformers (ViT-B/16, GPT-2, the Llama) have no batch norm: their small versions (one
 encoder or decoder layer, width 16, sequences of 5 or 16, a few thousand weights) train in
-fp32, the precision they are written for, and agree within 2e-7 for 12 steps across
-frameworks and world sizes (measured: docs/zoo.md).
+fp32, the precision they are written for, and agree for 12 steps across frameworks and
+world sizes (docs/zoo.md).
 """
 
 from __future__ import annotations

@@ -222,11 +222,11 @@ def placed_rows(gather_x: Callable[[Any], Any], gather_y: Callable[[Any], Any], 
 
 def pack_step(step: StepBatch, scalars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A step's small inputs in two arrays, one per dtype: each argument of a tf.function
-    costs its call tens of microseconds to convert and match against the traced signature,
-    a tenth of a small model's step on a CPU. Integers: the step, the loss normaliser
-    (a count, exact in int64) and every micro-batch's row positions; floats: the step's
-    scalars (:func:`step_scalars`) and every micro-batch's row weights, in the scalars'
-    dtype (the weights': float32, or float64 under fp64)."""
+    costs its call a conversion and a match against the traced signature, a cost a small
+    model's step feels (docs/performance.md#measurements-behind-the-code). Integers: the
+    step, the loss normaliser (a count, exact in int64) and every micro-batch's row
+    positions; floats: the step's scalars (:func:`step_scalars`) and every micro-batch's
+    row weights, in the scalars' dtype (the weights': float32, or float64 under fp64)."""
     micro = step.micro_batches
     integers = np.concatenate([[step.step, step.global_real_targets], *(batch.rows for batch in micro)])
     floats = np.concatenate([scalars, *(batch.weight for batch in micro)])

@@ -77,7 +77,8 @@ def configure_devices(layout: Layout, local_index: int) -> list[str]:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
     # as torch's workers: one thread (TensorFlow's defaults size both pools to every core).
-    # Two replicas in one process ran no faster with an inter-op thread each (measured)
+    # Two replicas in one process gain nothing from an inter-op thread each
+    # (docs/performance.md#measurements-behind-the-code)
     tf.config.threading.set_intra_op_parallelism_threads(CPU_THREADS)
     tf.config.threading.set_inter_op_parallelism_threads(CPU_THREADS)
     return [f"/cpu:{index}" for index in range(count)]

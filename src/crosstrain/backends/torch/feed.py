@@ -247,7 +247,7 @@ def torch_compatible(array: np.ndarray) -> np.ndarray:
 
 
 #: threads that gather one batch's rows into its staging buffer (numpy's take releases the
-#: GIL, so chunks are read in parallel, where one thread alone leaves memory bandwidth unused)
+#: GIL, so chunks are read in parallel: docs/performance.md#measurements-behind-the-code)
 GATHER_THREADS = 4
 #: staging buffers per array: the one being filled, and the one whose copy may be in flight
 STAGING_DEPTH = 2

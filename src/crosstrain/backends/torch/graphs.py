@@ -15,7 +15,8 @@ optimizer takes its learning rate and step count from the device (torch's Adam a
 with ``capturable=True``; torch's SGD, which has no such flag, in its fused kernel, which
 reads a tensor learning rate on the device), one process (DDP's gradient hooks run on the
 host between kernels), and every op can be captured
-(``nn.Embedding``'s backward sorts its indices with a host sync, pytorch#82886).
+(``nn.Embedding``'s backward sorts its indices with a host sync, so a model with an
+embedding is launched kernel by kernel).
 ``train.compile`` has its own graphs (``mode="reduce-overhead"``). The first steps run
 eagerly on a side stream (torch's recipe: the optimizer's state and cuBLAS's workspaces are
 made outside the capture); they are real steps, as are the replays.

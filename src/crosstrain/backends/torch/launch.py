@@ -85,7 +85,7 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
     local = job.replicas // job.nnodes
     if job.max_restarts > 0:
         # A restarted group on the agent's shared store can read the dead workers' gloo
-        # addresses (measured: "Connection refused" in connectFullMesh, 1 restart in 2);
+        # addresses and fail to connect (docs/checkpoints.md#restarts);
         # without sharing, each round's rank 0 hosts a fresh store. Read by the agent here.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _quiet_elastic_logs()

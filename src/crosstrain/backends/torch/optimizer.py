@@ -72,9 +72,8 @@ _ADAM_SLOTS = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 #: SGD's fused kernel is kept away from fp16's loss scaler: torch's fused SGD makes its
 #: momentum buffers with empty_like at its first step and fills them in the kernel, so a
 #: first step the scaler skips (an overflow, which its first scales often cause) leaves
-#: them unwritten, and every later update adds whatever memory held (measured on a CPU;
-#: LibreYOLO/libreyolo#771 saw weights explode on CUDA). Fused Adam and AdamW leave their
-#: state alone on a skipped step.
+#: them unwritten, and every later update adds whatever memory held (docs/gpu.md#precision).
+#: Fused Adam and AdamW leave their state alone on a skipped step.
 OPTIMIZERS: dict[str, TorchOptimizer] = {
     "sgd": TorchOptimizer(
         torch.optim.SGD, _sgd, {"momentum_buffer": "momentum"}, fused_under_loss_scaling=False

@@ -103,10 +103,10 @@ class CompiledLoss(torch.nn.Module):
     the float rows in the weights' dtype, the forward under the plan's autocast, the loss.
 
     The model is told when every row is real (``mask`` None), so batch norm is then torch's
-    own, which inductor fuses with its neighbours (the masked form a padded batch needs
-    cost ResNet-50 a sixth of its step on an H100). The launched and replayed steps keep the
-    masked form for every batch: a run launched and one replayed as a CUDA graph stay
-    alike step for step."""
+    own, which inductor fuses with its neighbours (the masked form a padded batch needs does
+    not fuse: docs/performance.md has what it cost ResNet-50). The launched and replayed
+    steps keep the masked form for every batch: a run launched and one replayed as a CUDA
+    graph stay alike step for step."""
 
     def __init__(self, state: TorchState) -> None:
         super().__init__()

@@ -27,9 +27,8 @@ from crosstrain.core.spec.vocabulary import Vocabulary
 
 def _ieee_convolutions() -> None:
     """fp32 convolutions in IEEE float32, as every other fp32 op. cuDNN computes them in TF32
-    (a 10-bit mantissa) by default on Ampere and later, so its results move by ~1e-3 with
-    the algorithm its heuristics pick for a layout or an address: measured on an H200, the
-    residual network's losses differed by 1e-3 between two placements of the same rows.
+    (a 10-bit mantissa) by default on Ampere and later, so its results move with the
+    algorithm its heuristics pick for a layout or an address (docs/gpu.md#precision).
     Matrix products are IEEE by default; bf16 and fp16 convolutions do not read the flag."""
     import torch
 

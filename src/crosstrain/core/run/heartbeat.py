@@ -7,10 +7,11 @@ Every rank runs the same sequence of steps and eval batches, so the beat counts 
 are comparable: when one rank hangs, its peers stop too (waiting in the next collective),
 but one beat further on; the rank with the fewest beats is the one that is really behind.
 
-A beat copies a fixed-width record into the file, mapped into memory: no system call (two
-beats a step; a ``pwrite`` each was 2 % of a small model's step), and nothing at all when
-the variable is unset. A reader may catch a record half copied: only the changing fields
-(count, step, phase) can mix, never the pid, and the next poll reads it whole.
+A beat copies a fixed-width record into the file, mapped into memory: no system call, as
+there are two beats a step (docs/performance.md#measurements-behind-the-code), and nothing
+at all when the variable is unset. A reader may catch a record half copied: only the
+changing fields (count, step, phase) can mix, never the pid, and the next poll reads it
+whole.
 Framework-free, so core may call it.
 """
 

@@ -1,4 +1,5 @@
-"""fit() and evaluate(): the one training loop, written against the protocol only.
+"""fit(): the one training loop, written against the protocol only (its evaluations are
+:mod:`crosstrain.core.run.evaluation`'s).
 
 Core owns the weights' first values, the batches and the learning rate; the
 backend owns the native model and the collectives. Nothing here knows which
@@ -280,7 +281,7 @@ def _train_epoch(
     every = plan.output.checkpoint_every_steps
     if progress.step > epoch * sampler.steps_per_epoch:  # resumed mid-epoch
         log.loss_sum, log.real_rows = progress.epoch_loss_sum, progress.epoch_real_rows
-    # a runtime-checkable protocol's isinstance inspects the class each call (~20 us): once
+    # a runtime-checkable protocol's isinstance inspects the class at each call: once an epoch
     prefetcher = strategy if isinstance(strategy, PrefetchesBatches) else None
     clock = time.perf_counter()
     try:

@@ -2,7 +2,7 @@
 cache PLAN`` and read by every run of the plan instead of the files.
 
 What it saves: a row read from the cache skips the JPEG decode, half of a row's work on the
-host (1.5 of 3.8 ms on one core of a 16-core H100 host; docs/data.md). What it holds: every
+host (docs/data.md#a-decoded-cache has the numbers). What it holds: every
 image of ``data.path`` (and ``data.eval_path``) decoded once at its full size, as Pillow
 decodes it, uint8 RGB, one after another in ``pixels.u8``; ``index.json`` lists each file
 with its size and modification time (so a changed file makes the cache stale, refused before
@@ -11,7 +11,7 @@ and the evaluation's centre box run on the cached pixels as on a decoded file, w
 difference: a file's decode at a reduced JPEG scale (``draft``, taken where the box is at
 least twice the output on both sides) is the full decode here.
 
-The cache is about three bytes a pixel: 8,192 images of 500x375 take 4.6 GB.
+The cache is about three bytes a pixel (docs/data.md gives a folder's size).
 """
 
 from __future__ import annotations
