@@ -1,14 +1,20 @@
 """crosstrain.api: a launch's layout, resolved once from the flags given, a resumed run's
-own (its run folder's launch.json) and the defaults."""
+own (its run folder's launch.json) and the defaults; the job that holds the launch record
+and what was resolved on top."""
 
 from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from types import MappingProxyType
 
 import attrs
 import pytest
 
-from crosstrain.api import LaunchOptions, resolve_layout
+from crosstrain.api import make_job, prepare_plan, resolve_layout
 from crosstrain.core.admission.cluster import ThisMachine
-from crosstrain.core.run.job import Layout
+from crosstrain.core.run.job import LaunchOptions, Layout
 
 RAN = Layout("tf", 2, workers=2, nnodes=1, device="cpu")
 RESUMED = LaunchOptions(resume=True)
@@ -65,3 +71,21 @@ def test_the_run_s_workers_follow_only_its_backend_and_world(
 def test_under_an_outside_launcher_its_processes_make_the_world_of_a_resumed_run() -> None:
     ran = Layout("torch", 2, device="cpu")
     assert resolve_layout(RESUMED, ran, OutsideLauncher(4)) == Layout("torch", 4, None, 1, "cpu")
+
+
+def test_a_job_holds_what_was_asked_and_what_was_resolved_and_pickles_whole(
+    write_plan: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The job every worker receives: the launch record as given (its layout left None), the
+    layout resolved on top, the run folder made absolute."""
+    asked = LaunchOptions(
+        device="cpu", out=tmp_path / "run", options=MappingProxyType({"patience": 5}), timeout_seconds=7.0
+    )
+    job = make_job(prepare_plan(write_plan()), asked, ThisMachine())
+    assert job.launch.backend is None and job.launch.replicas is None
+    assert job.layout == Layout("torch", 1, None, 1, "cpu")
+    assert (job.backend, job.replicas, job.device) == ("torch", 1, "cpu")
+    assert job.out_dir == str((tmp_path / "run").resolve())
+    sent = pickle.loads(pickle.dumps(job))
+    assert sent == job
+    assert sent.launch.options == {"patience": 5} and sent.launch.timeout_seconds == 7.0

@@ -5,7 +5,7 @@ here; nothing outside the package should import from ``crosstrain.core``. Import
 crosstrain imports no framework.
 """
 
-from crosstrain.api import LaunchOptions, fit
+from crosstrain.api import fit
 from crosstrain.core.data.batches import Batch, StepBatch
 from crosstrain.core.errors import (
     BackendError,
@@ -32,7 +32,15 @@ from crosstrain.core.model.layers.sequences import rotary_tables
 from crosstrain.core.model.layers.shapes import *  # noqa: F403
 from crosstrain.core.model.optimizers import DECAY_MODES, decayed_weights
 from crosstrain.core.run.context import RunContext
-from crosstrain.core.run.job import DeviceChoice, Job, Layout, PluginSelection, RunResult, World
+from crosstrain.core.run.job import (
+    DeviceChoice,
+    Job,
+    LaunchOptions,
+    Layout,
+    PluginSelection,
+    RunResult,
+    World,
+)
 from crosstrain.core.run.strategy import (
     ChecksJob,
     DistributedStrategy,

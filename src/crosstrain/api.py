@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from crosstrain.core.admission.checks import admit, owns_run_folder
 from crosstrain.core.admission.cluster import Cluster, default_replicas
 from crosstrain.core.admission.runfolder import (
@@ -24,7 +22,17 @@ from crosstrain.core.admission.runfolder import (
     write_run_plan,
 )
 from crosstrain.core.errors import InputError, NonFiniteLossError, RunFolderError
-from crosstrain.core.run.job import DeviceChoice, Job, Layout, PluginSelection
+from crosstrain.core.run.job import (
+    DEFAULT_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_NNODES,
+    DeviceChoice,
+    Job,
+    LaunchOptions,
+    Layout,
+    PluginSelection,
+    RunResult,
+)
 from crosstrain.core.spec.plan import Plan, validate_plan
 from crosstrain.core.spec.plan_dicts import structure_plan, unstructure_plan
 from crosstrain.core.spec.planfile import apply_override, load_plan
@@ -115,41 +123,6 @@ def default_out_dir(plan: Plan, backend: str, replicas: int) -> Path:
     return Path("runs") / f"{plan.name}-{backend}-x{replicas}-{stamp}"
 
 
-#: the layout a new run takes where no flag says (``--backend``, ``--device``, ``--nnodes``;
-#: ``--nproc``: :func:`~crosstrain.core.admission.cluster.default_replicas`; ``--workers``: the
-#: backend's natural layout)
-DEFAULT_BACKEND = "torch"
-DEFAULT_DEVICE: DeviceChoice = "auto"
-DEFAULT_NNODES = 1
-
-
-@attrs.frozen
-class LaunchOptions:
-    """How to launch a plan: the CLI's ``run`` flags as one record (``crosstrain.fit``'s
-    keywords). The layout fields (``backend``, ``replicas``, ``workers``, ``device``,
-    ``nnodes``) None: not given, resolved once by :func:`resolve_layout` (a resumed run's
-    own layout, else the defaults). ``out`` None: the plan's ``output.dir``, else a new
-    folder under runs/."""
-
-    backend: str | None = None
-    replicas: int | None = None
-    workers: int | None = None
-    device: DeviceChoice | None = None
-    out: str | Path | None = None
-    #: plugins' option values (their argparse dests), reaching every hook as ``context.options``
-    options: Mapping[str, Any] = attrs.field(factory=dict)
-    plugins: PluginSelection = PluginSelection()
-    timeout_seconds: float = 300.0
-    resume: bool = False
-    max_restarts: int = 0
-    nnodes: int | None = None
-    node_rank: int = 0
-    rdzv_endpoint: str = ""
-    #: start a new run from these weights: a run folder, one of its checkpoints, or a
-    #: .safetensors file under neutral names (``--init-from``)
-    init_from: str | Path | None = None
-
-
 def resolve_layout(options: LaunchOptions, recorded: Layout | None, cluster: Cluster) -> Layout:
     """The layout a job runs on, each part resolved once: the flag given, else the layout
     ``recorded`` by the run folder of a resumed run (its last launch's), else the default.
@@ -185,20 +158,10 @@ def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None)
     out_dir = Path(out) if out is not None else default_out_dir(plan, layout.backend, layout.replicas)
     return Job(
         plan=plan,
-        backend=layout.backend,
-        replicas=layout.replicas,
-        workers=layout.workers,
-        device=layout.device,
+        layout=layout,
+        launch=options,
         out_dir=str(out_dir.resolve()),
-        options=dict(options.options),
-        plugins=options.plugins,
-        timeout_seconds=options.timeout_seconds,
-        resume=options.resume,
         init_from=None if options.init_from is None else str(Path(options.init_from).resolve()),
-        max_restarts=options.max_restarts,
-        nnodes=layout.nnodes,
-        node_rank=options.node_rank,
-        rdzv_endpoint=options.rdzv_endpoint,
         resumed_layout=recorded,
         load_hooks=hook_relay,  # each worker loads the same plugins (core may not import the manager)
     )
@@ -207,23 +170,23 @@ def make_job(plan: Plan, options: LaunchOptions, cluster: Cluster | None = None)
 def run_job(
     job: Job,
     manager: CrosstrainPluginManager | None = None,
-    overwrite: bool = False,
     say: Callable[[str], None] = say_on_stderr,
     notes: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Admit the job (:func:`crosstrain.core.admission.checks.admit`: nothing is written before
     it passes; its notes go to ``say``, and then the caller's ``notes``, so a refused job
-    shows its one line alone), create (or check, or clear) the run folder and hold its
-    lock, launch; return rank 0's summary. A run that met a non-finite loss raises
-    :class:`NonFiniteLossError` once its summary is written."""
-    manager = manager or make_plugin_manager(job.plugins)
-    strategy = get_backend(manager, job.backend)()
+    shows its one line alone), create (or check, or clear: ``job.launch.overwrite``) the run
+    folder and hold its lock, launch; return rank 0's summary. A run that met a non-finite
+    loss raises :class:`NonFiniteLossError` once its summary is written."""
+    manager = manager or make_plugin_manager(job.launch.plugins)
+    strategy = get_backend(manager, job.backend)()  # an unknown backend: refused before anything is written
     cluster = detect_environment()
+    overwrite = job.launch.overwrite
     job = admit(job, strategy, cluster, overwrite=overwrite, say=say)
     for note in notes:
         say(note)
     if owns_run_folder(job, cluster):
-        with open_run_folder(Path(job.out_dir), resume=job.resume, overwrite=overwrite):
+        with open_run_folder(Path(job.out_dir), resume=job.launch.resume, overwrite=overwrite):
             # what evaluate, predict, export and a later --resume read
             write_run_plan(Path(job.out_dir), job.plan, job.init_from, job.table_statistics)
             write_launch_record(Path(job.out_dir), job.layout)
@@ -240,25 +203,53 @@ def run_job(
     return summary
 
 
+def run_plan(
+    plan: Plan | str | Path | None,
+    options: LaunchOptions,
+    overrides: Iterable[str] = (),
+    manager: CrosstrainPluginManager | None = None,
+    *,
+    no_plan: str,
+) -> RunResult:
+    """``crosstrain run`` and :func:`fit`: prepare the plan (a resumed run's own, with the
+    notes a new length brings: :func:`plan_to_resume`), make the job, admit it and launch
+    (:func:`run_job`); rank 0's summary and the run folder. ``no_plan``: the line that
+    refuses a new run without a plan (each caller names its own way to give one)."""
+    notes: list[str] = []
+    if options.resume:
+        prepared, notes = plan_to_resume(plan, overrides, options.out)
+    elif plan is None:
+        raise InputError(no_plan)
+    else:
+        prepared = prepare_plan(plan, overrides)
+    manager = manager or make_plugin_manager(options.plugins)
+    job = make_job(prepared, options)  # the layout resolved: flags, else a resumed run's own, else defaults
+    return RunResult(run_job(job, manager, notes=notes), job.out_dir)
+
+
+#: what each of :func:`fit`'s launch keywords is when not given: the record's defaults
+_NOT_GIVEN = LaunchOptions()
+
+
 def fit(
     plan: Plan | str | Path | None,
-    backend: str | None = None,
-    nproc: int | None = None,
+    backend: str | None = _NOT_GIVEN.backend,
+    nproc: int | None = _NOT_GIVEN.replicas,
     *,
-    workers: int | None = None,
-    device: DeviceChoice | None = None,
-    out: str | Path | None = None,
+    workers: int | None = _NOT_GIVEN.workers,
+    device: DeviceChoice | None = _NOT_GIVEN.device,
+    out: str | Path | None = _NOT_GIVEN.out,
     overrides: Iterable[str] = (),
-    plugins: PluginSelection = PluginSelection(),
+    plugins: PluginSelection = _NOT_GIVEN.plugins,
     options: Mapping[str, Any] | None = None,
-    timeout_seconds: float = 300.0,
-    resume: bool = False,
-    overwrite: bool = False,
-    max_restarts: int = 0,
-    nnodes: int | None = None,
-    node_rank: int = 0,
-    rdzv_endpoint: str = "",
-    init_from: str | Path | None = None,
+    timeout_seconds: float = _NOT_GIVEN.timeout_seconds,
+    resume: bool = _NOT_GIVEN.resume,
+    overwrite: bool = _NOT_GIVEN.overwrite,
+    max_restarts: int = _NOT_GIVEN.max_restarts,
+    nnodes: int | None = _NOT_GIVEN.nnodes,
+    node_rank: int = _NOT_GIVEN.node_rank,
+    rdzv_endpoint: str = _NOT_GIVEN.rdzv_endpoint,
+    init_from: str | Path | None = _NOT_GIVEN.init_from,
 ) -> dict[str, Any]:
     """Train ``plan`` on ``backend`` (default torch) with ``nproc`` replicas (default: one
     per machine, or what an outside launcher started) on ``device`` (default auto); return
@@ -270,22 +261,15 @@ def fit(
     ``nnodes`` are left None (its run folder's ``launch.json``); ``overwrite`` replaces an
     earlier run there; ``max_restarts`` restarts a failed worker group from its last
     checkpoint; ``init_from`` starts a new run from another run's weights (a run folder, a
-    checkpoint folder or a .safetensors file)."""
-    notes: list[str] = []
-    if resume:
-        prepared, notes = plan_to_resume(plan, overrides, out)
-    elif plan is None:
-        raise InputError("fit: a plan is needed (only resume=True reads the run folder's own)")
-    else:
-        prepared = prepare_plan(plan, overrides)
-    manager = make_plugin_manager(plugins)
-    launch_options = LaunchOptions(
+    checkpoint folder or a .safetensors file). The keywords are
+    :class:`~crosstrain.core.run.job.LaunchOptions`' fields (``nproc``: ``replicas``)."""
+    asked = LaunchOptions(
         backend=backend,
         replicas=nproc,
         workers=workers,
         device=device,
         out=out,
-        options=dict(options or {}),
+        options=options or {},
         plugins=plugins,
         timeout_seconds=timeout_seconds,
         resume=resume,
@@ -294,7 +278,7 @@ def fit(
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
         init_from=init_from,
+        overwrite=overwrite,
     )
-    job = make_job(prepared, launch_options)
-    get_backend(manager, job.backend)  # fail on an unknown backend before writing anything
-    return run_job(job, manager, overwrite, notes=notes)
+    no_plan = "fit: a plan is needed (only resume=True reads the run folder's own)"
+    return dict(run_plan(plan, asked, overrides, no_plan=no_plan).summary)

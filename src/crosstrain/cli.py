@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import attrs
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from crosstrain.api import (
-    DEFAULT_BACKEND,
-    DEFAULT_DEVICE,
-    DEFAULT_NNODES,
-    LaunchOptions,
-    make_job,
-    plan_to_resume,
-    prepare_plan,
-    run_job,
-)
+from crosstrain.api import prepare_plan, run_plan
 from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, PlanError, WorkerError
+from crosstrain.core.run.job import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_NNODES, FLAG, LaunchOptions
 from crosstrain.launch import interrupts_raise
 from crosstrain.launch.process import exit_now
 from crosstrain.model_commands import add_model_commands
@@ -31,32 +25,10 @@ from crosstrain.plot import add_plot_command
 from crosstrain.plugins.manager import (
     CrosstrainPluginManager,
     backend_registry,
-    get_backend,
     make_plugin_manager,
     report_failures,
     selection_from_args,
 )
-
-_RUN_ARGUMENTS = {
-    "plan",
-    "backend",
-    "nproc",
-    "workers",
-    "device",
-    "out",
-    "overrides",
-    "plugins",
-    "timeout",
-    "resume",
-    "init_from",
-    "overwrite",
-    "max_restarts",
-    "nnodes",
-    "node_rank",
-    "rdzv_endpoint",
-    "command",
-    "handler",
-}
 
 
 def _plugin_args(argv: Sequence[str]) -> list[str]:
@@ -70,14 +42,36 @@ def _plugin_args(argv: Sequence[str]) -> list[str]:
 #: how ``run --resume`` takes a layout flag that is not given: the run's own (its launch.json)
 _AS_RUN = "; with --resume: the run's own"
 
+#: the fields of the launch record a flag sets (its ``FLAG`` metadata names the flag)
+_LAUNCH_FIELDS = {field.name: field for field in attrs.fields(LaunchOptions) if FLAG in field.metadata}
 
-def _add_run_arguments(
-    parser: argparse.ArgumentParser, with_backend: bool = True, resumable: bool = False
-) -> None:
+
+def _dest(flag: str) -> str:
+    """The argparse dest of ``--a-flag``: ``a_flag``, as argparse derives it."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _add_launch_flag(parser: argparse.ArgumentParser, name: str, **settings: Any) -> None:
+    """The flag that sets the launch record's field ``name``, defaulting to the field's
+    default unless ``settings`` give another."""
+    field = _LAUNCH_FIELDS[name]
+    settings.setdefault("default", field.default)
+    parser.add_argument(field.metadata[FLAG], **settings)
+
+
+def _launch_options(args: argparse.Namespace, **unflagged: Any) -> LaunchOptions:
+    """The launch record from the launch flags this command has (a field whose flag it
+    lacks keeps its default); ``unflagged``: the fields no flag of their own sets."""
+    dests = {name: _dest(field.metadata[FLAG]) for name, field in _LAUNCH_FIELDS.items()}
+    given = {name: getattr(args, dest) for name, dest in dests.items() if hasattr(args, dest)}
+    return LaunchOptions(**given, **unflagged)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser, resumable: bool = False) -> None:
     """The options of a launch. ``resumable`` (``run``): the plan may be left out (``--resume``
-    reads the run folder's own), and the layout flags default to None, "not given", which
-    :func:`crosstrain.api.resolve_layout` resolves once (a resumed run's own layout, else
-    the defaults the help names)."""
+    reads the run folder's own), ``--backend`` is given, and the layout flags default to None,
+    "not given", which :func:`crosstrain.api.resolve_layout` resolves once (a resumed run's
+    own layout, else the defaults the help names)."""
     if resumable:
         parser.add_argument(
             "plan", nargs="?", default=None, help="plan file (.toml or .py); with --resume, optional"
@@ -85,32 +79,31 @@ def _add_run_arguments(
     else:
         parser.add_argument("plan", help="plan file (.toml or .py)")
     as_run = _AS_RUN if resumable else ""
-    if with_backend:
-        parser.add_argument(
-            "--backend",
-            default=None if resumable else DEFAULT_BACKEND,
-            help=f"registered backend name (default: {DEFAULT_BACKEND}{as_run})",
+    if resumable:
+        _add_launch_flag(
+            parser, "backend", help=f"registered backend name (default: {DEFAULT_BACKEND}{as_run})"
         )
-    parser.add_argument(
-        "--nproc",
+    _add_launch_flag(
+        parser,
+        "replicas",
         type=int,
-        default=None,
         help="replicas (model copies) on all machines; default: 1 per machine, or what "
         f"torchrun/srun started{as_run}",
     )
-    parser.add_argument(
-        "--workers",
+    _add_launch_flag(
+        parser,
+        "workers",
         type=int,
-        default=None,
         help=f"processes; default: the backend's natural layout{as_run} (with its backend and --nproc)",
     )
-    parser.add_argument(
-        "--device",
+    _add_launch_flag(
+        parser,
+        "device",
         choices=("auto", "cpu", "gpu"),
         default=None if resumable else DEFAULT_DEVICE,
         help=f"default: {DEFAULT_DEVICE} (the GPUs when there are any){as_run}",
     )
-    parser.add_argument("--out", default=None, help="output folder (default: a new one under runs/)")
+    _add_launch_flag(parser, "out", help="output folder (default: a new one under runs/)")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -119,35 +112,38 @@ def _add_run_arguments(
         metavar="FIELD=VALUE",
         help="override a plan field, e.g. --set optimizer.lr=0.01",
     )
-    parser.add_argument(
-        "--timeout",
+    _add_launch_flag(
+        parser,
+        "timeout_seconds",
         type=float,
-        default=300.0,
         help="seconds a rank may make no progress before the run is stopped (also the rendezvous's)",
     )
 
 
 def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--resume",
+    _add_launch_flag(
+        parser,
+        "resume",
         action="store_true",
         help="continue the run in --out from its newest intact checkpoint, with its own plan "
         "(plan.json) on its own layout (launch.json: --backend, --nproc, --workers, --nnodes, "
         "--device, each overridden by its flag); --set may change the output section, "
         "train.epochs and train.max_steps",
     )
-    parser.add_argument(
-        "--init-from",
-        default=None,
+    _add_launch_flag(
+        parser,
+        "init_from",
         metavar="PATH",
         help="start a new run from another run's weights: RUN_DIR, RUN_DIR/checkpoints/step-N "
         "or a .safetensors file (the optimizer starts fresh)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run in the run folder")
-    parser.add_argument(
-        "--max-restarts",
+    _add_launch_flag(
+        parser, "overwrite", action="store_true", help="replace an earlier run in the run folder"
+    )
+    _add_launch_flag(
+        parser,
+        "max_restarts",
         type=int,
-        default=0,
         metavar="N",
         help="restart a failed worker group up to N times from its last checkpoint",
     )
@@ -155,22 +151,21 @@ def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """torchrun's names: the same command on each machine, only --node-rank differs."""
-    parser.add_argument(
-        "--nnodes",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"machines (default: {DEFAULT_NNODES}{_AS_RUN})",
+    _add_launch_flag(
+        parser, "nnodes", type=int, metavar="N", help=f"machines (default: {DEFAULT_NNODES}{_AS_RUN})"
     )
-    parser.add_argument(
-        "--node-rank", type=int, default=0, metavar="R", help="this machine's index, 0 to N-1"
-    )
-    parser.add_argument(
-        "--rdzv-endpoint",
-        default="",
+    _add_launch_flag(parser, "node_rank", type=int, metavar="R", help="this machine's index, 0 to N-1")
+    _add_launch_flag(
+        parser,
+        "rdzv_endpoint",
         metavar="HOST:PORT",
         help="where the machines meet: a free port on node 0 (needed with --nnodes > 1)",
     )
+
+
+def _dests(parser: argparse.ArgumentParser) -> set[str]:
+    """The dests of the parser's arguments (argparse lists them only in ``_actions``)."""
+    return {action.dest for action in parser._actions}
 
 
 def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
@@ -188,8 +183,9 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     _add_run_arguments(run, resumable=True)
     _add_run_folder_arguments(run)
     _add_node_arguments(run)
+    own = _dests(run)
     manager.hook.crosstrain_addoption(parser=run)
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=functools.partial(_run, plugin_options=sorted(_dests(run) - own)))
     compare = commands.add_parser(
         "compare",
         help="run a plan on several backends and compare, or compare finished runs",
@@ -197,7 +193,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
         "backend (and K more seeds of the first) and judge; crosstrain compare RUN_DIR RUN_DIR ...: "
         "judge finished runs (a compare folder stands for its runs), the first the reference.",
     )
-    _add_run_arguments(compare, with_backend=False)
+    _add_run_arguments(compare)
     compare.add_argument(
         "runs", nargs="*", metavar="RUN_DIR", help="with run folders instead of a plan: more runs to compare"
     )
@@ -227,7 +223,7 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     compare.add_argument(
         "--plot", default=None, metavar="IMAGE", help="also draw the runs' curves and differences into IMAGE"
     )
-    compare.set_defaults(handler=_compare)
+    compare.set_defaults(handler=functools.partial(_compare, plan_only=_plan_only_options(compare)))
     describe = commands.add_parser("describe", help="the model as a table: layers, shapes, parameters, FLOPs")
     describe.add_argument("plan", help="plan file (.toml or .py)")
     describe.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
@@ -275,61 +271,48 @@ def _data_cache(args: argparse.Namespace, manager: CrosstrainPluginManager, cons
     return 0
 
 
-def _plugin_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: value for key, value in vars(args).items() if key not in _RUN_ARGUMENTS}
-
-
-def _run(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
-    notes: list[str] = []
-    if args.resume:
-        plan, notes = plan_to_resume(args.plan, args.overrides, args.out)
-    elif args.plan is None:
-        raise InputError(
-            "run: no plan file; crosstrain run PLAN starts a run, crosstrain run --out DIR --resume "
-            "continues the one in DIR"
-        )
-    else:
-        plan = prepare_plan(args.plan, args.overrides)
-    options = LaunchOptions(
-        backend=args.backend,
-        replicas=args.nproc,
-        workers=args.workers,
-        device=args.device,
-        out=args.out,
-        options=_plugin_options(args),
+def _run(
+    args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console, plugin_options: list[str]
+) -> int:
+    """``plugin_options``: the dests of the options the plugins added (``crosstrain_addoption``)."""
+    options = _launch_options(
+        args,
+        options={dest: getattr(args, dest) for dest in plugin_options},
         plugins=selection_from_args(args.plugins),
-        timeout_seconds=args.timeout,
-        resume=args.resume,
-        init_from=args.init_from,
-        max_restarts=args.max_restarts,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
     )
-    job = make_job(plan, options)  # the layout resolved: flags, else a resumed run's own, else defaults
-    get_backend(manager, job.backend)
-    summary = run_job(job, manager, args.overwrite, notes=notes)
-    print_summary(console, summary, job.out_dir)
+    no_plan = (
+        "run: no plan file; crosstrain run PLAN starts a run, crosstrain run --out DIR --resume "
+        "continues the one in DIR"
+    )
+    result = run_plan(args.plan, options, args.overrides, manager, no_plan=no_plan)
+    print_summary(console, result.summary, result.out_dir)
     return 0
 
 
-#: compare's options that say how to run a plan: refused with run folders (trained already),
-#: as (dest, flag, default)
-_PLAN_ONLY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
-    ("backends", "--backends", None),
-    ("seeds", "--seeds", 0),
-    ("overrides", "--set", []),
-    ("out", "--out", None),
-    ("nproc", "--nproc", None),
-    ("workers", "--workers", None),
-    ("device", "--device", "auto"),
-    ("timeout", "--timeout", 300.0),
-)
+#: compare's own options that say how to run a plan (besides the launch flags)
+_COMPARE_PLAN_OPTIONS = ("--backends", "--seeds", "--set")
 
 
-def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
+def _plan_only_options(compare: argparse.ArgumentParser) -> list[tuple[str, str, Any]]:
+    """compare's options that say how to run a plan, refused with run folders (trained
+    already), as (dest, flag, default): its own, then the launch flags it has."""
+    launch_flags = [field.metadata[FLAG] for field in _LAUNCH_FIELDS.values()]
+    named = {flag: action for action in compare._actions for flag in action.option_strings}
+    return [
+        (named[flag].dest, flag, named[flag].default)
+        for flag in [*_COMPARE_PLAN_OPTIONS, *launch_flags]
+        if flag in named
+    ]
+
+
+def _compare(
+    args: argparse.Namespace,
+    manager: CrosstrainPluginManager,
+    console: Console,
+    plan_only: list[tuple[str, str, Any]],
+) -> int:
     from crosstrain.compare.folders import is_run_or_compare_folder, load_run_folders, not_a_run_folder
-    from crosstrain.compare.launch import CompareLaunch, compare_plan
+    from crosstrain.compare.launch import compare_plan
     from crosstrain.compare.table import print_comparison
     from crosstrain.plot import check_matplotlib, plot_runs
 
@@ -337,7 +320,7 @@ def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console
     if args.plot:
         check_matplotlib()  # before any run starts
     if is_run_or_compare_folder(first):
-        given = [flag for dest, flag, default in _PLAN_ONLY_OPTIONS if getattr(args, dest) != default]
+        given = [flag for dest, flag, default in plan_only if getattr(args, dest) != default]
         if given:
             raise InputError(f"{given[0]}: says how to run a plan; {first} holds runs trained already")
         drawn = [first, *map(Path, args.runs)]
@@ -349,12 +332,10 @@ def _compare(args: argparse.Namespace, manager: CrosstrainPluginManager, console
             raise InputError(
                 f"{args.runs[0]}: compare takes one plan file, or run folders ({first} is a file)"
             )
-        launch = CompareLaunch(
-            args.nproc, args.workers, args.device, selection_from_args(args.plugins), args.timeout
-        )
+        launch = _launch_options(args, plugins=selection_from_args(args.plugins))
         plan = prepare_plan(args.plan, args.overrides)
         runs, out_root = compare_plan(
-            plan, args.backends or "torch,tf", args.out, manager, launch, args.seeds, args.tolerance
+            plan, args.backends or "torch,tf", manager, launch, args.seeds, args.tolerance
         )
         drawn = [out_root]
     verdict = print_comparison(console, runs, args.tolerance, args.accuracy_tolerance)

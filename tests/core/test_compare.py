@@ -376,6 +376,8 @@ def test_runs_of_another_plan_are_refused_naming_the_field(
     [
         (["--seeds", "3"], "--seeds: says how to run a plan; {cmp} holds runs trained already"),
         (["--backends", "torch,tf"], "--backends: says how to run a plan; {cmp} holds runs trained already"),
+        (["--nproc", "2"], "--nproc: says how to run a plan; {cmp} holds runs trained already"),
+        (["--timeout", "5"], "--timeout: says how to run a plan; {cmp} holds runs trained already"),
         ([PLAN], f"{PLAN}: holds neither plan.json (a run folder) nor compare.json (a compare folder)"),
     ],
 )
@@ -386,6 +388,17 @@ def test_plan_options_with_run_folders_are_refused(
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1
     assert message.format(cmp=momentum_compare) in result.stderr
+
+
+def test_plan_options_at_their_defaults_are_no_plan_options(
+    momentum_compare: Path, cli_in_process: InProcessCli
+) -> None:
+    """A flag given at its default value says nothing new: the finished runs are judged."""
+    result = cli_in_process(
+        *MOMENTUM, "compare", str(momentum_compare), "--device", "auto", "--timeout", "300"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == (momentum_compare / "verdict.txt").read_text().strip()
 
 
 def test_a_seed_run_alone_is_no_comparison(momentum_compare: Path, cli_in_process: InProcessCli) -> None:

@@ -216,10 +216,14 @@ def test_only_rank_0_minds_the_run_folder(
     node_rank: int,
     owns: bool,
 ) -> None:
-    from crosstrain.core.run.job import Job
+    from crosstrain.core.run.job import Job, LaunchOptions, Layout
     from crosstrain.core.spec.planfile import load_plan
 
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    job = Job(plan=load_plan(write_plan()), backend="torch", nnodes=2, node_rank=node_rank)
+    job = Job(
+        plan=load_plan(write_plan()),
+        layout=Layout("torch", 1, nnodes=2),
+        launch=LaunchOptions(nnodes=2, node_rank=node_rank),
+    )
     assert owns_run_folder(job, detect_environment()) is owns

@@ -13,7 +13,7 @@ import pluggy
 import pytest
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.run.job import Job
+from crosstrain.core.run.job import Job, LaunchOptions, Layout
 from crosstrain.core.run.loop import train
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins import early_stop, hookspecs
@@ -37,7 +37,7 @@ def _hook() -> pluggy.HookRelay:
 
 def _train(write_plan: Callable[..., Path], out: Path, **options: Any) -> tuple[dict[str, Any], Any]:
     plan = load_plan(write_plan(), SETTINGS)
-    job = Job(plan=plan, backend="numpy", out_dir=str(out), options=options)
+    job = Job(plan=plan, layout=Layout("numpy", 1), launch=LaunchOptions(options=options), out_dir=str(out))
     return train(MomentumStrategy(), job, _hook())  # type: ignore[arg-type]
 
 

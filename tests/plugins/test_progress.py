@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.core.run.context import RunContext
-from crosstrain.core.run.job import Job, World
+from crosstrain.core.run.job import Job, Layout, World
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins.progress import ProgressReporter
 from tests.conftest import EXAMPLES, InProcessCli
@@ -143,7 +143,7 @@ def test_a_failing_run_stops_the_bar_before_the_error_is_shown(
 def digits_context(process_index: int = 0) -> RunContext:
     plan = load_plan(DIGITS, ["train.epochs=2"])
     return RunContext(
-        job=Job(plan=plan, backend="torch", replicas=2),
+        job=Job(plan=plan, layout=Layout("torch", 2)),
         world=World(process_index, 2),
         total_steps=46,
         steps_per_epoch=23,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from crosstrain.core.run.context import RunContext
-from crosstrain.core.run.job import Job, World
+from crosstrain.core.run.job import Job, LaunchOptions, Layout, World
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.plugins import tensorboard
 from tests.conftest import EXAMPLES, InProcessCli, run_cli, worker_env
@@ -218,7 +218,12 @@ def test_without_a_folder_the_events_go_into_the_run_folder(
 
 def test_only_rank_0_opens_a_writer(tmp_path: Path, recording_writers: list[RecordingWriter]) -> None:
     logger = tensorboard.TensorboardLogger()
-    job = Job(plan=load_plan(DIGITS), backend="any", out_dir=str(tmp_path), options={"tensorboard": True})
+    job = Job(
+        plan=load_plan(DIGITS),
+        layout=Layout("any", 1),
+        launch=LaunchOptions(options={"tensorboard": True}),
+        out_dir=str(tmp_path),
+    )
     for rank in (1, 0):
         context = RunContext(
             job=job, world=World(rank, 2), total_steps=1, steps_per_epoch=1, train_rows=1, eval_rows=0
@@ -237,7 +242,12 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def context_with(option: object, out_dir: Path) -> RunContext:
-    job = Job(plan=load_plan(DIGITS), backend="any", out_dir=str(out_dir), options={"tensorboard": option})
+    job = Job(
+        plan=load_plan(DIGITS),
+        layout=Layout("any", 1),
+        launch=LaunchOptions(options={"tensorboard": option}),
+        out_dir=str(out_dir),
+    )
     return RunContext(job=job, world=World(), total_steps=1, steps_per_epoch=1, train_rows=1, eval_rows=0)
 
 

@@ -16,6 +16,7 @@ from crosstrain.api import prepare_plan
 from crosstrain.backends.tf.launch import Cluster, Layout, cluster_from_environment, plan_layout
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.job import DeviceChoice, Job
+from crosstrain.core.run.job import Layout as JobLayout
 from tests.conftest import run_cli, worker_env
 
 pytestmark = pytest.mark.tf
@@ -26,7 +27,7 @@ def make_job(write_plan: Callable[..., Path]) -> Callable[..., Job]:
     plan = prepare_plan(write_plan())
 
     def make(replicas: int, workers: int | None = None, device: DeviceChoice = "auto") -> Job:
-        return Job(plan=plan, backend="tf", replicas=replicas, workers=workers, device=device)
+        return Job(plan=plan, layout=JobLayout("tf", replicas, workers, device=device))
 
     return make
 

@@ -28,6 +28,7 @@ from crosstrain.backends.tf.worker import configure_devices
 from crosstrain.core.data.batches import Batch, GlobalSampler, step_batch
 from crosstrain.core.run.evaluation import evaluate
 from crosstrain.core.run.job import Job, World
+from crosstrain.core.run.job import Layout as JobLayout
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.loop import initial_weights, train
 from crosstrain.core.spec.plan import Plan
@@ -135,7 +136,7 @@ def prefetch_main() -> None:
         for prefetch in (False, True):
             strategy = TfStrategy(World(local_replicas=2), distribution, prefetch)
             recorder = StepRecorder()
-            job = Job(plan=plan, backend="tf", out_dir=str(out / f"{plan.name}-{prefetch}"))
+            job = Job(plan=plan, layout=JobLayout("tf", 1), out_dir=str(out / f"{plan.name}-{prefetch}"))
             _, state = train(strategy, job, recorder)  # type: ignore[arg-type]
             prefetcher = state.feed.prefetcher
             runs[prefetch] = (

@@ -183,7 +183,7 @@ def _train_on_a_cpu(
     it ran, and the step's graph (None when launched or interrupted)."""
     from crosstrain.backends.torch import graphs
     from crosstrain.backends.torch.strategy import TorchStrategy
-    from crosstrain.core.run.job import Job
+    from crosstrain.core.run.job import Job, LaunchOptions, Layout
     from crosstrain.core.run.loop import train
 
     on_a_gpu = graphs.capture_blocker
@@ -197,7 +197,9 @@ def _train_on_a_cpu(
         if how == GRAPH_READY:  # every step a warm-up step: the graph's update, never captured
             patch.setattr(graphs, "WARMUP_STEPS", sys.maxsize)
         plan = load_plan(plan_file, settings)
-        job = Job(plan=plan, backend="torch", out_dir=str(folder), resume=resume)
+        job = Job(
+            plan=plan, layout=Layout("torch", 1), launch=LaunchOptions(resume=resume), out_dir=str(folder)
+        )
         try:
             _, state = train(TorchStrategy.local("cpu"), job, recorder)  # type: ignore[arg-type]
         except _Interrupted:

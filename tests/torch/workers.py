@@ -29,7 +29,7 @@ def _weights_entry(job: Job) -> dict[str, np.ndarray]:
 
     world, device = join_group(job)
     strategy = TorchStrategy(world=world, device=device)
-    _, state = train(strategy, job, make_plugin_manager(job.plugins).hook)
+    _, state = train(strategy, job, make_plugin_manager(job.launch.plugins).hook)
     weights = strategy.state_dict(state)
     if dist.is_initialized():
         dist.destroy_process_group()

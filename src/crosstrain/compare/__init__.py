@@ -37,7 +37,7 @@ from crosstrain.compare.folders import (
     read_step_losses,
     write_compare_file,
 )
-from crosstrain.compare.launch import CompareLaunch, compare_plan, plan_runs, run_backends
+from crosstrain.compare.launch import compare_plan, plan_runs, run_backends
 from crosstrain.compare.spread import MetricSpread, seed_spreads
 from crosstrain.compare.table import print_comparison
 from crosstrain.compare.verdict import FP64_FACTOR, Kind, Verdict, judge
@@ -46,7 +46,6 @@ __all__ = [
     "COMPARE_FILE",
     "FP64_FACTOR",
     "BackendRun",
-    "CompareLaunch",
     "ComparedRuns",
     "Comparison",
     "Kind",

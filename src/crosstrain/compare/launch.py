@@ -10,13 +10,13 @@ from pathlib import Path
 
 import attrs
 
-from crosstrain.api import LaunchOptions, default_out_dir, make_job, run_job
+from crosstrain.api import default_out_dir, make_job, run_job
 from crosstrain.compare.difference import BackendRun, ComparedRuns
 from crosstrain.compare.folders import ListedRun, read_step_losses, sorted_runs, write_compare_file
 from crosstrain.compare.verdict import probe_plan
 from crosstrain.core.admission.checks import admit
 from crosstrain.core.errors import CrosstrainError, InputError
-from crosstrain.core.run.job import DeviceChoice, PluginSelection
+from crosstrain.core.run.job import LaunchOptions
 from crosstrain.core.spec.plan import Plan
 from crosstrain.launch.environments import detect_environment
 from crosstrain.plugins.manager import CrosstrainPluginManager, get_backend
@@ -24,17 +24,6 @@ from crosstrain.plugins.metrics import METRICS_FILE
 
 # compare reads each run's per-step losses from what this plugin writes
 METRICS_PLUGIN = "metrics"
-
-
-@attrs.frozen
-class CompareLaunch:
-    """How ``crosstrain compare PLAN`` launches each run (the run command's options)."""
-
-    replicas: int | None = 1
-    workers: int | None = None
-    device: DeviceChoice = "auto"
-    plugins: PluginSelection = PluginSelection()
-    timeout_seconds: float = 300.0
 
 
 def plan_runs(backends: Sequence[str], seed: int, seeds: int, probes: bool = False) -> list[ListedRun]:
@@ -68,13 +57,14 @@ def run_backends(
     backends: Sequence[str],
     manager: CrosstrainPluginManager,
     out_root: Path,
-    launch: CompareLaunch = CompareLaunch(),
+    launch: LaunchOptions = LaunchOptions(),
     seeds: int = 0,
     tolerance: float = 1e-4,
 ) -> ComparedRuns:
     """Run the plan once per backend, each into ``out_root/FOLDER``, ``seeds`` more times
     on the reference backend, and each backend's first steps in fp64; every run is admitted
-    before the first starts, and the probes (two steps each) run first."""
+    before the first starts, and the probes (two steps each) run first. Each run is
+    ``launch`` with its backend and folder."""
     if METRICS_PLUGIN in launch.plugins.disabled:
         raise InputError(
             f"compare reads each run's per-step losses from {METRICS_FILE}, which the "
@@ -85,15 +75,7 @@ def run_backends(
     cluster = detect_environment()
     jobs = []
     for run in listed:
-        options = LaunchOptions(
-            backend=run.backend,
-            replicas=launch.replicas,
-            workers=launch.workers,
-            device=launch.device,
-            out=out_root / run.folder,
-            plugins=launch.plugins,
-            timeout_seconds=launch.timeout_seconds,
-        )
+        options = attrs.evolve(launch, backend=run.backend, out=out_root / run.folder)
         job = make_job(
             probe if run.role == "fp64" and probe else attrs.evolve(plan, seed=run.seed), options, cluster
         )
@@ -113,14 +95,13 @@ def run_backends(
 def compare_plan(
     plan: Plan,
     backends: str,
-    out: str | None,
     manager: CrosstrainPluginManager,
-    launch: CompareLaunch = CompareLaunch(),
+    launch: LaunchOptions = LaunchOptions(),
     seeds: int = 0,
     tolerance: float = 1e-4,
 ) -> tuple[ComparedRuns, Path]:
     """``crosstrain compare PLAN``: the comma-separated ``backends`` (and the seeds) run
-    into ``out`` (default: a new folder under runs/); the runs and the compare folder."""
-    out_root = Path(out) if out else default_out_dir(plan, "compare", launch.replicas or 1)
+    into ``launch.out`` (default: a new folder under runs/); the runs and the compare folder."""
+    out_root = Path(launch.out) if launch.out else default_out_dir(plan, "compare", launch.replicas or 1)
     names = [name.strip() for name in backends.split(",") if name.strip()]
     return run_backends(plan, names, manager, out_root, launch, seeds, tolerance), out_root

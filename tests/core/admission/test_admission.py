@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 from crosstrain.core.admission.checks import admit, starting_weights_source
 from crosstrain.core.errors import BackendError, CheckpointError, InputError, PlanError, RunFolderError
 from crosstrain.core.run.checkpoint import LoopState, plan_hash, write_checkpoint
-from crosstrain.core.run.job import Job
+from crosstrain.core.run.job import Job, LaunchOptions, Layout
 from crosstrain.core.run.strategy import FrameworkStatus
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
@@ -70,12 +70,19 @@ class OutsideLauncher:
 
 @pytest.fixture
 def make_job(write_plan: Callable[..., Path], tmp_path: Path) -> Callable[..., Job]:
-    """A job of the tiny MLP plan (global batch 32) into tmp_path/run, fields overridden."""
+    """A job of the tiny MLP plan (global batch 32) into tmp_path/run, fields overridden: the
+    job's own, else its layout's, else the launch record's."""
     plan_file = write_plan()
 
     def make(*settings: str, **fields: Any) -> Job:
-        job = Job(plan=load_plan(plan_file, settings), backend="null", out_dir=str(tmp_path / "run"))
-        return attrs.evolve(job, **fields)
+        job = Job(
+            plan=load_plan(plan_file, settings), layout=Layout("null", 1), out_dir=str(tmp_path / "run")
+        )
+        own = {name: fields.pop(name) for name in attrs.fields_dict(Job) if name in fields}
+        layout = {name: fields.pop(name) for name in attrs.fields_dict(Layout) if name in fields}
+        return attrs.evolve(
+            job, layout=attrs.evolve(job.layout, **layout), launch=LaunchOptions(**fields), **own
+        )
 
     return make
 
@@ -227,7 +234,7 @@ def test_the_plan_s_model_init_is_checked_as_init_from_is_and_the_flag_replaces_
         f"--init-from {tmp_path / 'other.safetensors'} replaces the plan's model.init "
         f"({tmp_path / 'gone.safetensors'})"
     ]
-    assert starting_weights_source(attrs.evolve(missing, resume=True)) is None
+    assert starting_weights_source(attrs.evolve(missing, launch=LaunchOptions(resume=True))) is None
     assert not (tmp_path / "run").exists()
 
 
@@ -253,7 +260,7 @@ def test_a_model_without_trainable_weights_is_refused_naming_its_layers(tmp_path
         'layers = [{ type = "relu" }, { type = "reshape", target_shape = [64, 1] }, '
         '{ type = "mean", axes = [0] }]\n[loss]\nname = "mse"\n'
     )
-    job = Job(plan=load_plan(plan_file), backend="null", out_dir=str(tmp_path / "run"))
+    job = Job(plan=load_plan(plan_file), layout=Layout("null", 1), out_dir=str(tmp_path / "run"))
     with pytest.raises(PlanError, match=r"model.layers: the model has no trainable weights"):
         admit(job, NullStrategy())
     assert not (tmp_path / "run").exists()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from crosstrain.core.data.batches import StepBatch
-from crosstrain.core.run.job import Job
+from crosstrain.core.run.job import Job, Layout
 from crosstrain.core.run.loop import _named_ahead, train
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.null import NullStrategy
@@ -44,7 +44,7 @@ def _job(write_plan: Callable[..., Path], tmp_path: Path, every: int) -> Job:
     plan = load_plan(
         write_plan(), [f"output.log_every_steps={every}", "train.max_steps=12", "output.checkpoint=false"]
     )
-    return Job(plan=plan, backend="counting", out_dir=str(tmp_path))
+    return Job(plan=plan, layout=Layout("counting", 1), out_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize("resolves", [False, True])
@@ -96,7 +96,7 @@ class _EpochRecorder:
 def _length_job(write_plan: Callable[..., Path], tmp_path: Path, *settings: str) -> Job:
     """The MLP plan without train.epochs (45 steps an epoch), with ``settings``."""
     plan = load_plan(write_plan(MLP_PLAN.replace("epochs = 1\n", "")), ["output.checkpoint=false", *settings])
-    return Job(plan=plan, backend="counting", out_dir=str(tmp_path))
+    return Job(plan=plan, layout=Layout("counting", 1), out_dir=str(tmp_path))
 
 
 def test_max_steps_without_epochs_runs_exactly_that_many_steps_across_epochs(

@@ -24,7 +24,7 @@ from crosstrain.core.run.checkpoint import (
     plan_hash,
     read_checkpoint,
 )
-from crosstrain.core.run.job import Job
+from crosstrain.core.run.job import Job, LaunchOptions, Layout
 from crosstrain.core.run.loop import train
 from crosstrain.core.run.resume import check_backend_supports
 from crosstrain.core.spec.planfile import load_plan
@@ -48,7 +48,7 @@ SETTINGS = [
 
 def _job(write_plan: Callable[..., Path], out: Path, *settings: str, resume: bool = False) -> Job:
     plan = load_plan(write_plan(), [*SETTINGS, *settings])
-    return Job(plan=plan, backend="numpy", out_dir=str(out), resume=resume)
+    return Job(plan=plan, layout=Layout("numpy", 1), launch=LaunchOptions(resume=resume), out_dir=str(out))
 
 
 def _run(

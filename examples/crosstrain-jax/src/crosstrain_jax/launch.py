@@ -39,7 +39,7 @@ def launch(job: Job) -> RunResult:
         command = [sys.executable, "-m", "crosstrain_jax.launch"]
         specs = [WorkerSpec(0, command, worker_environment(job))]
         out = Path(job.out_dir)
-        results = run_workers(specs, work, job.timeout_seconds, job.max_restarts, out)
+        results = run_workers(specs, work, job.launch.timeout_seconds, job.launch.max_restarts, out)
         return RunResult(results[0], job.out_dir)
 
 

@@ -144,7 +144,9 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
             pickle.dump((job, layout, make_strategy), handle)
         first = _workers_here(job, layout, environment)
         specs = functools.partial(_group_specs, job, run_dir, layout, environment, first)
-        results = run_workers(specs, run_dir, job.timeout_seconds, job.max_restarts, Path(job.out_dir))
+        results = run_workers(
+            specs, run_dir, job.launch.timeout_seconds, job.launch.max_restarts, Path(job.out_dir)
+        )
         return RunResult(results[first[0][0]], job.out_dir)
 
 
@@ -186,13 +188,15 @@ def _workers_here(
         if layout.workers == 1:
             return [rank], [_without_tf_config()]
         host, port = environment.main_address(), environment.exchange_port()
-        hosts = _agree_on_hosts(host, port, f"rank-{rank}", 1, layout.workers, job.timeout_seconds)
+        hosts = _agree_on_hosts(host, port, f"rank-{rank}", 1, layout.workers, job.launch.timeout_seconds)
         return [rank], [{**_without_tf_config(), TF_CONFIG: cluster_config(hosts, rank)}]
     if job.nnodes > 1:  # this machine's share of the workers, after agreeing on everyone's
         local = layout.workers // job.nnodes
-        host, port = parse_endpoint(job.rdzv_endpoint)
-        hosts = _agree_on_hosts(host, port, f"node-{job.node_rank}", local, job.nnodes, job.timeout_seconds)
-        ranks = [job.node_rank * local + index for index in range(local)]
+        host, port = parse_endpoint(job.launch.rdzv_endpoint)
+        hosts = _agree_on_hosts(
+            host, port, f"node-{job.launch.node_rank}", local, job.nnodes, job.launch.timeout_seconds
+        )
+        ranks = [job.launch.node_rank * local + index for index in range(local)]
         return ranks, [{**_without_tf_config(), TF_CONFIG: cluster_config(hosts, rank)} for rank in ranks]
     ranks = list(range(layout.workers))
     ports = [free_port() for _ in ranks]
@@ -202,8 +206,8 @@ def _workers_here(
 @contextlib.contextmanager
 def _exchange_served(job: Job, environment: ClusterEnvironment) -> Iterator[None]:
     """Rank 0 (node 0) serves the address exchange for the whole launch."""
-    if job.nnodes > 1 and job.node_rank == 0:
-        with serve_store(*parse_endpoint(job.rdzv_endpoint)):
+    if job.nnodes > 1 and job.launch.node_rank == 0:
+        with serve_store(*parse_endpoint(job.launch.rdzv_endpoint)):
             yield
     elif _exchanges(environment) and environment.rank() == 0:
         with serve_store(environment.main_address(), environment.exchange_port()):

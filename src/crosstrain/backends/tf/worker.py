@@ -91,6 +91,6 @@ def make_distribution(job: Job, layout: Layout, devices: list[str]) -> Any:
         return tf.distribute.MirroredStrategy(devices=devices)
     # longer than the launcher's heartbeat deadline: a hang is reported naming the rank behind
     options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=collective_timeout(job.timeout_seconds)
+        timeout_seconds=collective_timeout(job.launch.timeout_seconds)
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

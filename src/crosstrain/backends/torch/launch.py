@@ -83,7 +83,7 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
         # torchrun, srun or Kubeflow started this process: it is one worker of the group
         return RunResult(worker_main(job, make_strategy) or {}, job.out_dir)
     local = job.replicas // job.nnodes
-    if job.max_restarts > 0:
+    if job.launch.max_restarts > 0:
         # A restarted group on the agent's shared store can read the dead workers' gloo
         # addresses and fail to connect (docs/checkpoints.md#restarts);
         # without sharing, each round's rank 0 hosts a fresh store. Read by the agent here.
@@ -92,7 +92,7 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
     ranks = range(local) if job.nnodes == 1 else None  # on many machines: known after the rendezvous
     with (
         launch_folder("torch") as folder,
-        _watched(folder, local, ranks, job.timeout_seconds) as stalls,
+        _watched(folder, local, ranks, job.launch.timeout_seconds) as stalls,
         _temporary_files_in(folder),
     ):
         try:
@@ -108,7 +108,7 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
         except RendezvousError as error:  # a machine that never came, an endpoint nobody serves
             cause = f" ({error.__cause__})" if error.__cause__ else ""
             raise InputError(
-                f"--rdzv-endpoint {job.rdzv_endpoint}: the machines did not meet: {error}{cause}"
+                f"--rdzv-endpoint {job.launch.rdzv_endpoint}: the machines did not meet: {error}{cause}"
             ) from None
     return RunResult(results[min(results)], job.out_dir)  # this machine's first rank
 
@@ -116,16 +116,16 @@ def launch(job: Job, make_strategy: StrategyMaker) -> RunResult:
 def _config(job: Job, folder: Path) -> LaunchConfig:
     """torchrun's c10d rendezvous, as ``torchrun --nnodes N --node-rank R --rdzv-endpoint``
     configures it: every machine's agent joins at the endpoint; node 0 hosts the store."""
-    seconds = max(1, math.ceil(job.timeout_seconds))
+    seconds = max(1, math.ceil(job.launch.timeout_seconds))
     rdzv_configs: dict[str, Any] = {"timeout": seconds}
     if job.nnodes > 1:
         # the c10d handler's names: the wait for every machine, and for the store at the endpoint
         rdzv_configs.update(join_timeout=seconds, read_timeout=seconds)
-        host, port = parse_endpoint(job.rdzv_endpoint)
+        host, port = parse_endpoint(job.launch.rdzv_endpoint)
         endpoint, run_id = f"{host}:{port}", f"crosstrain-{port}"  # the same on every machine
         # torchrun guesses the store's host from the machine's names; two "machines" on one
         # host (or a multi-homed one) make that guess ambiguous, the node rank does not
-        rdzv_configs["is_host"] = job.node_rank == 0
+        rdzv_configs["is_host"] = job.launch.node_rank == 0
     else:
         endpoint, run_id = f"127.0.0.1:{free_port()}", f"crosstrain-{uuid.uuid4().hex[:8]}"
         host = "127.0.0.1"
@@ -140,7 +140,7 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
         # the address the other machines reach this one's workers at: torchrun's
         # --local-addr; on loopback every "machine" is this host
         local_addr="127.0.0.1" if host in _LOOPBACK else None,
-        max_restarts=job.max_restarts,  # each restart resumes (see worker.worker_main)
+        max_restarts=job.launch.max_restarts,  # each restart resumes (see worker.worker_main)
         monitor_interval=0.1,
         start_method="spawn",
         # the agent's logs and error files in the launch folder, removed with it (by default

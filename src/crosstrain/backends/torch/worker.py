@@ -92,7 +92,7 @@ def join_group(job: Job) -> tuple[World, str]:
         dist.init_process_group(
             backend="nccl" if device.startswith("cuda") else "gloo",
             # longer than the heartbeat deadline: a hang is reported naming the rank behind
-            timeout=datetime.timedelta(seconds=collective_timeout(job.timeout_seconds)),
+            timeout=datetime.timedelta(seconds=collective_timeout(job.launch.timeout_seconds)),
             device_id=torch.device(device) if device.startswith("cuda") else None,
         )
     return World(process_index=rank, process_count=world_size, local_replicas=1, device=device), device

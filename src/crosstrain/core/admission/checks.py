@@ -94,14 +94,14 @@ def admit(
     ``overwrite``: the run replaces the folder's earlier run (``--overwrite``); ``say``:
     shows a note (a damaged checkpoint skipped) in one line."""
     check_framework(type(strategy), job.backend)
-    check_cluster(cluster, job.replicas, job.nnodes, job.node_rank, job.rdzv_endpoint)
-    check_numbers(job.replicas, job.workers, job.timeout_seconds, job.max_restarts)
+    check_cluster(cluster, job.replicas, job.nnodes, job.launch.node_rank, job.launch.rdzv_endpoint)
+    check_numbers(job.replicas, job.workers, job.launch.timeout_seconds, job.launch.max_restarts)
     check_starting_point(job)
     check_world_fits(job.plan, job.replicas)
     check_something_to_train(job.plan)
     # the data must load and fit the model before any worker starts (a resumed run: with the
     # table statistics its folder keeps)
-    datasets = load_datasets(job.plan, job.out_dir if job.resume else None)
+    datasets = load_datasets(job.plan, job.out_dir if job.launch.resume else None)
     if datasets.statistics is not None:
         job = attrs.evolve(job, table_statistics=datasets.statistics.to_json())
     check_image_files(job.plan, datasets)
@@ -109,7 +109,7 @@ def admit(
         check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
     if isinstance(strategy, ChecksJob):
         strategy.check_job(job)
-    check_backend_supports(strategy, job.plan, job.backend, job.max_restarts)
+    check_backend_supports(strategy, job.plan, job.backend, job.launch.max_restarts)
     check_backend_spans(strategy, job, cluster)
     check_out_dir(job.out_dir)
     start = starting_weights_source(job, say)
@@ -217,7 +217,7 @@ def check_numbers(replicas: int, workers: int | None, timeout_seconds: float, ma
 
 def check_starting_point(job: Job) -> None:
     """A run starts from its own checkpoint or from other weights, not both."""
-    if job.resume and job.init_from is not None:
+    if job.launch.resume and job.init_from is not None:
         raise InputError(
             "--init-from starts a new run from other weights and --resume continues this one: "
             "they exclude each other"
@@ -264,7 +264,7 @@ def owns_run_folder(job: Job, cluster: Cluster) -> bool:
     """Whether this process checks, clears and locks the run folder. Under an outside
     launcher every process runs the CLI, and on ``--nnodes`` machines every node's
     launcher does: rank 0's (node 0's) minds the folder, the others leave it to it."""
-    return job.node_rank == 0 and cluster.rank() == 0
+    return job.launch.node_rank == 0 and cluster.rank() == 0
 
 
 def starting_weights_source(job: Job, say: Callable[[str], None] = _silent) -> tuple[Path, str] | None:
@@ -277,7 +277,7 @@ def starting_weights_source(job: Job, say: Callable[[str], None] = _silent) -> t
         if planned is not None:
             say(f"--init-from {job.init_from} replaces the plan's model.init ({planned})")
         return Path(job.init_from), "--init-from"
-    if planned is None or job.resume:
+    if planned is None or job.launch.resume:
         return None
     where = f"{job.plan.source}: " if job.plan.source else ""
     return Path(planned), f"{where}model.init ="
@@ -319,8 +319,8 @@ def check_resumed_run(
     plan wrote, and that ends before the plan's last step (``train_rows``: the train set's
     rows, for that step). Return that checkpoint (the run folder asks again under its lock)."""
     out_dir = Path(job.out_dir)
-    check_request(out_dir, job.resume, overwrite)
-    if not job.resume:
+    check_request(out_dir, job.launch.resume, overwrite)
+    if not job.launch.resume:
         return None
     try:
         choice = choose_checkpoint(out_dir)

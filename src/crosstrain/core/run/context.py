@@ -85,4 +85,4 @@ class RunContext:
 
     @property
     def options(self) -> Mapping[str, Any]:
-        return self.job.options
+        return self.job.launch.options

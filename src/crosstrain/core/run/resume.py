@@ -83,7 +83,7 @@ def find_resume_point(job: Job) -> Checkpoint | None:
         path = Path(job.resume_from)
         check_written_by(path, job.plan)
         return read_checkpoint(path)
-    return resume_point(Path(job.out_dir), job.plan) if job.resume else None
+    return resume_point(Path(job.out_dir), job.plan) if job.launch.resume else None
 
 
 def restore(strategy: DistributedStrategy, state: Any, checkpoint: Checkpoint, position: Position) -> None:

@@ -144,7 +144,7 @@ class ReportsDevice(Protocol):
 class SpansNodes(Protocol):
     """Optional capability, needed by ``--nnodes`` > 1 and by an outside launcher's group
     (torchrun, SLURM, Kubeflow, TF_CONFIG) of more than one process: ``launch`` honours
-    ``job.nnodes``/``node_rank``/``rdzv_endpoint`` and joins the detected environment
+    ``job.nnodes``, ``job.launch.node_rank``/``rdzv_endpoint`` and joins the detected environment
     (:mod:`crosstrain.launch.environments`). Without it the backend runs on one machine."""
 
     def spans_nodes(self) -> bool:
@@ -155,11 +155,11 @@ class SpansNodes(Protocol):
 @runtime_checkable
 class RestartsWorkers(Protocol):
     """Optional capability, needed by ``--max-restarts``: ``launch`` restarts the whole
-    worker group after a failure, up to ``job.max_restarts`` times, and each restarted
+    worker group after a failure, up to ``job.launch.max_restarts`` times, and each restarted
     worker runs :func:`crosstrain.core.run.worker.attempt_job` (it resumes)."""
 
     def restarts_workers(self) -> bool:
-        """True: ``job.max_restarts`` is honoured by ``launch``."""
+        """True: ``job.launch.max_restarts`` is honoured by ``launch``."""
         ...
 
 

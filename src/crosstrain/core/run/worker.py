@@ -27,7 +27,11 @@ def attempt_job(job: Job, restart_count: int) -> Job:
     the start when there is none yet. Launchers call this with their own restart count.
     The checkpoint chosen at launch (``resume_from``) is dropped: the group may have written
     newer ones since."""
-    return attrs.evolve(job, resume=True, resume_from=None) if restart_count > 0 else job
+    return (
+        attrs.evolve(job, launch=attrs.evolve(job.launch, resume=True), resume_from=None)
+        if restart_count > 0
+        else job
+    )
 
 
 def load_hooks(job: Job) -> pluggy.HookRelay:
@@ -39,7 +43,7 @@ def load_hooks(job: Job) -> pluggy.HookRelay:
             "job.load_hooks is not set: make the job with crosstrain.api.make_job, or give "
             "Job(load_hooks=crosstrain.plugins.manager.hook_relay)"
         )
-    return job.load_hooks(job.plugins)
+    return job.load_hooks(job.launch.plugins)
 
 
 def run_worker(strategy: DistributedStrategy, job: Job) -> dict[str, Any]:
