@@ -83,9 +83,6 @@ class DropoutNode(NodeModule):
         self.channels_first = channels_first and not layer.per_row  # one unit a row has no order
         self.neutral_shape = node.input_shape
 
-    # eager under torch.compile, as keep_mask is (below): traced, the frame would be guarded
-    # on this node's layer number and recompiled for each dropout node, past dynamo's limit
-    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def forward(self, inputs: list[torch.Tensor], context: ForwardContext) -> torch.Tensor:
         x = inputs[0]
         if not self.training or self.rate == 0.0:
@@ -112,10 +109,6 @@ def _mix(value: Any) -> Any:
     return value ^ (value >> 16)
 
 
-# Eager even under torch.compile: inductor's C++ code generation promotes these int64 hash
-# steps to float on CPU (torch 2.13, "invalid operands of types 'float' and 'float' to
-# binary 'operator^'"); a graph break around one small mask keeps the bits the reference's.
-@torch.compiler.disable  # type: ignore[untyped-decorator]
 def keep_mask(
     seed: int,
     step: int | torch.Tensor,
@@ -140,6 +133,20 @@ def keep_mask(
         units = torch.arange(features, dtype=torch.int64, device=device)
     hashed: torch.Tensor = _mix(per_row ^ units[None, :])
     return (hashed >> (32 - neutral_dropout.KEEP_BITS)) >= neutral_dropout.threshold(rate)
+
+
+_TRACED_FORWARD = DropoutNode.forward
+
+
+def run_dropout_eagerly_when_compiled() -> None:
+    """Dropout stays eager inside a compiled model (``torch.compiler.disable``, its mask
+    included): traced, its frame would be guarded on the node's layer number and recompiled
+    for each dropout node, past dynamo's limit, and inductor's C++ code generation on CPU
+    promotes the int64 hash to float, changing the mask's bits. Disabling imports
+    ``torch._dynamo``, a third of an eager worker's start on CPU, so only a run that compiles
+    asks for it, before compiling."""
+    if DropoutNode.forward is _TRACED_FORWARD:
+        setattr(DropoutNode, "forward", torch.compiler.disable(_TRACED_FORWARD))  # noqa: B010
 
 
 class _BiasOnly(nn.Module):

@@ -106,6 +106,7 @@ class TorchStrategy:
     def build(self, plan: Plan, weights: Mapping[str, np.ndarray]) -> TorchState:
         import torch
 
+        from crosstrain.backends.torch.dense import run_dropout_eagerly_when_compiled
         from crosstrain.backends.torch.graphs import StepGraph, capture_blocker
         from crosstrain.backends.torch.model import build_module, load_neutral, undecayed_parameters
         from crosstrain.backends.torch.optimizer import make_optimizer
@@ -141,6 +142,7 @@ class TorchStrategy:
         )
         if plan.train.compile:
             mode = self._compile_mode(plan)
+            run_dropout_eagerly_when_compiled()
         if plan.train.compile and self._distributed():
             # DDP first, then compile: dynamo splits the graph at DDP's bucket boundaries so
             # the gradient all-reduce still overlaps the backward
