@@ -50,7 +50,8 @@ def test_examples_and_readme_import_only_from_crosstrain_itself() -> None:
 
 def test_the_public_names_cover_plans_plugins_and_backends() -> None:
     import crosstrain
-    from crosstrain.core.model import layers, strategy
+    from crosstrain.core.model import layers
+    from crosstrain.core.run import strategy
 
     assert all(hasattr(crosstrain, name) for name in crosstrain.__all__)
     public = set(crosstrain.__all__)
