@@ -146,7 +146,8 @@ def run_dropout_eagerly_when_compiled() -> None:
     ``torch._dynamo``, a third of an eager worker's start on CPU, so only a run that compiles
     asks for it, before compiling."""
     if DropoutNode.forward is _TRACED_FORWARD:
-        setattr(DropoutNode, "forward", torch.compiler.disable(_TRACED_FORWARD))  # noqa: B010
+        disabled = torch.compiler.disable(_TRACED_FORWARD)  # type: ignore[no-untyped-call]
+        setattr(DropoutNode, "forward", disabled)  # noqa: B010
 
 
 class _BiasOnly(nn.Module):
