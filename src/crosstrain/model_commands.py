@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from rich.console import Console
@@ -21,10 +20,9 @@ def _quiet_tensorflow() -> None:
     """TensorFlow's settings for crosstrain's processes (its C++ start-up log off), in this
     one before a command may import it: ``import`` of a Keras model, ``export --format
     keras``, evaluate and predict on tf. A variable the user set is kept."""
-    from crosstrain.backends.tf.launch import TF_ENVIRONMENT
+    from crosstrain.backends.tf.runtime import quiet_tensorflow
 
-    for name, value in TF_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
+    quiet_tensorflow()
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from crosstrain.backends.host import free_port
+from crosstrain.backends.tf.runtime import TF_ENVIRONMENT
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.job import Job, RunResult, World
 from crosstrain.core.run.strategy import DistributedStrategy
@@ -46,8 +47,6 @@ from crosstrain.launch.environments import (
 from crosstrain.launch.store import exchange, reachable_address, serve_store
 
 JOB_FILE = "job.pkl"
-#: environment every TensorFlow process of crosstrain gets unless the user set it
-TF_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 #: what builds a worker's strategy from its world and tf.distribute strategy: TfStrategy itself
 StrategyMaker = Callable[[World, Any], DistributedStrategy]
 

@@ -10,7 +10,6 @@ list the backend (and say tensorflow is missing) on a machine without it.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -19,8 +18,8 @@ import attrs
 import numpy as np
 
 from crosstrain.backends.tf.feed import TfFeed, host_inputs
-from crosstrain.backends.tf.launch import TF_ENVIRONMENT
 from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_scalars
+from crosstrain.backends.tf.runtime import import_tensorflow
 from crosstrain.backends.tf.steps import (
     Fetch,
     eval_function,
@@ -92,10 +91,7 @@ class TfStrategy:
     @classmethod
     def local(cls, device: Literal["cpu", "gpu"]) -> TfStrategy:
         """World 1 in this process: one replica on the CPU or on the first GPU."""
-        for name, value in TF_ENVIRONMENT.items():
-            os.environ.setdefault(name, value)
-        import tensorflow as tf
-
+        tf = import_tensorflow()
         if device == "gpu" and not tf.config.list_physical_devices("GPU"):
             raise BackendError("--device gpu: tensorflow sees no GPU")
         name = "/gpu:0" if device == "gpu" else "/cpu:0"
@@ -115,11 +111,8 @@ class TfStrategy:
     def framework_status(cls) -> FrameworkStatus:
         if not (installed := cls.framework_installed()).importable:
             return installed
-        for name, value in TF_ENVIRONMENT.items():
-            os.environ.setdefault(name, value)
         try:
-            import tensorflow as tf
-
+            tf = import_tensorflow()
             # Physical devices only: the runtime stays uninitialised, so logical devices
             # can still be configured (in the workers, which is where training runs).
             gpus = tf.config.list_physical_devices("GPU")

@@ -18,6 +18,7 @@ from typing import Any
 
 from crosstrain.backends.host import CPU_THREADS
 from crosstrain.backends.tf.launch import JOB_FILE, Layout, StrategyMaker
+from crosstrain.backends.tf.runtime import import_tensorflow
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.heartbeat import collective_timeout
 from crosstrain.core.run.job import Job, World
@@ -60,7 +61,7 @@ def _train(
 
 def configure_devices(layout: Layout, local_index: int) -> list[str]:
     """Make this process's replica devices visible; must run before any TensorFlow op."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     count = layout.local_replicas
     if layout.device == "gpu":
