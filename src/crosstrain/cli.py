@@ -18,6 +18,8 @@ from rich.text import Text
 from crosstrain.api import prepare_plan, run_plan
 from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, PlanError, WorkerError
 from crosstrain.core.run.job import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_NNODES, FLAG, LaunchOptions
+from crosstrain.core.spec.plan import SHARD_MODES
+from crosstrain.core.spec.vocabulary import SpeaksVocabulary
 from crosstrain.launch import interrupts_raise
 from crosstrain.launch.process import exit_now
 from crosstrain.model_commands import add_model_commands
@@ -128,7 +130,7 @@ def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue the run in --out from its newest intact checkpoint, with its own plan "
         "(plan.json) on its own layout (launch.json: --backend, --nproc, --workers, --nnodes, "
         "--device, each overridden by its flag); --set may change the output section, "
-        "train.epochs and train.max_steps",
+        "train.epochs, train.max_steps and train.shard",
     )
     _add_launch_flag(
         parser,
@@ -409,16 +411,23 @@ def _stop_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     table = Table(title="crosstrain backends")
-    for column in ("backend", "distribution", "framework", "devices"):
+    for column in ("backend", "distribution", "framework", "devices", "train.shard"):
         table.add_column(column)
     for name, entry in sorted(backend_registry(manager).items()):
         status = entry.strategy.framework_status()
         framework = status.version if status.importable else f"missing: {entry.strategy.install_hint}"
+        shard = _shard_modes(entry.strategy) if status.importable else "-"
         # Text, not markup: "crosstrain[torch]" must not be read as a rich style tag
-        cells = (name, entry.distribution, framework, ", ".join(status.devices) or "-")
+        cells = (name, entry.distribution, framework, ", ".join(status.devices) or "-", shard)
         table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
     return 0
+
+
+def _shard_modes(strategy: type[Any]) -> str:
+    """The ``train.shard`` modes a backend declares (a backend without a vocabulary: none)."""
+    declared = strategy.vocabulary().shard if issubclass(strategy, SpeaksVocabulary) else {"none"}
+    return ", ".join(mode for mode in SHARD_MODES if mode in declared)
 
 
 def _print_error(message: str) -> None:

@@ -41,6 +41,15 @@ from crosstrain.core.run.strategy import FrameworkStatus, ReduceOp
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 
+#: the ``train.shard`` modes tf does not train, and why (its vocabulary's refusal line)
+UNSHARDED = {
+    "full": "tf.distribute shards no parameters (Mirrored and MultiWorkerMirrored replicate "
+    "every variable; DTensor is deprecated and Keras 3's ModelParallel has no TensorFlow "
+    "side); train with 'none', or shard 'full' on torch and resume here unsharded",
+    "optimizer": "tf.distribute has no sharded optimizer, and crosstrain's own (a flat view "
+    "inside Mirrored) is not implemented yet; train with 'none'",
+}
+
 if TYPE_CHECKING:
     import keras
 
@@ -134,7 +143,7 @@ class TfStrategy:
         read off the tables, whose module imports TensorFlow (seconds of CPU) in the
         launching process, which checks the plan but never runs a step;
         ``tests/tf/test_layers.py`` holds this to :func:`table_vocabulary`."""
-        return CORE_VOCABULARY
+        return attrs.evolve(CORE_VOCABULARY, unsharded=tuple(sorted(UNSHARDED.items())))
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
@@ -435,7 +444,9 @@ def table_vocabulary() -> Vocabulary:
     from crosstrain.backends.tf.optimizer import OPTIMIZERS
 
     # every decay mode: each variable's rule decays or not as core chooses (decayed_variables)
-    return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES)
+    return Vocabulary.of(
+        LAYERS, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES, unsharded=UNSHARDED.items()
+    )
 
 
 def check_compilable(plan: Plan) -> None:
