@@ -375,6 +375,7 @@ def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) ->
         ("samples/s", f"{summary['samples_per_second']:.0f}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         *_rank_rows(summary.get("ranks") or []),
+        *_memory_rows(summary.get("memory_per_rank")),
         *_stop_rows(summary),
         ("output", out_dir),
     ]
@@ -396,6 +397,22 @@ def _rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     if utilisation is not None:
         rows.append(("GPU utilisation", f"{utilisation:.0f} % (rank 0)"))
     return rows
+
+
+def _memory_rows(memory: Mapping[str, int] | None) -> list[tuple[str, str]]:
+    """What the rank holding the most holds of the training state (``train.shard`` divides it)."""
+    if not memory:
+        return []
+    parts = " + ".join(f"{_bytes(memory[part])} {part}" for part in ("parameters", "gradients", "optimizer"))
+    return [("memory per rank", f"{_bytes(sum(memory.values()))} ({parts})")]
+
+
+def _bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.2f} GiB"
 
 
 def _stop_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:

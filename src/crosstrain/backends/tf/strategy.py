@@ -375,6 +375,17 @@ class TfStrategy:
             tensors["loss_scale.growth_tracker"] = np.asarray(state.loss_scale.finite_steps, np.int64)
         return tensors
 
+    def memory_held(self, state: TfState) -> dict[str, int]:
+        """One replica's copy (Mirrored keeps one per device): the trainable variables, a
+        gradient for each, and the optimizer's slots."""
+
+        def size(variable: Any) -> int:
+            return int(np.prod(variable.shape.as_list(), dtype=np.int64)) * int(variable.dtype.size)
+
+        parameters = sum(size(variable) for variable in state.variables)
+        slots = sum(size(variable) for entry in state.slots for variable in entry)
+        return {"parameters": parameters, "gradients": parameters, "optimizer": slots}
+
     def load_optimizer_state(self, state: TfState, tensors: Mapping[str, np.ndarray]) -> None:
         named = {
             f"optimizer.{neutral}.{slot}": variable for neutral, slot, variable in self._named_slots(state)

@@ -79,6 +79,9 @@ def shard_fully(module: nn.Module, plan: Plan, device: str, processes: int) -> N
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(torch.device(device).type, (processes,))
+    # FSDP2 shards contiguous parameters only: convolution kernels leave channels-last
+    # (the images between them stay channels-last; the kernels' layout changes no value)
+    module.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
     if plan.model.native is not None:
         with torch.no_grad():
             for tensor in (*module.parameters(), *module.buffers()):
