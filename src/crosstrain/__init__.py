@@ -43,6 +43,7 @@ from crosstrain.core.run.job import (
 )
 from crosstrain.core.run.strategy import (
     ChecksJob,
+    CountsMemory,
     DistributedStrategy,
     Exports,
     FindsFramework,
@@ -82,6 +83,7 @@ __all__ = [
     "BackendError",
     "Batch",
     "ChecksJob",
+    "CountsMemory",
     "CrosstrainError",
     "DataSpec",
     "DeviceChoice",

@@ -18,6 +18,8 @@ from rich.text import Text
 from crosstrain.api import prepare_plan, run_plan
 from crosstrain.core.errors import CrosstrainError, InputError, Interrupted, PlanError, WorkerError
 from crosstrain.core.run.job import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_NNODES, FLAG, LaunchOptions
+from crosstrain.core.spec.plan import SHARD_MODES
+from crosstrain.core.spec.vocabulary import SpeaksVocabulary
 from crosstrain.launch import interrupts_raise
 from crosstrain.launch.process import exit_now
 from crosstrain.model_commands import add_model_commands
@@ -128,7 +130,7 @@ def _add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue the run in --out from its newest intact checkpoint, with its own plan "
         "(plan.json) on its own layout (launch.json: --backend, --nproc, --workers, --nnodes, "
         "--device, each overridden by its flag); --set may change the output section, "
-        "train.epochs and train.max_steps",
+        "train.epochs, train.max_steps and train.shard",
     )
     _add_launch_flag(
         parser,
@@ -373,6 +375,7 @@ def print_summary(console: Console, summary: Mapping[str, Any], out_dir: str) ->
         ("samples/s", f"{summary['samples_per_second']:.0f}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         *_rank_rows(summary.get("ranks") or []),
+        *_memory_rows(summary.get("memory_per_rank")),
         *_stop_rows(summary),
         ("output", out_dir),
     ]
@@ -396,6 +399,22 @@ def _rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
+def _memory_rows(memory: Mapping[str, int] | None) -> list[tuple[str, str]]:
+    """What the rank holding the most holds of the training state (``train.shard`` divides it)."""
+    if not memory:
+        return []
+    parts = " + ".join(f"{_bytes(memory[part])} {part}" for part in ("parameters", "gradients", "optimizer"))
+    return [("memory per rank", f"{_bytes(sum(memory.values()))} ({parts})")]
+
+
+def _bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.2f} GiB"
+
+
 def _stop_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Why the run ended early and where it resumed from, when it did."""
     rows = []
@@ -409,16 +428,23 @@ def _stop_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _backends(args: argparse.Namespace, manager: CrosstrainPluginManager, console: Console) -> int:
     table = Table(title="crosstrain backends")
-    for column in ("backend", "distribution", "framework", "devices"):
+    for column in ("backend", "distribution", "framework", "devices", "train.shard"):
         table.add_column(column)
     for name, entry in sorted(backend_registry(manager).items()):
         status = entry.strategy.framework_status()
         framework = status.version if status.importable else f"missing: {entry.strategy.install_hint}"
+        shard = _shard_modes(entry.strategy) if status.importable else "-"
         # Text, not markup: "crosstrain[torch]" must not be read as a rich style tag
-        cells = (name, entry.distribution, framework, ", ".join(status.devices) or "-")
+        cells = (name, entry.distribution, framework, ", ".join(status.devices) or "-", shard)
         table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
     return 0
+
+
+def _shard_modes(strategy: type[Any]) -> str:
+    """The ``train.shard`` modes a backend declares (a backend without a vocabulary: none)."""
+    declared = strategy.vocabulary().shard if issubclass(strategy, SpeaksVocabulary) else {"none"}
+    return ", ".join(mode for mode in SHARD_MODES if mode in declared)
 
 
 def _print_error(message: str) -> None:

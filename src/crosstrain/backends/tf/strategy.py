@@ -40,6 +40,15 @@ from crosstrain.core.run.strategy import FrameworkStatus, ReduceOp
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 
+#: the ``train.shard`` modes tf does not train, and why (its vocabulary's refusal line)
+UNSHARDED = {
+    "full": "tf.distribute shards no parameters (Mirrored and MultiWorkerMirrored replicate "
+    "every variable; DTensor is deprecated and Keras 3's ModelParallel has no TensorFlow "
+    "side); train with 'none', or shard 'full' on torch and resume here unsharded",
+    "optimizer": "tf.distribute has no sharded optimizer, and crosstrain's own (a flat view "
+    "inside Mirrored) is not implemented yet; train with 'none'",
+}
+
 if TYPE_CHECKING:
     import keras
 
@@ -127,7 +136,7 @@ class TfStrategy:
         read off the tables, whose module imports TensorFlow (seconds of CPU) in the
         launching process, which checks the plan but never runs a step;
         ``tests/tf/test_layers.py`` holds this to :func:`table_vocabulary`."""
-        return CORE_VOCABULARY
+        return attrs.evolve(CORE_VOCABULARY, unsharded=tuple(sorted(UNSHARDED.items())))
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
@@ -359,6 +368,17 @@ class TfStrategy:
             tensors["loss_scale.growth_tracker"] = np.asarray(state.loss_scale.finite_steps, np.int64)
         return tensors
 
+    def memory_held(self, state: TfState) -> dict[str, int]:
+        """One replica's copy (Mirrored keeps one per device): the trainable variables, a
+        gradient for each, and the optimizer's slots."""
+
+        def size(variable: Any) -> int:
+            return int(np.prod(variable.shape.as_list(), dtype=np.int64)) * int(variable.dtype.size)
+
+        parameters = sum(size(variable) for variable in state.variables)
+        slots = sum(size(variable) for entry in state.slots for variable in entry)
+        return {"parameters": parameters, "gradients": parameters, "optimizer": slots}
+
     def load_optimizer_state(self, state: TfState, tensors: Mapping[str, np.ndarray]) -> None:
         named = {
             f"optimizer.{neutral}.{slot}": variable for neutral, slot, variable in self._named_slots(state)
@@ -428,7 +448,9 @@ def table_vocabulary() -> Vocabulary:
     from crosstrain.backends.tf.optimizer import OPTIMIZERS
 
     # every decay mode: each variable's rule decays or not as core chooses (decayed_variables)
-    return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES)
+    return Vocabulary.of(
+        LAYERS, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES, unsharded=UNSHARDED.items()
+    )
 
 
 def check_compilable(plan: Plan) -> None:

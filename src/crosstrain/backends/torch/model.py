@@ -20,9 +20,11 @@ from torch import nn
 from crosstrain.backends.native import native_factory
 from crosstrain.backends.torch.layers import LAYERS
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule, Order, to_nchw, to_nhwc
+from crosstrain.backends.torch.sharding import copy_whole, is_sharded, sharded_like, whole
 from crosstrain.core.model.graph import MODEL_INPUT, Graph, Node
 from crosstrain.core.model.layers import Conv2D, MaxPool2D, ReLU, ReLU6, ZeroPad2D
 from crosstrain.core.model.optimizers import decayed_weights
+from crosstrain.core.run.checkpoint import StreamedTensors
 from crosstrain.core.spec.plan import LossSpec, Plan
 
 
@@ -216,12 +218,19 @@ def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
 
 def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray]) -> None:
     """Copy neutral weights into the module (native models take native names as they are),
-    cast to its dtype: float32 and float64 weights load into either."""
-    if plan.model.native is not None:
+    cast to its dtype: float32 and float64 weights load into either. A sharded module's
+    weights each keep their own rank's shard of the whole weight."""
+    params = module.state_dict()
+    sharded = any(is_sharded(tensor) for tensor in params.values())
+    if plan.model.native is not None and not sharded:
         module.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
         return
-    params = module.state_dict()
-    layouts = _layouts(plan)
+    if plan.model.native is not None:  # a sharded native model: every weight, as load_state_dict asks
+        if set(weights) != set(params):
+            raise KeyError(f"the native model's weights are {sorted(params)}, given {sorted(weights)}")
+        layouts: dict[str, tuple[str, tuple[int, ...] | None]] = {name: (name, None) for name in params}
+    else:
+        layouts = _layouts(plan)
     unknown = sorted(set(weights) - set(layouts))
     if unknown:
         raise KeyError(f"no torch weight for neutral weights {unknown}")
@@ -229,22 +238,42 @@ def load_neutral(module: nn.Module, plan: Plan, weights: Mapping[str, np.ndarray
         for neutral, value in weights.items():
             native, axes = layouts[neutral]
             array = np.transpose(value, axes) if axes else value
-            params[native].copy_(torch.from_numpy(np.ascontiguousarray(array)))
+            copy_whole(params[native], torch.from_numpy(np.ascontiguousarray(array)))
 
 
-def neutral_state(module: nn.Module, plan: Plan) -> dict[str, np.ndarray]:
+def neutral_state(module: nn.Module, plan: Plan) -> Mapping[str, np.ndarray]:
     """The module's weights (running statistics included) under neutral names and layouts,
-    in the plan's weight dtype (float32; float64 under fp64)."""
+    in the plan's weight dtype (float32; float64 under fp64). A sharded module's are
+    streamed: each weight gathered whole only when it is read (every rank reads them, in
+    order), so a rank never holds more than one whole weight beyond its shards."""
     dtype = getattr(torch, plan.train.weight_dtype)
-    # copies: numpy views of live CPU parameters would change under later optimizer steps
-    params = {k: _host_copy(v, dtype) for k, v in module.state_dict().items()}
+    params = module.state_dict()
     if plan.model.native is not None:
-        return params
-    state: dict[str, np.ndarray] = {}
-    for neutral, (native, axes) in _layouts(plan).items():
-        array = params[native]
-        state[neutral] = np.ascontiguousarray(np.transpose(array, _inverse(axes)) if axes else array)
-    return state
+        layouts: dict[str, tuple[str, tuple[int, ...] | None]] = {name: (name, None) for name in params}
+    else:
+        layouts = _layouts(plan)
+
+    def read(neutral: str) -> np.ndarray:
+        native, axes = layouts[neutral]
+        # a copy: a numpy view of a live CPU parameter would change under later steps
+        array = _host_copy(whole(params[native]), dtype)
+        return np.ascontiguousarray(np.transpose(array, _inverse(axes)) if axes else array)
+
+    if not any(is_sharded(tensor) for tensor in params.values()):
+        return {neutral: read(neutral) for neutral in layouts}
+    numpy_dtype = np.dtype(plan.train.weight_dtype)
+    specs = {
+        neutral: (neutral_shape(params[native].shape, axes), numpy_dtype)
+        for neutral, (native, axes) in layouts.items()
+    }
+    return StreamedTensors(specs, read)
+
+
+def neutral_shape(shape: torch.Size, axes: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The shape a tensor of torch's ``shape`` has in the neutral layout (a DTensor's shape
+    is the whole tensor's)."""
+    sizes = tuple(int(size) for size in shape)
+    return tuple(sizes[axis] for axis in _inverse(axes)) if axes else sizes
 
 
 # --------------------------------------------------------------------------- losses
@@ -370,13 +399,16 @@ def _host_copy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 def to_neutral(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray:
     """A tensor shaped like a parameter (an optimizer slot), as a numpy copy in the neutral
-    layout: float32, or float64 for a float64 one (fp64's)."""
-    array = _host_copy(tensor, torch.promote_types(tensor.dtype, torch.float32))
+    layout: float32, or float64 for a float64 one (fp64's); a sharded one gathered whole."""
+    array = _host_copy(whole(tensor), torch.promote_types(tensor.dtype, torch.float32))
     return np.ascontiguousarray(np.transpose(array, _inverse(axes)) if axes else array)
 
 
 def from_neutral(array: np.ndarray, axes: tuple[int, ...] | None, like: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`to_neutral`, on ``like``'s device and in its dtype."""
-    native = np.ascontiguousarray(np.transpose(array, axes) if axes else array)
+    """The inverse of :func:`to_neutral`, on ``like``'s device and in its dtype (sharded as
+    ``like`` is: this rank's shard of it)."""
+    native = torch.from_numpy(np.ascontiguousarray(np.transpose(array, axes) if axes else array))
+    if is_sharded(like):
+        return sharded_like(native, like)
     # laid out like ``like`` (a channels-last convolution weight's slots are channels-last)
-    return torch.empty_like(like).copy_(torch.from_numpy(native))
+    return torch.empty_like(like).copy_(native)

@@ -9,6 +9,8 @@ import attrs
 import numpy as np
 import torch
 
+from crosstrain.backends.torch.sharding import is_sharded, local
+from crosstrain.core.run.checkpoint import StreamedTensors
 from crosstrain.core.spec.plan import OptimizerSpec
 
 Params = list[torch.nn.Parameter]
@@ -119,24 +121,49 @@ Layouts = Mapping[str, tuple[torch.nn.Parameter, tuple[int, ...] | None]]
 
 
 def neutral_optimizer_state(
-    optimizer: torch.optim.Optimizer, parameters: Layouts, counted_steps: int
-) -> dict[str, np.ndarray]:
+    optimizer: torch.optim.Optimizer,
+    parameters: Layouts,
+    counted_steps: int,
+    scalars: Mapping[str, np.ndarray] | None = None,
+) -> Mapping[str, np.ndarray]:
     """Slots as ``optimizer.{weight}.{slot}`` in the weights' neutral layouts, and
-    ``optimizer.step``: Adam's own count when it keeps one, else the steps counted here."""
-    from crosstrain.backends.torch.model import to_neutral
+    ``optimizer.step``: Adam's own count when it keeps one, else the steps counted here;
+    then ``scalars`` (the loss scale's). Sharded slots are streamed: each gathered whole only
+    when it is read (every rank reads them, in order; the scalars gather nothing)."""
+    from crosstrain.backends.torch.model import neutral_shape, to_neutral
 
     slots = _row_of(optimizer).slots
-    tensors: dict[str, np.ndarray] = {}
+    found: dict[str, tuple[torch.Tensor, tuple[int, ...] | None]] = {}
     steps: list[int] = []
     for neutral, (param, axes) in parameters.items():
         saved = optimizer.state.get(param, {})
         for native, slot in slots.items():
             if saved.get(native) is not None:
-                tensors[f"optimizer.{neutral}.{slot}"] = to_neutral(saved[native], axes)
+                found[f"optimizer.{neutral}.{slot}"] = (saved[native], axes)
         if "step" in saved:
             steps.append(int(float(saved["step"])))
-    tensors["optimizer.step"] = np.asarray(max(steps, default=counted_steps), np.int64)
-    return tensors
+    counts = {"optimizer.step": np.asarray(max(steps, default=counted_steps), np.int64), **(scalars or {})}
+    if not any(is_sharded(tensor) for tensor, _ in found.values()):
+        return {**{name: to_neutral(tensor, axes) for name, (tensor, axes) in found.items()}, **counts}
+
+    def read(name: str) -> np.ndarray:
+        if name in counts:
+            return counts[name]
+        tensor, axes = found[name]
+        return to_neutral(tensor, axes)
+
+    specs = {
+        name: (neutral_shape(tensor.shape, axes), _numpy_dtype(tensor.dtype))
+        for name, (tensor, axes) in found.items()
+    }
+    specs.update((name, (value.shape, value.dtype)) for name, value in counts.items())
+    return StreamedTensors(specs, read)
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype :func:`~crosstrain.backends.torch.model.to_neutral` gives a slot of
+    ``dtype``: float32, or float64 for a float64 one."""
+    return np.dtype(str(torch.promote_types(dtype, torch.float32)).removeprefix("torch."))
 
 
 def load_neutral_optimizer_state(
@@ -172,7 +199,16 @@ def load_neutral_optimizer_state(
     return step
 
 
-def grads_finite(parameters: Iterable[torch.nn.Parameter]) -> bool:
-    """Whether every gradient (summed across replicas) is finite: one host read."""
-    checks = [torch.isfinite(p.grad).all() for p in parameters if p.grad is not None]
-    return bool(torch.stack(checks).all()) if checks else True
+def grads_finite(parameters: Iterable[torch.nn.Parameter], sharded: bool = False) -> bool:
+    """Whether every gradient (summed across replicas) is finite: one host read. Sharded
+    (``sharded``): each rank checks its shards and the ranks agree (one all-reduce), so
+    they all skip the same steps."""
+    checks = [torch.isfinite(local(p.grad)).all() for p in parameters if p.grad is not None]
+    finite = torch.stack(checks).all() if checks else torch.tensor(True)
+    if sharded:
+        import torch.distributed as dist
+
+        flag = finite.to(torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag)
+    return bool(finite)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 class TorchState:
     module: torch.nn.Module  # the unwrapped model: weights are read and written here
     model: torch.nn.Module  # what runs forward: DDP(module) when there are several processes
+    #                         (sharded: the module itself, FSDP2's hooks on it)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
     plan: Plan
@@ -34,6 +35,9 @@ class TorchState:
     processes: int = 1  # the world's processes: DDP averages each step's gradients over them
     distributed: bool = False  # in a process group: the step's sums are all-reduced
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
+    #: FSDP2 (train.shard = "full" over several processes): ``model`` is ``module`` itself,
+    #: its parameters, gradients and optimizer slots DTensors holding this rank's shard
+    sharded: bool = False
     optimizer_steps: int = 0  # steps applied: checkpoints record it (SGD keeps no count)
     gradient_seeds: dict[tuple[Any, ...], torch.Tensor] = attrs.field(factory=dict)
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (reduce-overhead)

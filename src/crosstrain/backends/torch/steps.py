@@ -253,6 +253,8 @@ def apply_update(state: TorchState) -> None:
 
 
 def clip_gradients(state: TorchState) -> None:
+    """Clip to the global norm: sharded gradients are DTensors, whose norm torch computes
+    over every rank's shards (the unsharded norm, summed in another order)."""
     clip = state.plan.train.clip_grad_norm
     if clip is not None:
         torch.nn.utils.clip_grad_norm_(state.module.parameters(), clip)
@@ -288,11 +290,16 @@ def _skip_nonfinite(state: TorchState) -> bool:
     update (one host read per step, in this mode only; fp16's GradScaler skips on its own)."""
     if state.plan.train.on_nonfinite != "skip" or state.scaler is not None:
         return False
-    return not grads_finite(state.module.parameters())
+    return not grads_finite(state.module.parameters(), sharded=state.sharded)
 
 
 def _no_sync(state: TorchState, skip: bool) -> contextlib.AbstractContextManager[Any]:
-    """Skip DDP's all-reduce on every accumulation micro-step but the last."""
+    """Skip DDP's all-reduce (FSDP2's reduce-scatter) on every accumulation micro-step but
+    the last: the micro-steps' gradients add up unreduced, and the last one reduces the sum."""
+    if state.sharded:
+        # FSDP2 has no context for it: a flag, which the last micro-step turns back on
+        state.model.set_requires_gradient_sync(not skip)  # type: ignore[operator]
+        return contextlib.nullcontext()
     if skip and state.distributed:
         return state.model.no_sync()  # type: ignore[operator,no-any-return]
     return contextlib.nullcontext()

@@ -1,4 +1,5 @@
-"""TorchStrategy: DDP over gloo or NCCL; plain module at world size 1.
+"""TorchStrategy: DDP over gloo or NCCL (FSDP2 under ``train.shard = "full"``); plain
+module at world size 1.
 
 This module imports torch only inside methods, so ``crosstrain backends`` can list
 the backend (and say torch is missing) on a machine without torch.
@@ -46,6 +47,15 @@ def _no_buffer_sync(ddp: type) -> dict[str, Any]:
     )
 
 
+#: the ``train.shard`` modes torch trains (FSDP2 for "full": backends/torch/sharding.py)
+SHARD_MODES = ("none", "full")
+#: and why not the others (its vocabulary's refusal line)
+UNSHARDED = {
+    "optimizer": "ZeRO-1 (torch's ZeroRedundancyOptimizer under DDP) is not wired yet; "
+    "'full' shards the optimizer's state too",
+}
+
+
 class TorchStrategy:
     name: ClassVar[str] = "torch"
     install_hint: ClassVar[str] = "pip install 'crosstrain[torch]'"
@@ -85,12 +95,16 @@ class TorchStrategy:
         from crosstrain.backends.torch.optimizer import OPTIMIZERS
 
         # every decay mode: the optimizer's groups come from core's choice (undecayed_parameters)
-        return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
+        return Vocabulary.of(
+            LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES, SHARD_MODES, UNSHARDED.items()
+        )
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.torch.launch import check_layout
+        from crosstrain.backends.torch.sharding import check_shardable
 
         check_layout(job)
+        check_shardable(job.plan)
 
     def spans_nodes(self) -> bool:
         """--nnodes and outside launchers (torchrun, SLURM, Kubeflow, TF_CONFIG): see launch.py."""
@@ -118,7 +132,12 @@ class TorchStrategy:
             load_neutral(module, plan, weights)
         module.to(self.device)
         model, mode = module, None
-        if self._distributed():
+        sharded = plan.train.shard == "full" and self._distributed()
+        if sharded:  # the module sharded in place (FSDP2): it is what runs forward
+            from crosstrain.backends.torch.sharding import shard_fully
+
+            shard_fully(module, plan, self.device, self.world.process_count)
+        elif self._distributed():
             # DDP broadcasts rank 0's weights at construction, so native models agree too.
             device_ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
             model = torch.nn.parallel.DistributedDataParallel(
@@ -156,7 +175,7 @@ class TorchStrategy:
             utilisation = GpuUtilisation(lambda: torch.cuda.utilization(device)).start()
         state = TorchState(
             module, model, optimizer, scaler, plan, Feed(self.device), self.device,
-            self.world.process_count, self._distributed(), utilisation,
+            self.world.process_count, self._distributed(), utilisation, sharded,
         )  # fmt: skip
         state.cuda_graphs = mode == "reduce-overhead"
         if plan.train.compile and not self._distributed():  # one process: the loss compiled too
@@ -263,7 +282,7 @@ class TorchStrategy:
 
     # ----------------------------------------------------------------- weights
 
-    def state_dict(self, state: TorchState) -> dict[str, np.ndarray]:
+    def state_dict(self, state: TorchState) -> Mapping[str, np.ndarray]:
         from crosstrain.backends.torch.model import neutral_state
 
         return neutral_state(state.module, state.plan)
@@ -273,18 +292,17 @@ class TorchStrategy:
 
         load_neutral(state.module, state.plan, tensors)
 
-    def optimizer_state(self, state: TorchState) -> dict[str, np.ndarray]:
+    def optimizer_state(self, state: TorchState) -> Mapping[str, np.ndarray]:
         from crosstrain.backends.torch.model import neutral_parameters
         from crosstrain.backends.torch.optimizer import neutral_optimizer_state
 
-        tensors = neutral_optimizer_state(
-            state.optimizer, neutral_parameters(state.module, state.plan), state.optimizer_steps
-        )
+        scalars = {}
         if state.scaler is not None:
             scaler = state.scaler.state_dict()
-            tensors["loss_scale.scale"] = np.asarray(scaler["scale"], np.float64)
-            tensors["loss_scale.growth_tracker"] = np.asarray(scaler["_growth_tracker"], np.int64)
-        return tensors
+            scalars["loss_scale.scale"] = np.asarray(scaler["scale"], np.float64)
+            scalars["loss_scale.growth_tracker"] = np.asarray(scaler["_growth_tracker"], np.int64)
+        parameters = neutral_parameters(state.module, state.plan)
+        return neutral_optimizer_state(state.optimizer, parameters, state.optimizer_steps, scalars)
 
     def load_optimizer_state(self, state: TorchState, tensors: Mapping[str, np.ndarray]) -> None:
         from crosstrain.backends.torch.model import neutral_parameters
@@ -297,6 +315,11 @@ class TorchStrategy:
             scaler["scale"] = float(tensors["loss_scale.scale"])
             scaler["_growth_tracker"] = int(tensors.get("loss_scale.growth_tracker", 0))
             state.scaler.load_state_dict(scaler)
+
+    def memory_held(self, state: TorchState) -> dict[str, int]:
+        from crosstrain.backends.torch.sharding import memory_held
+
+        return memory_held(state)
 
     def skips_nonfinite_steps(self) -> bool:
         return True

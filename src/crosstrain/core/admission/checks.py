@@ -14,9 +14,10 @@ of :mod:`crosstrain.core.errors` with exit code 2, one line naming the flag or t
 5. the data: it loads and fits the model (read only); an image source's every file opens
    as a JPEG or PNG (its header: :func:`check_image_files`);
 6. the plan against the backend's tables: every layer, loss, optimizer and precision has
-   a builder (:class:`~crosstrain.core.spec.vocabulary.SpeaksVocabulary`);
+   a builder (:class:`~crosstrain.core.spec.vocabulary.SpeaksVocabulary`), and the backend
+   declares the plan's ``train.shard`` mode (a backend without a vocabulary: "none" only);
 7. the backend's own check of the job (:class:`~crosstrain.core.run.strategy.ChecksJob`: its
-   layout on its devices, what it cannot compile);
+   layout on its devices, what it cannot compile, what it cannot combine with sharding);
 8. the capabilities the job needs of the backend (restarts, resumable checkpoints, data
    on the device, skipped steps: :func:`~crosstrain.core.run.resume.check_backend_supports`)
    and across machines (:class:`~crosstrain.core.run.strategy.SpansNodes`);
@@ -71,7 +72,7 @@ from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.resume import check_backend_supports
 from crosstrain.core.run.strategy import ChecksJob, DistributedStrategy, FindsFramework, SpansNodes
 from crosstrain.core.spec.plan import Plan, check_world_fits
-from crosstrain.core.spec.vocabulary import SpeaksVocabulary, check_plan_vocabulary
+from crosstrain.core.spec.vocabulary import SpeaksVocabulary, check_plan_vocabulary, check_shard_mode
 
 THIS_MACHINE = ThisMachine()
 
@@ -105,8 +106,10 @@ def admit(
     if datasets.statistics is not None:
         job = attrs.evolve(job, table_statistics=datasets.statistics.to_json())
     check_image_files(job.plan, datasets)
-    if isinstance(strategy, SpeaksVocabulary):
-        check_plan_vocabulary(job.plan, strategy.vocabulary(), job.backend)
+    vocabulary = strategy.vocabulary() if isinstance(strategy, SpeaksVocabulary) else None
+    if vocabulary is not None:
+        check_plan_vocabulary(job.plan, vocabulary, job.backend)
+    check_shard_mode(job.plan, vocabulary, job.backend)
     if isinstance(strategy, ChecksJob):
         strategy.check_job(job)
     check_backend_supports(strategy, job.plan, job.backend, job.launch.max_restarts)

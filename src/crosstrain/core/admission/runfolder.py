@@ -263,8 +263,9 @@ def _read_document(path: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- a continued run
 
 #: the fields of a plan that may change when its run continues (``--resume``): where and how
-#: often it writes, and how long it runs (the run continues to the new end)
-MAY_CHANGE = ("output", "train.epochs", "train.max_steps")
+#: often it writes, how long it runs (the run continues to the new end), and how its
+#: replicas shard it (checkpoints are neutral whatever the mode)
+MAY_CHANGE = ("output", "train.epochs", "train.max_steps", "train.shard")
 _ABSENT = object()
 
 
@@ -315,14 +316,17 @@ def continued_plan(
     if refused:
         raise InputError(
             f"--resume: {'; '.join(str(change) for change in refused)}; only the output section, "
-            f"train.epochs and train.max_steps may change when a run continues "
+            f"train.epochs, train.max_steps and train.shard may change when a run continues "
             f"({Path(run_dir) / PLAN_FILE} holds its plan: --resume without a plan file "
             f"continues it as it was)"
         )
     raw = unstructure_plan(run)
     for change in changes:
         section, _, key = change.field.partition(".")
-        raw[section][key] = None if change.after is _ABSENT else change.after
+        if change.after is _ABSENT:  # left out of plan.json at its default: the default
+            raw[section].pop(key, None)
+        else:
+            raw[section][key] = change.after
     plan = structure_plan(raw, source=_continued_source(run_dir, requested))
     validate_plan(plan)
     return plan, changes

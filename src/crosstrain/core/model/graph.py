@@ -83,6 +83,18 @@ class Graph:
             f"{node.path}.{param}": spec for node in self.nodes for param, spec in node.weight_specs().items()
         }
 
+    def block_repeats(self) -> list[tuple[Node, ...]]:
+        """The nodes of each repeat of a top-level block, in graph order (a nested block's
+        nodes within its outer repeat): the units a sharded backend gathers one at a time.
+        A repeat is contiguous in the graph, and a ``tie`` names an embedding of its own
+        list, so tied weights stay within one repeat, or outside every one."""
+        repeats: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            if node.field.startswith("model.blocks."):  # path: "{block}.{repeat}.{layer}..."
+                block, repeat, _ = node.path.split(".", 2)
+                repeats.setdefault(f"{block}.{repeat}", []).append(node)
+        return [tuple(nodes) for nodes in repeats.values()]
+
     def init_weights(self, seed: int) -> Weights:
         """Seeded numpy weights, identical for every backend."""
         weights: Weights = {}

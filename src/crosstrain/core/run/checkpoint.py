@@ -26,7 +26,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,10 @@ MANIFEST_FILE = "manifest.json"
 #: 2: a manifest, and a plan hash without the run's length; 1: neither (see the module)
 FORMAT_VERSION = 2
 #: the plan fields that may change when a run continues (besides its output section):
-#: its length. The plan hash leaves them out
+#: its length, and how its replicas shard it (a checkpoint is neutral whatever the mode).
+#: The plan hash leaves them out
 LENGTH_FIELDS = ("epochs", "max_steps")
+CONTINUED_FIELDS = (*LENGTH_FIELDS, "shard")
 _STEP_FOLDER = re.compile(r"^step-(\d{8})$")
 #: ``output.keep_best`` -> (eval metric, True when larger is better)
 KEEP_BEST: dict[str, tuple[str, bool]] = {"eval.loss": ("loss", False), "eval.accuracy": ("accuracy", True)}
@@ -56,12 +58,92 @@ _SCALARS = {"optimizer.step": ("optimizer", "step"), "loss_scale.scale": ("loss_
 _SCALARS["loss_scale.growth_tracker"] = ("loss_scale", "growth_tracker")
 
 
+class StreamedTensors(Mapping[str, np.ndarray]):
+    """Tensors that a sharded backend reads one at a time (each read may gather the tensor
+    from every rank's shard, a collective): a safetensors file of them is written as they
+    come (:func:`write_safetensors`), so no process ever holds more than one whole tensor
+    beyond its shards. Every rank reads them in the same order, the order of ``specs``
+    (a rank that writes nothing reads them too: :func:`read_on_every_rank`).
+
+    ``specs``: name -> (shape, dtype), in order; ``read``: the tensor of a name (as a numpy
+    array of that shape and dtype)."""
+
+    def __init__(
+        self, specs: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]], read: Callable[[str], np.ndarray]
+    ) -> None:
+        self.specs = dict(specs)
+        self._read = read
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.specs:
+            raise KeyError(name)
+        return self._read(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def without(self, names: Collection[str]) -> StreamedTensors:
+        """The same stream less ``names`` (read lazily still)."""
+        kept = {name: spec for name, spec in self.specs.items() if name not in names}
+        return StreamedTensors(kept, self._read)
+
+
+def read_on_every_rank(tensors: Mapping[str, np.ndarray]) -> None:
+    """What a rank that writes nothing does while rank 0 writes ``tensors``: read each, in
+    the writer's order, so the gathers they make meet rank 0's (a plain dict: nothing)."""
+    if isinstance(tensors, StreamedTensors):
+        for name in tensors:
+            tensors[name]
+
+
+#: numpy dtype -> safetensors' name of it (the dtypes a checkpoint holds)
+_SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "int64": "I64",
+    "int32": "I32",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+def write_safetensors(path: Path, tensors: StreamedTensors, metadata: Mapping[str, str]) -> None:
+    """A safetensors file written tensor by tensor: the header from ``tensors.specs`` (every
+    size is known before any tensor is read), then each tensor as it is read, so the
+    memory it takes is one tensor's. The format is safetensors' own (a little-endian u64
+    header length, the JSON header padded to 8 bytes, the tensors back to back)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, (shape, dtype) in tensors.specs.items():
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        kind = _SAFETENSORS_DTYPES[np.dtype(dtype).name]
+        header[name] = {"dtype": kind, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with path.open("wb") as handle:
+        handle.write(len(encoded).to_bytes(8, "little"))
+        handle.write(encoded)
+        for name, (shape, dtype) in tensors.specs.items():
+            value = np.ascontiguousarray(tensors[name], dtype=dtype)
+            if value.shape != tuple(shape):
+                raise ValueError(f"{name}: read as shape {list(value.shape)}, announced {list(shape)}")
+            handle.write(value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
 def save_checkpoint(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
     """Write atomically: a crash mid-write never replaces a good checkpoint with a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    contiguous = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
-    save_file(contiguous, str(temporary), metadata=dict(metadata))
+    if isinstance(tensors, StreamedTensors):
+        write_safetensors(temporary, tensors, metadata)
+    else:
+        contiguous = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+        save_file(contiguous, str(temporary), metadata=dict(metadata))
     os.replace(temporary, path)
 
 
@@ -121,15 +203,16 @@ def weights_file(source: Path, flag: str = "--init-from") -> Path:
 
 def plan_hash(plan: Plan, *, with_length: bool = False) -> str:
     """What must not change between a run and its resumption: the whole plan but its
-    ``output`` section (where and how often to write) and its length (``train.epochs``,
-    ``train.max_steps``: a run may continue to a new end). ``with_length``: the hash
-    format-1 checkpoints hold, which includes the length."""
+    ``output`` section (where and how often to write), its length (``train.epochs``,
+    ``train.max_steps``: a run may continue to a new end) and ``train.shard`` (how the
+    replicas hold it). ``with_length``: the hash format-1 checkpoints hold, which includes
+    the length (format 1 predates sharding: its plans hold no ``train.shard``)."""
     from crosstrain.core.spec.plan_dicts import unstructure_plan
 
     raw = unstructure_plan(plan)
     raw.pop("output", None)
     if not with_length:
-        raw["train"] = {key: value for key, value in raw["train"].items() if key not in LENGTH_FIELDS}
+        raw["train"] = {key: value for key, value in raw["train"].items() if key not in CONTINUED_FIELDS}
     elif raw["train"].get("epochs") is None:
         raw["train"]["epochs"] = 1  # format 1 predates an unset train.epochs: its default was 1
     text = json.dumps(raw, sort_keys=True, default=str)
@@ -339,7 +422,11 @@ def check_written_by(path: Path, plan: Plan) -> None:
     legacy = int(state.get("format", 1)) < 2
     written, mine = state.get("plan_hash"), plan_hash(plan, with_length=legacy)
     if written != mine:
-        allowed = "the output section" if legacy else "the output section, train.epochs and train.max_steps"
+        allowed = (
+            "the output section"
+            if legacy
+            else "the output section, train.epochs, train.max_steps and train.shard"
+        )
         raise CheckpointError(
             f"{path}: written by another plan (hash {written}, this plan's is {mine}); "
             f"only {allowed} may change on --resume"
@@ -377,23 +464,26 @@ def best_checkpoint(run_dir: Path, keep_best: str) -> Path | None:
 
 def _split_scalars(
     optimizer: Mapping[str, np.ndarray],
-) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
-    """Slot tensors for optimizer.safetensors; 0-d scalars for state.json."""
-    slots: dict[str, np.ndarray] = {}
+) -> tuple[Mapping[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """Slot tensors for optimizer.safetensors; 0-d scalars for state.json (streamed slots
+    stay streamed: only the scalars are read here)."""
     scalars: dict[str, dict[str, Any]] = {}
-    for name, value in optimizer.items():
+    for name in optimizer:
         if name in _SCALARS:
             section, key = _SCALARS[name]
-            scalars.setdefault(section, {})[key] = np.asarray(value).item()
-        else:
-            slots[name] = value
-    return slots, scalars
+            scalars.setdefault(section, {})[key] = np.asarray(optimizer[name]).item()
+    if isinstance(optimizer, StreamedTensors):
+        return optimizer.without(_SCALARS), scalars
+    return {name: value for name, value in optimizer.items() if name not in _SCALARS}, scalars
 
 
 def _save(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
-    save_file(
-        {name: np.ascontiguousarray(value) for name, value in tensors.items()}, str(path), dict(metadata)
-    )
+    if isinstance(tensors, StreamedTensors):
+        write_safetensors(path, tensors, metadata)
+    else:
+        save_file(
+            {name: np.ascontiguousarray(value) for name, value in tensors.items()}, str(path), dict(metadata)
+        )
     _fsync(path)
 
 

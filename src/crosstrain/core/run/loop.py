@@ -30,17 +30,18 @@ from crosstrain.core.data.batches import (
 )
 from crosstrain.core.data.sources.images import share_cores
 from crosstrain.core.run import resume
-from crosstrain.core.run.checkpoint import load_checkpoint, save_checkpoint
+from crosstrain.core.run.checkpoint import load_checkpoint, read_on_every_rank, save_checkpoint
 from crosstrain.core.run.context import RunContext
 from crosstrain.core.run.evaluation import evaluate
 from crosstrain.core.run.heartbeat import Heartbeat
 from crosstrain.core.run.job import Job
 from crosstrain.core.run.length import RunLength
 from crosstrain.core.run.loading import epoch_rows, load_datasets
-from crosstrain.core.run.rank_usage import gather_rank_reports, peak_host_memory_bytes
+from crosstrain.core.run.rank_usage import gather_rank_reports, largest_rank_memory, peak_host_memory_bytes
 from crosstrain.core.run.schedule import LearningRateSchedule
 from crosstrain.core.run.strategy import (
     PREFETCH_STEPS,
+    CountsMemory,
     DistributedStrategy,
     PlacesData,
     PrefetchesBatches,
@@ -154,6 +155,9 @@ def train(strategy: DistributedStrategy, job: Job, hook: pluggy.HookRelay) -> tu
             _save_final(strategy, state, context, progress, schedule, hook)
         summary = _summary(context, progress, time.perf_counter() - started)
         summary["ranks"] = _rank_reports(strategy, state, progress)
+        memory = _memory_per_rank(strategy, state)
+        if memory is not None:
+            summary["memory_per_rank"] = memory
         hook.crosstrain_train_end(context=context, summary=summary)
     except BaseException as error:
         report_exception(hook, context, error)
@@ -484,6 +488,16 @@ def _rank_reports(strategy: DistributedStrategy, state: Any, progress: _Progress
     return gather_rank_reports(strategy.all_reduce, world.process_index, world.process_count, mine)
 
 
+def _memory_per_rank(strategy: DistributedStrategy, state: Any) -> dict[str, int] | None:
+    """summary.json's ``memory_per_rank``: the rank holding the most (one all-reduce); None
+    where the backend does not count it."""
+    if not isinstance(strategy, CountsMemory):
+        return None
+    world = strategy.world
+    mine = strategy.memory_held(state)
+    return largest_rank_memory(strategy.all_reduce, world.process_index, world.process_count, mine)
+
+
 def _save_checkpoint(
     strategy: DistributedStrategy, state: Any, context: RunContext, step: int, hook: pluggy.HookRelay
 ) -> None:
@@ -497,5 +511,7 @@ def _save_checkpoint(
             "plan": context.plan.name,
         }
         save_checkpoint(path, tensors, metadata)
+    else:  # a sharded backend's tensors are gathered one by one as rank 0 writes them
+        read_on_every_rank(tensors)
     strategy.barrier()
     hook.crosstrain_checkpoint_saved(context=context, path=str(path), step=step)

@@ -6,7 +6,9 @@ step's batch on the host: the time the device may have waited for data),
 (the CPU time of every thread of the process while it trained: set against the wall
 clock, what the steps cost whatever else the machine runs), the peak host memory, and,
 from backends that can say (:class:`~crosstrain.core.run.strategy.ReportsDevice`), the peak
-device memory and the GPU's mean utilisation while training (NVML).
+device memory and the GPU's mean utilisation while training (NVML). ``memory_per_rank``
+holds the bytes of parameters, gradients and optimizer state of the rank that holds the
+most (:func:`largest_rank_memory`): what ``train.shard`` divides.
 Framework-free: a backend hands :class:`GpuUtilisation` its own NVML reader.
 """
 
@@ -31,6 +33,24 @@ RANK_FIELDS = (
     "gpu_utilisation_percent",
     "cuda_graph_steps",  # steps replayed as one CUDA graph (torch; None where not reported)
 )
+
+
+#: what summary.json's ``memory_per_rank`` counts, in bytes, for the rank that holds the most
+#: (:class:`~crosstrain.core.run.strategy.CountsMemory`)
+MEMORY_PARTS = ("parameters", "gradients", "optimizer")
+
+
+def largest_rank_memory(
+    all_reduce: Any, process_index: int, process_count: int, mine: Mapping[str, int]
+) -> dict[str, int]:
+    """The :data:`MEMORY_PARTS` of the rank that holds the most of them together (the
+    lowest such rank on a tie), on every process: one all-reduce of a [processes, parts]
+    array where each process fills its own row."""
+    table = np.zeros((process_count, len(MEMORY_PARTS)), np.float64)
+    table[process_index] = [mine[part] for part in MEMORY_PARTS]
+    table = np.asarray(all_reduce(table))
+    largest = int(np.argmax(table.sum(axis=1)))
+    return {part: int(value) for part, value in zip(MEMORY_PARTS, table[largest], strict=True)}
 
 
 def peak_host_memory_bytes() -> int:

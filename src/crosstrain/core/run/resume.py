@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 
 from crosstrain.core.errors import BackendError, CheckpointError
 from crosstrain.core.run.checkpoint import (
@@ -24,6 +23,7 @@ from crosstrain.core.run.checkpoint import (
     plan_hash,
     prune,
     read_checkpoint,
+    read_on_every_rank,
     resume_point,
     write_checkpoint,
 )
@@ -117,7 +117,8 @@ def save(
 ) -> str:
     """Write ``checkpoints/step-NNNNNNNN`` (rank 0; every rank gathers), prune; return its path."""
     assert isinstance(strategy, SavesOptimizerState)  # check_backend_supports refused it before launch
-    # both may gather across ranks, so every rank calls them; only rank 0 writes
+    # both may gather across ranks, so every rank calls them (and reads a streamed
+    # backend's tensors, which gather as they are read); only rank 0 writes
     weights = strategy.state_dict(state)
     optimizer = strategy.optimizer_state(state)
     plan, per_epoch = context.plan, max(context.steps_per_epoch, 1)
@@ -138,12 +139,11 @@ def save(
     )
     path = context.out_dir / "checkpoints" / f"step-{position.step:08d}"
     if context.world.is_main:
-        path = write_checkpoint(context.out_dir, loop_state, weights, _host(optimizer))
+        path = write_checkpoint(context.out_dir, loop_state, weights, optimizer)
         prune(context.out_dir, plan.output.keep_checkpoints, plan.output.keep_best)
+    else:  # a sharded backend's tensors are gathered one by one as rank 0 writes them
+        read_on_every_rank(weights)
+        read_on_every_rank(optimizer)
     strategy.barrier()  # no rank runs ahead of (or resumes before) a checkpoint being complete
     position.checkpointed_step = position.step
     return str(path)
-
-
-def _host(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: np.asarray(value) for name, value in tensors.items()}

@@ -109,8 +109,10 @@ class SavesOptimizerState(Protocol):
     ``loss_scale.scale`` and ``loss_scale.growth_tracker`` (finite steps since it last changed).
     ``state_dict`` may gather across ranks, and so may this: every rank calls it."""
 
-    def optimizer_state(self, state: Any) -> dict[str, np.ndarray]:
-        """The optimizer's slots and scalars under the neutral names above."""
+    def optimizer_state(self, state: Any) -> Mapping[str, np.ndarray]:
+        """The optimizer's slots and scalars under the neutral names above (a sharded
+        backend's: :class:`~crosstrain.core.run.checkpoint.StreamedTensors`, each slot
+        gathered as it is read; its scalars read without a collective)."""
         ...
 
     def load_optimizer_state(self, state: Any, tensors: Mapping[str, np.ndarray]) -> None:
@@ -126,6 +128,19 @@ class SkipsNonFiniteSteps(Protocol):
 
     def skips_nonfinite_steps(self) -> bool:
         """True: the plan's ``train.on_nonfinite = "skip"`` is honoured by ``train_step``."""
+        ...
+
+
+@runtime_checkable
+class CountsMemory(Protocol):
+    """Optional capability: the bytes this process holds of the model's training state,
+    counted from the tensors themselves (a sharded tensor: its local shard), for
+    summary.json's ``memory_per_rank`` (:data:`~crosstrain.core.run.rank_usage.MEMORY_PARTS`),
+    asked once, after the last step, on every rank."""
+
+    def memory_held(self, state: Any) -> dict[str, int]:
+        """``parameters``, ``gradients`` (one for each trainable parameter's shard, in its
+        dtype: they are freed between steps) and ``optimizer`` (every slot and count), in bytes."""
         ...
 
 
@@ -257,8 +272,10 @@ class DistributedStrategy(Protocol):
         """Wait for every process, with the job's timeout."""
         ...
 
-    def state_dict(self, state: Any) -> dict[str, np.ndarray]:
-        """Weights as numpy under neutral names and channels-last layouts."""
+    def state_dict(self, state: Any) -> Mapping[str, np.ndarray]:
+        """Weights as numpy under neutral names and channels-last layouts (a dict; or, from
+        a backend that shards its weights, :class:`~crosstrain.core.run.checkpoint.StreamedTensors`,
+        which gathers each weight as it is read: every rank reads them, in order)."""
         ...
 
     def load_state_dict(self, state: Any, tensors: Mapping[str, np.ndarray]) -> None:

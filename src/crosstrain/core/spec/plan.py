@@ -34,7 +34,14 @@ MetricName = Literal["loss", "accuracy", "top_k_accuracy", "perplexity"]
 OnNonFinite = Literal["stop", "skip"]
 #: a checkpoint's metric that ``output.keep_best`` may monitor
 KeepBest = Literal["eval.loss", "eval.accuracy"]
+#: what each replica holds (``train.shard``): "none", everything (replicated, as DDP and
+#: tf.distribute's Mirrored); "optimizer", every parameter and gradient but 1/N of the
+#: optimizer's state (ZeRO-1); "full", 1/N of the parameters, gradients and optimizer state
+#: (FSDP, ZeRO-3). A backend declares the modes it has (its Vocabulary's ``shard``); the
+#: others are refused before launch (docs/sharding.md)
+ShardMode = Literal["none", "optimizer", "full"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+SHARD_MODES: tuple[str, ...] = typing.get_args(ShardMode)
 LOSSES: tuple[str, ...] = typing.get_args(LossName)
 #: the metrics a backend counts in its eval step (its vocabulary's); core derives the others
 #: from the loss
@@ -209,6 +216,10 @@ class TrainSpec:
     #: a step whose global loss is not finite: "stop" ends the run there (exit non-zero,
     #: the last good checkpoint kept); "skip" leaves the weights and optimizer untouched
     on_nonfinite: OnNonFinite = "stop"
+    #: what each replica holds (:data:`ShardMode`); the same curve whichever it is. Left out
+    #: of plan.json at its default, and out of the plan hash: a run may continue sharded
+    #: another way (``--resume``), its checkpoints being neutral whatever the mode
+    shard: ShardMode = "none"
 
     @property
     def weight_dtype(self) -> Literal["float32", "float64"]:

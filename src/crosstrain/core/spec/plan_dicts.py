@@ -19,7 +19,7 @@ from crosstrain.core.errors import PlanError, did_you_mean
 from crosstrain.core.model.layers import LAYER_TYPES, Layer
 from crosstrain.core.model.layers.convolutions import as_padding2d
 from crosstrain.core.spec.data_spec import DataSpec
-from crosstrain.core.spec.plan import LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan
+from crosstrain.core.spec.plan import LossSpec, ModelSpec, NativeModel, OptimizerSpec, Plan, TrainSpec
 
 
 def _strict_int(value: Any, _: type) -> int:
@@ -177,6 +177,7 @@ _LEFT_OUT_AT_DEFAULT: dict[str | None, dict[str, Any]] = {
     "loss": {"label_smoothing": _default(LossSpec, "label_smoothing")},
     "optimizer": {"decay": _default(OptimizerSpec, "decay")},
     "model": {"width": 1.0},
+    "train": {"shard": _default(TrainSpec, "shard")},
     "data": {
         "augment": attrs.asdict(Augmentation()),
         "features": [],

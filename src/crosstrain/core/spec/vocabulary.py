@@ -7,6 +7,10 @@ name it supports to its own builder in tables and declares the names through the
 backend's tables is refused with one :class:`PlanError` naming the field
 (``model.blocks.decoder.layers[1]: the jax backend has no 'attention'``) before the output
 folder exists or any process starts, never by a fallback at step 1.
+
+``train.shard`` is checked apart (:func:`check_shard_mode`), by admission only: a sharded
+run's checkpoint is neutral, so evaluating or predicting with it on a backend that cannot
+train sharded is fine.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from crosstrain.core.errors import PlanError
 from crosstrain.core.model.graph import iter_layers
 from crosstrain.core.model.layers import LAYER_TYPES
 from crosstrain.core.model.optimizers import DECAY_MODES, OPTIMIZERS
-from crosstrain.core.spec.plan import COUNTED_METRICS, LOSSES, PRECISIONS, Plan
+from crosstrain.core.spec.plan import COUNTED_METRICS, LOSSES, PRECISIONS, SHARD_MODES, Plan
 
 #: layer types that are structure, not computation: resolved by core's graph, no builder
 STRUCTURAL_LAYERS = frozenset({"block"})
@@ -31,7 +35,10 @@ class Vocabulary:
     """The names a backend can build, one set per closed set of the plan. ``metrics``: the
     metrics its eval step counts (:data:`crosstrain.core.spec.plan.COUNTED_METRICS`; core derives
     the loss and perplexity itself); ``decay``: the ``optimizer.decay`` modes its optimizer
-    honours. A backend that does not name them speaks accuracy and decays every weight."""
+    honours; ``shard``: the ``train.shard`` modes it trains, and ``unsharded``, why it has
+    no other mode, mode by mode, for the refusal's line ((mode, reason) pairs; a mode left
+    out is "not implemented"). A backend that does not name them speaks accuracy, decays
+    every weight and replicates (shard "none")."""
 
     layers: frozenset[str]
     losses: frozenset[str]
@@ -39,6 +46,8 @@ class Vocabulary:
     precisions: frozenset[str]
     metrics: frozenset[str] = frozenset({"accuracy"})
     decay: frozenset[str] = frozenset({"all"})
+    shard: frozenset[str] = frozenset({"none"})
+    unsharded: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(
@@ -49,6 +58,8 @@ class Vocabulary:
         precisions: Iterable[str],
         metrics: Iterable[str] = ("accuracy",),
         decay: Iterable[str] = ("all",),
+        shard: Iterable[str] = ("none",),
+        unsharded: Iterable[tuple[str, str]] = (),
     ) -> Vocabulary:
         return cls(
             frozenset(layers),
@@ -57,13 +68,19 @@ class Vocabulary:
             frozenset(precisions),
             frozenset(metrics),
             frozenset(decay),
+            frozenset(shard),
+            tuple(sorted(unsharded)),
         )
 
 
-#: every name core defines: a backend whose tables cover this is complete
+#: every name core defines: a backend whose tables cover this is complete. Of the shard
+#: modes, "none" alone: sharding is optional (a complete backend may replicate only;
+#: :data:`crosstrain.core.spec.plan.SHARD_MODES` has them all)
 CORE_VOCABULARY = Vocabulary.of(
     set(LAYER_TYPES) - STRUCTURAL_LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, COUNTED_METRICS, DECAY_MODES
 )
+#: why a mode a backend does not declare is refused, when the backend does not say
+NOT_IMPLEMENTED = "not implemented on this backend yet"
 
 
 @runtime_checkable
@@ -77,7 +94,8 @@ class SpeaksVocabulary(Protocol):
 
 
 def missing_names(vocabulary: Vocabulary) -> dict[str, list[str]]:
-    """Core names a backend lacks, per set: empty for a complete backend."""
+    """Core names a backend lacks, per set: empty for a complete backend (shard modes
+    beyond "none" are optional, and not among them)."""
     gaps = {
         "layers": CORE_VOCABULARY.layers - vocabulary.layers,
         "losses": CORE_VOCABULARY.losses - vocabulary.losses,
@@ -111,3 +129,23 @@ def check_plan_vocabulary(plan: Plan, vocabulary: Vocabulary, backend: str) -> N
             raise refuse("metrics", metric, "metric ")
     if plan.optimizer.decay not in vocabulary.decay:
         raise refuse("optimizer.decay", plan.optimizer.decay, "decay mode ")
+
+
+def check_shard_mode(plan: Plan, vocabulary: Vocabulary | None, backend: str) -> None:
+    """Refuse a ``train.shard`` mode the backend does not declare, with its reason
+    (``vocabulary`` None: a backend that declares no vocabulary, which replicates only)."""
+    mode = plan.train.shard
+    declared = vocabulary.shard if vocabulary is not None else frozenset({"none"})
+    if mode in declared:
+        return
+    reasons = dict(vocabulary.unsharded) if vocabulary is not None else {}
+    if vocabulary is None:
+        reason = "it declares no shard modes (no vocabulary()), so it only replicates"
+    else:
+        reason = reasons.get(mode, NOT_IMPLEMENTED)
+    modes = ", ".join(repr(name) for name in SHARD_MODES if name in declared)
+    raise PlanError(
+        f"the {backend} backend has no shard mode {mode!r}: {reason} (it trains with {modes})",
+        field="train.shard",
+        source=plan.source,
+    )

@@ -1,0 +1,57 @@
+"""A checkpoint of a sharded torch run is neutral: tf, which shards nothing, refuses to train
+``"full"`` but resumes the sharded world-2 run's step-6 checkpoint unsharded at world 1,
+and its steps 7-12 are the sharded run's within parity."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from crosstrain.core.errors import PlanError
+from crosstrain.core.run.checkpoint import complete_checkpoints
+from crosstrain.core.spec.planfile import load_plan
+from crosstrain.core.spec.vocabulary import check_shard_mode
+from crosstrain.testing.conformance import PARITY_TOLERANCE
+from crosstrain.testing.launches import RunCache, run_cli
+from crosstrain.testing.plans import DROPOUT_MLP_PLAN
+from crosstrain.testing.runs import max_relative_difference, step_losses, summary
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+from crosstrain.backends.tf.strategy import TfStrategy
+
+pytestmark = pytest.mark.cross
+
+#: the sharded run tests/torch/test_shard.py compares with the unsharded one
+SHARDED = ("train.shard='full'", "output.checkpoint_every_steps=6")
+
+
+def test_tf_refuses_full_naming_why(tmp_path: Path) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text(DROPOUT_MLP_PLAN)
+    with pytest.raises(
+        PlanError, match=r"train\.shard: the tf backend has no shard mode 'full': tf\.distribute"
+    ):
+        check_shard_mode(load_plan(path, ("train.shard='full'",)), TfStrategy.vocabulary(), "tf")
+
+
+def test_a_sharded_torch_checkpoint_resumes_unsharded_on_tf(runs: RunCache, tmp_path: Path) -> None:
+    sharded = runs("torch", "gpt2_small", 2, *SHARDED)
+    out = tmp_path / "run"
+    shutil.copytree(sharded, out)
+    for step, path in complete_checkpoints(out):
+        if step > 6:
+            shutil.rmtree(path)
+    resumed = run_cli(
+        "-p", "no:progress", "run", "--out", str(out), "--resume",
+        "--backend", "tf", "--nproc", "1", "--set", "train.shard='none'",
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(out)["backend"] == "tf" and summary(out)["resumed_from_step"] == 6
+    assert summary(out)["world_size"] == 1
+    losses, reference = step_losses(out), step_losses(sharded)
+    assert len(losses) == len(reference) == 12
+    assert max_relative_difference(losses[6:], reference[6:]) <= PARITY_TOLERANCE

@@ -1,0 +1,86 @@
+"""``train.shard = "full"`` on torch (FSDP2): the world-2 GPT-2 (block repeats, a tied
+output, dropout, clipping, AdamW on kernels) trains as the unsharded world-2 run of the
+conformance suite does, holding half of its memory per rank, and writes the same neutral
+checkpoints; what it cannot combine with is refused before launch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crosstrain.core.admission.checks import admit
+from crosstrain.core.errors import PlanError
+from crosstrain.core.run.checkpoint import load_checkpoint
+from crosstrain.core.run.job import Job, Layout
+from crosstrain.core.spec.planfile import load_plan
+from crosstrain.testing.launches import RunCache
+from crosstrain.testing.plans import DROPOUT_MLP_PLAN
+from crosstrain.testing.runs import max_relative_difference, step_losses, summary
+
+pytest.importorskip("torch")
+
+from crosstrain.backends.torch.strategy import TorchStrategy
+
+pytestmark = pytest.mark.torch
+
+#: the sharded run: checkpoints at steps 6 and 12 (tests/cross/test_sharded_resume.py
+#: resumes the first on tf); they change no loss
+SHARDED = ("train.shard='full'", "output.checkpoint_every_steps=6")
+#: FSDP2 averages each gradient as DDP does: on a CPU the same bits (measured); the issue's bound
+SHARD_TOLERANCE = 1e-6
+
+
+def sharded_run(runs: RunCache) -> Path:
+    return runs("torch", "gpt2_small", 2, *SHARDED)
+
+
+def test_full_trains_like_the_unsharded_world_and_holds_half_per_rank(runs: RunCache) -> None:
+    plain, sharded = runs("torch", "gpt2_small", 2), sharded_run(runs)
+    assert max_relative_difference(step_losses(sharded), step_losses(plain)) <= SHARD_TOLERANCE
+    assert summary(sharded)["eval"]["loss"] == pytest.approx(
+        summary(plain)["eval"]["loss"], rel=SHARD_TOLERANCE
+    )
+    replicated, shards = summary(plain)["memory_per_rank"], summary(sharded)["memory_per_rank"]
+    assert all(replicated[part] > 0 for part in ("parameters", "gradients", "optimizer"))
+    share = sum(shards.values()) / sum(replicated.values())
+    assert 0.45 <= share <= 0.55, (shards, replicated)  # 0.5005 measured: dim 0 splits unevenly
+    # the same neutral weights, gathered one at a time into the same format
+    weights, reference = (
+        load_checkpoint(sharded / "model.safetensors"),
+        load_checkpoint(plain / "model.safetensors"),
+    )
+    assert weights.keys() == reference.keys()
+    for name, value in reference.items():
+        assert np.allclose(weights[name], value, rtol=SHARD_TOLERANCE, atol=1e-7), name
+    assert "memory per rank" in (sharded / "stdout.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        (("train.shard='optimizer'",), "train.shard: the torch backend has no shard mode 'optimizer'"),
+        (
+            ("train.shard='full'", "train.compile=true"),
+            "train.shard: train.shard = 'full' with train.compile",
+        ),
+        (
+            ("train.shard='full'", "train.precision='fp16'"),
+            "train.shard: train.shard = 'full' with train.precision = 'fp16'",
+        ),
+    ],
+)
+def test_what_full_cannot_combine_with_is_refused_before_launch(
+    write_plan: Callable[..., Path], tmp_path: Path, settings: tuple[str, ...], refusal: str
+) -> None:
+    job = Job(
+        plan=load_plan(write_plan(DROPOUT_MLP_PLAN), settings),
+        layout=Layout("torch", 2, device="cpu"),
+        out_dir=str(tmp_path / "run"),
+    )
+    with pytest.raises(PlanError) as refused:
+        admit(job, TorchStrategy())
+    assert refusal in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "run").exists()
