@@ -125,6 +125,26 @@ def test_a_cpu_worker_computes_on_one_thread() -> None:
     assert result.stdout.split() == ["/cpu:0", "/cpu:1", "1", "1", "2"]
 
 
+def test_tensorflow_is_imported_without_the_packages_crosstrain_never_calls_through_it() -> None:
+    """jax, matplotlib and scikit-learn, which TensorFlow and Keras import when installed, stay
+    out of a tf worker's start (seconds of CPU each time), and import as ever afterwards."""
+    pytest.importorskip("tensorflow")
+    code = (
+        "import sys\n"
+        "from crosstrain.backends.tf.runtime import NOT_NEEDED_BY_TENSORFLOW, import_tensorflow\n"
+        "tf = import_tensorflow()\n"
+        "loaded = [name in sys.modules for name in NOT_NEEDED_BY_TENSORFLOW]\n"
+        "print(float(tf.reduce_sum(tf.ones(3))), *loaded)\n"
+        "import sklearn\n"
+        "print(sklearn.__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3.0", "False", "False", "False", "sklearn"]
+
+
 def test_plugin_and_strategy_import_without_tensorflow() -> None:
     code = (
         "import sys\n"

@@ -158,7 +158,17 @@ def test_joins_an_existing_torchrun_group(write_plan: Callable[..., Path], tmp_p
     assert len(step_losses(tmp_path / "run")) == 10  # rank 0 wrote once, not once per launcher
 
 
-def test_cnn_python_plan_trains_cleanly_on_two_ranks(tmp_path: Path) -> None:
+def test_cnn_python_plan_trains_cleanly_on_two_ranks_where_tensorflow_cannot_be_imported(
+    tmp_path: Path,
+) -> None:
+    """torch's suite runs beside tf (one tox env); this run proves the torch backend needs
+    none of it: packages named tensorflow and keras that refuse to import come first on the path."""
+    blocked = tmp_path / "blocked"
+    for name in ("tensorflow", "keras"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked in this test')\n")
+    env = worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(blocked), env.get("PYTHONPATH", "")])
     result = run_cli(
         "run",
         str(EXAMPLES / "digits_cnn.py"),
@@ -167,13 +177,14 @@ def test_cnn_python_plan_trains_cleanly_on_two_ranks(tmp_path: Path) -> None:
         "--device",
         "cpu",
         "--out",
-        str(tmp_path),
+        str(tmp_path / "run"),
         "--set",
         "train.epochs=5",
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr  # e.g. DDP's gradient-layout warning on NHWC input
-    assert summary(tmp_path)["eval"]["accuracy"] > 0.9
+    assert summary(tmp_path / "run")["eval"]["accuracy"] > 0.9
 
 
 def test_a_native_language_model_returns_per_position_logits(tmp_path: Path) -> None:

@@ -33,16 +33,15 @@ def import_tensorflow() -> ModuleType:
     """``tensorflow``, quiet, imported (with Keras) without :data:`NOT_NEEDED_BY_TENSORFLOW`
     where this process has not imported them already."""
     quiet_tensorflow()
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+    if (imported := sys.modules.get("tensorflow")) is not None:
+        return imported
     hidden = [name for name in NOT_NEEDED_BY_TENSORFLOW if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError, as if absent
     try:
-        import keras  # noqa: F401  # Keras too: tf.keras imports it lazily, at first use
-        import tensorflow
+        import tensorflow  # noqa: F401  # imports Keras 3 too (tf.keras)
     finally:
         for name in hidden:
             if sys.modules.get(name, ...) is None:
                 del sys.modules[name]
-    return tensorflow
+    return sys.modules["tensorflow"]
