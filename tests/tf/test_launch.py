@@ -86,6 +86,16 @@ def test_a_bad_tf_config_is_refused_clearly(text: str, message: str) -> None:
         cluster_from_environment({"TF_CONFIG": text})
 
 
+def _printed_by_fresh_python(code: str) -> list[str]:
+    """What ``code`` prints, run by a fresh Python (TensorFlow's devices and imports are fixed
+    per process), split into words; the run must succeed."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
 def test_framework_status_leaves_logical_devices_configurable() -> None:
     """`crosstrain backends` and run's checks list devices without starting TensorFlow's
     runtime, which would fix the devices for good."""
@@ -98,11 +108,7 @@ def test_framework_status_leaves_logical_devices_configurable() -> None:
         "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
         "print(status.importable, status.devices[0], len(tf.config.list_logical_devices('CPU')))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "cpu", "2"]
+    assert _printed_by_fresh_python(code) == ["True", "cpu", "2"]
 
 
 def test_a_cpu_worker_computes_on_one_thread() -> None:
@@ -118,11 +124,7 @@ def test_a_cpu_worker_computes_on_one_thread() -> None:
         "print(*devices, threading.get_intra_op_parallelism_threads(), "
         "threading.get_inter_op_parallelism_threads(), len(tf.config.list_logical_devices('CPU')))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["/cpu:0", "/cpu:1", "1", "1", "2"]
+    assert _printed_by_fresh_python(code) == ["/cpu:0", "/cpu:1", "1", "1", "2"]
 
 
 def test_tensorflow_is_imported_without_the_packages_crosstrain_never_calls_through_it() -> None:
@@ -138,11 +140,7 @@ def test_tensorflow_is_imported_without_the_packages_crosstrain_never_calls_thro
         "import sklearn\n"
         "print(sklearn.__name__)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=worker_env()
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["3.0", "False", "False", "False", "sklearn"]
+    assert _printed_by_fresh_python(code) == ["3.0", "False", "False", "False", "sklearn"]
 
 
 def test_plugin_and_strategy_import_without_tensorflow() -> None:
