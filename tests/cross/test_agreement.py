@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crosstrain.plot import build_figure  # matplotlib: the plot extra, in the test extra
-from crosstrain.testing.conformance import AgreesWithTorch
+from crosstrain.testing.agreement import AgreesWithTorch
 from crosstrain.testing.launches import RunCache
 from crosstrain.testing.runs import max_relative_difference, step_losses
 from tests.conftest import EXAMPLES, run_cli

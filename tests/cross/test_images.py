@@ -16,9 +16,9 @@ from crosstrain.core.data.sources.images import ImageRows
 from crosstrain.core.run.checkpoint import complete_checkpoints
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.testing.conformance import fail_then_resume
 from crosstrain.testing.data_plans import damaged_png
 from crosstrain.testing.launches import RunCache, run_cli, train_refused, write_plan
+from crosstrain.testing.run_checks import fail_then_resume
 from tests.support import step_losses
 
 pytest.importorskip("torch")

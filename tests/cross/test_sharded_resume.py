@@ -13,9 +13,9 @@ from crosstrain.core.errors import PlanError
 from crosstrain.core.run.checkpoint import complete_checkpoints
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import check_shard_mode
-from crosstrain.testing.conformance import PARITY_TOLERANCE
 from crosstrain.testing.launches import RunCache, run_cli
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN
+from crosstrain.testing.run_checks import PARITY_TOLERANCE
 from crosstrain.testing.runs import max_relative_difference, step_losses, summary
 
 pytest.importorskip("torch")

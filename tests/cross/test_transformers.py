@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from crosstrain.testing.conformance import PARITY_TOLERANCE, WORLD_TOLERANCE
 from crosstrain.testing.launches import RunCache
+from crosstrain.testing.run_checks import PARITY_TOLERANCE, WORLD_TOLERANCE
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
 
 pytest.importorskip("torch")

@@ -15,8 +15,8 @@ from crosstrain.core.data.batches import Batch, Datasets
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.testing.conformance import FeedConformance, FeedUnderTest
 from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN, write_images
+from crosstrain.testing.feed_conformance import FeedConformance, FeedUnderTest
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN
 from tests.conftest import json_from_fresh_process
 from tests.support import scaled_images_on_the_host

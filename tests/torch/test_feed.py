@@ -17,8 +17,8 @@ from crosstrain.core.data.rows import stored_rows
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.testing.conformance import FeedConformance, FeedUnderTest
 from crosstrain.testing.data_plans import SCALED_IMAGES_PLAN
+from crosstrain.testing.feed_conformance import FeedConformance, FeedUnderTest
 from tests.support import scaled_images_on_the_host
 
 torch = pytest.importorskip("torch")

@@ -135,8 +135,8 @@ def test_placement_on_the_gpu_or_prefetched_from_the_host_gives_the_same_losses(
     H200, two runs of the residual network with the *same* placement already differ by
     2e-7 (cuDNN's convolution backward is not deterministic), so the runs agree within the
     world tolerance; a wrong or stale row would move the loss by far more."""
-    from crosstrain.testing.conformance import WORLD_TOLERANCE
     from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.run_checks import WORLD_TOLERANCE
     from crosstrain.testing.runs import assert_same_eval, max_relative_difference
 
     plan = write_plan(tmp_path, plan_name)
@@ -152,8 +152,8 @@ def test_placement_on_the_gpu_or_prefetched_from_the_host_gives_the_same_losses(
 
 
 def test_a_compiled_gpt_with_fused_adamw_trains_like_eager(tmp_path: Path) -> None:
-    from crosstrain.testing.conformance import WORLD_TOLERANCE
     from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.run_checks import WORLD_TOLERANCE
     from crosstrain.testing.runs import max_relative_difference
 
     plan = write_plan(tmp_path, "gpt")
@@ -201,8 +201,8 @@ def test_a_step_replayed_as_one_cuda_graph_trains_like_its_launched_kernels(
     weighs the rows by their mask), every step after the warm-up a replay, the padded last
     batch of each epoch included."""
     from crosstrain.backends.torch.graphs import WARMUP_STEPS
-    from crosstrain.testing.conformance import WORLD_TOLERANCE
     from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.run_checks import WORLD_TOLERANCE
     from crosstrain.testing.runs import assert_same_eval, max_relative_difference
 
     plan = write_plan(tmp_path, plan_name)
@@ -406,8 +406,8 @@ def test_issue_26s_layers_replayed_as_one_cuda_graph_train_like_their_launched_k
     replayed plans. (The tie and the padding mask need an embedding, which a CUDA graph
     cannot capture: the compiled GPT-2 above covers the tie under train.compile's graphs.)"""
     from crosstrain.backends.torch.graphs import WARMUP_STEPS
-    from crosstrain.testing.conformance import WORLD_TOLERANCE
     from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.run_checks import WORLD_TOLERANCE
     from crosstrain.testing.runs import max_relative_difference
 
     if plan_name == "vision":
@@ -427,8 +427,8 @@ def test_an_image_folder_decoded_into_pinned_buffers_trains_as_on_the_cpu(tmp_pa
     buffers and copied on a side stream ("auto" placement stays on the host for files):
     the same pixels as the CPU run decodes in its step, so the same losses within the
     world tolerance (cuDNN's convolutions are not bit-reproducible)."""
-    from crosstrain.testing.conformance import WORLD_TOLERANCE
     from crosstrain.testing.launches import write_plan
+    from crosstrain.testing.run_checks import WORLD_TOLERANCE
     from crosstrain.testing.runs import max_relative_difference
 
     plan = write_plan(tmp_path, "image_folder")

@@ -3,7 +3,8 @@ the built-in ones, and its agreement with the torch reference."""
 
 from __future__ import annotations
 
-from crosstrain.testing.conformance import AgreesWithTorch, BackendConformance
+from crosstrain.testing.agreement import AgreesWithTorch
+from crosstrain.testing.conformance import BackendConformance
 from crosstrain.testing.fault_matrix import FaultConformance
 
 

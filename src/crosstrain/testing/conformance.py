@@ -25,9 +25,10 @@ the run at its step (or is skipped), a plan the backend cannot build is refused 
 launch, and a finished run evaluates and predicts in one process to the metrics training
 measured.
 
-:class:`FeedConformance` checks a backend's feed in process, against core's rows protocol:
-every kind of rows (arrays, token windows, memory-mapped rows, scaled rows, images...) reaches
-the model as core reads it, placed on the device or kept on the host.
+Beside it: :class:`crosstrain.testing.agreement.AgreesWithTorch` (step by step against the
+torch reference), :class:`crosstrain.testing.fault_matrix.FaultConformance` (ranks killed and
+hung) and :class:`crosstrain.testing.feed_conformance.FeedConformance` (the feed, in process,
+against core's rows protocol); the checks they share are :mod:`crosstrain.testing.run_checks`.
 
 Every run a check compares with is made once per pytest session
 (:class:`crosstrain.testing.launches.RunCache`, keyed by backend, plan, world, settings and
@@ -40,29 +41,20 @@ serve every backend compared with it.
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-import attrs
 import numpy as np
 import pytest
 
-from crosstrain.core.admission.runfolder import read_launch_record
-from crosstrain.core.data.batches import ArrayDataset, Batch, Datasets, GlobalSampler
-from crosstrain.core.data.rows import read_rows
-from crosstrain.core.errors import PlanError
+from crosstrain.core.data.batches import GlobalSampler
 from crosstrain.core.run.checkpoint import complete_checkpoints, load_checkpoint
-from crosstrain.core.run.job import Layout
-from crosstrain.core.run.loading import epoch_rows, load_datasets
+from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
-from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import (
     CORE_VOCABULARY,
     SpeaksVocabulary,
-    check_plan_vocabulary,
     missing_names,
 )
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
@@ -78,97 +70,20 @@ from crosstrain.testing.launches import (
     train_refused,
     write_plan,
 )
+from crosstrain.testing.run_checks import (
+    CHECKPOINT_EVERY,
+    FAIL_STEP,
+    RESUME_SETTINGS,
+    WORLD_TOLERANCE,
+    fail_then_resume,
+    spoken_plans,
+    start_from,
+)
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
 
 #: the plans trained with their data placed on the device (``data.placement = "device"``):
 #: arrays, token windows, and uint8 rows of a memory-mapped file scaled where the model runs
 PLACED_PLANS = ("dropout_mlp", "gpt2_small", "scaled_images")
-#: relative per-step loss differences: same backend at another world size, and across frameworks
-WORLD_TOLERANCE = 1e-5
-PARITY_TOLERANCE = 1e-4
-#: the traceback files torch.multiprocessing writes for each worker, which a failed run must
-#: not leave behind in the temporary folder
-TRACEBACK_FILES = "pytorch-errorfile-*"
-#: the resume checks: checkpoints every CHECKPOINT_EVERY steps, a rank dies at FAIL_STEP
-CHECKPOINT_EVERY, FAIL_STEP = 5, 8
-RESUME_SETTINGS = (
-    "--set", f"output.checkpoint_every_steps={CHECKPOINT_EVERY}",
-    "--set", "output.log_every_steps=4",  # the failing hook runs when step FAIL_STEP is read
-)  # fmt: skip
-
-
-def assert_failed_naming_the_rank(result: subprocess.CompletedProcess[str], error: str) -> None:
-    """A run a rank failed: exit 1, the failing rank's traceback once (none from its peers or
-    the launcher), and last one line naming the rank and its error."""
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr[-3000:]
-    last = result.stderr.rstrip().splitlines()[-1]
-    assert last.startswith("crosstrain: error: rank ") and last.endswith(error), result.stderr[-3000:]
-
-
-def fail_then_resume(
-    backend: str, plan: Path, out: Path, nproc: int, resume_backend: str | None = None
-) -> Path:
-    """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
-    ``--resume`` finishes the run from the run folder alone: no plan file, none of the
-    run's ``--set`` overrides or layout flags typed again (``--backend resume_backend``
-    alone, when given, overrides its backend), so it continues on the run's own world and
-    device. Its checkpoints are then those of a run never interrupted. The failed run leaves
-    no worker's traceback file in its temporary folder."""
-    common = ("--nproc", str(nproc), "--device", "cpu", "--out", str(out))
-    temporary = out.with_name(f"{out.name}-tmp")
-    temporary.mkdir(parents=True)
-    failed = run_cli(
-        "-p", "no:progress", "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", backend,
-        *common, "--set", f"train.max_steps={STEPS}", *RESUME_SETTINGS,
-        env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP), "TMPDIR": str(temporary)},
-    )  # fmt: skip
-    assert_failed_naming_the_rank(failed, f"RuntimeError: injected failure at step {FAIL_STEP}")
-    left = sorted(path.name for path in temporary.glob(TRACEBACK_FILES))
-    assert not left, f"the failed run left {left} in its temporary folder"
-    last = FAIL_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
-    assert complete_checkpoints(out)[-1][0] == last
-    override = ("--backend", resume_backend) if resume_backend is not None else ()
-    resumed = run_cli("-p", "no:progress", "run", "--out", str(out), "--resume", *override)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert summary(out)["resumed_from_step"] == last
-    assert summary(out)["backend"] == (resume_backend or backend)
-    assert summary(out)["world_size"] == nproc  # as the run ran, on its device (its launch.json's)
-    assert read_launch_record(out) == Layout(resume_backend or backend, nproc, device="cpu")
-    every_checkpoint = [*range(CHECKPOINT_EVERY, STEPS, CHECKPOINT_EVERY), STEPS]  # and the end's
-    assert [step for step, _ in complete_checkpoints(out)] == every_checkpoint[-3:]  # keep_checkpoints
-    return out
-
-
-def start_from(backend: str, plan: Path, source: Path, out: Path, nproc: int) -> dict[str, float]:
-    """A new one-step run of ``plan`` on ``backend`` with ``--init-from source`` (a finished
-    run's folder); the evaluation of its starting weights, which it records at step 0."""
-    result = run_cli(
-        "-p", "no:progress", "run", str(plan), "--backend", backend, "--nproc", str(nproc), "--device", "cpu",
-        "--out", str(out), "--init-from", str(source), "--set", "train.max_steps=1",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert records[0]["step"] == 0 and "eval" in records[0], records[:2]
-    assert summary(out)["steps"] == 1 and summary(out)["resumed_from_step"] is None  # a new run
-    return dict(records[0]["eval"])
-
-
-def spoken_plans(backend: str, directory: Path) -> list[str]:
-    """The names of :data:`PLANS` whose every layer, loss, optimizer and precision the
-    backend declares."""
-    strategy = get_backend(make_plugin_manager(), backend)()
-    if not isinstance(strategy, SpeaksVocabulary):
-        return list(PLANS)
-    spoken = []
-    for name in PLANS:
-        try:
-            plan = load_plan(write_plan(directory / name, name), PLAN_SETTINGS.get(name, ()))
-            check_plan_vocabulary(plan, strategy.vocabulary(), backend)
-        except PlanError:
-            continue
-        spoken.append(name)
-    return spoken
 
 
 class WorldRuns:
@@ -448,121 +363,3 @@ class BackendConformance(SharesRuns):
             assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
             assert f"the {self.backend} backend has no" in result.stderr
             assert not out.exists()  # refused before the output folder or any process
-
-
-class AgreesWithTorch(SharesRuns):
-    """Step-by-step agreement with the torch reference on every plan the backend speaks
-    (needs torch installed beside the backend: crosstrain's cross env, a third party's own
-    tests). Subclass it like :class:`BackendConformance`; in one session the world-N runs are
-    the backend suite's own, and torch's reference runs are shared by every backend."""
-
-    backend: ClassVar[str]
-    nproc: ClassVar[int] = 2
-
-    @pytest.mark.parametrize("plan", list(PLANS))
-    def test_agrees_with_the_torch_reference(self, plan: str, runs: RunCache, tmp_path: Path) -> None:
-        if plan not in spoken_plans(self.backend, tmp_path / "check"):
-            pytest.skip(f"the {self.backend} backend does not speak this plan's layers")
-        mine = runs(self.backend, plan, self.nproc)
-        reference = runs("torch", plan, self.nproc)
-        assert max_relative_difference(step_losses(mine), step_losses(reference)) <= PARITY_TOLERANCE
-        assert_same_eval(
-            summary(mine)["eval"], summary(reference)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1
-        )
-
-    def test_starts_from_the_torch_reference_s_weights(self, runs: RunCache, tmp_path: Path) -> None:
-        """``--init-from`` a finished torch run: this backend's first (step-0) evaluation of
-        the neutral weights is torch's final evaluation, within parity tolerance."""
-        source = runs("torch", "dropout_mlp", self.nproc)
-        plan = write_plan(tmp_path, "dropout_mlp")
-        started = start_from(self.backend, plan, source, tmp_path / "run", self.nproc)
-        assert_same_eval(started, summary(source)["eval"], loss_tolerance=PARITY_TOLERANCE, flips=1)
-
-    def test_resumes_across_frameworks(self, runs: RunCache, tmp_path: Path) -> None:
-        """A checkpoint's neutral weights and optimizer slots continue on the other framework:
-        trained on this backend and resumed on torch, and the other way round, each run's
-        steps agree with an uninterrupted torch run within parity tolerance."""
-        plan = write_plan(tmp_path, "dropout_mlp")
-        reference = step_losses(runs("torch", "dropout_mlp", self.nproc))
-        for first, then in ((self.backend, "torch"), ("torch", self.backend)):
-            out = fail_then_resume(first, plan, tmp_path / f"{first}-then-{then}", self.nproc, then)
-            assert summary(out)["backend"] == then
-            assert max_relative_difference(step_losses(out), reference) <= PARITY_TOLERANCE
-
-
-# --------------------------------------------------------------------------- the feed
-
-#: the plans whose rows the feed checks read, with their settings, by the kinds of rows
-#: they make: arrays; arrays scaled (a table's standardized columns); token windows, and
-#: with each epoch's window offsets shifted windows; a memory-mapped file's uint8 rows
-#: scaled, each part a view of the file; image files decoded, augmented and mixed, and
-#: their mixed labels
-FEED_PLANS: dict[str, tuple[str, ...]] = {
-    "dropout_mlp": (),
-    "table": (),
-    "gpt": ("data.augment.window_offset=true",),
-    "scaled_images": (),
-    "image_folder": (),
-}
-#: plans whose rows are read on the host each step, whatever the placement asks
-HOST_READ_PLANS = ("image_folder",)
-
-
-@attrs.frozen
-class FeedUnderTest:
-    """A backend's feed given a plan's data sets: whether it placed them on the device, and a
-    batch's x and y as its model receives them (as numpy arrays)."""
-
-    placed: bool
-    rows: Callable[[Batch], tuple[np.ndarray, np.ndarray]]
-
-
-class FeedConformance:
-    """A backend's feed against core's rows protocol (:mod:`crosstrain.core.data.rows`):
-    every kind of rows a plan makes reaches the model in the dtype and with the values of
-    core's reference read (:func:`~crosstrain.core.data.rows.read_rows`), whether the data
-    sets are placed on the device or kept on the host. Subclass it in the backend's tests,
-    name the backend and implement :meth:`feed`."""
-
-    backend: ClassVar[str]
-
-    def feed(self, plan: Plan, datasets: Datasets) -> FeedUnderTest:
-        """The backend's feed with ``datasets`` handed to it as a run hands them over. This
-        one is a backend's without :class:`PlacesData`, whose model reads ``batch.x`` and
-        ``batch.y``: core's own read."""
-        return FeedUnderTest(False, lambda batch: (batch.x, batch.y))
-
-    @pytest.mark.parametrize("placement", ["device", "host"])
-    @pytest.mark.parametrize("name", list(FEED_PLANS))
-    def test_feed_gives_every_kind_of_rows_as_core_reads_them(
-        self, name: str, placement: str, tmp_path: Path
-    ) -> None:
-        """Rows 3, 0, 3 and the last of each part, training rows read in an epoch (images
-        augmented, labels mixed, windows shifted) and eval rows without one. Rows read on
-        the host each step are never placed: their plans ask for "auto" instead."""
-        host_read = name in HOST_READ_PLANS
-        asked = "auto" if host_read and placement == "device" else placement
-        plan = load_plan(write_plan(tmp_path, name), [*FEED_PLANS[name], f"data.placement='{asked}'"])
-        datasets = load_datasets(plan)
-        fed = self.feed(plan, datasets)
-        places_data = isinstance(get_backend(make_plugin_manager(), self.backend)(), PlacesData)
-        assert fed.placed == (placement == "device" and not host_read and places_data)
-        for part, epoch in _parts_as_read(plan, datasets):
-            indices = np.array([3, 0, 3, len(part) - 1])
-            batch = Batch.of_rows(part, indices, np.ones(4, np.float32), np.arange(4), epoch)
-            for got, rows in zip(fed.rows(batch), (part.x, part.y), strict=True):
-                expected = read_rows(rows, indices, epoch)
-                assert got.dtype == expected.dtype, (type(rows).__name__, got.dtype, expected.dtype)
-                assert np.array_equal(got, expected), type(rows).__name__
-
-
-def _parts_as_read(plan: Plan, datasets: Datasets) -> list[tuple[ArrayDataset, int | None]]:
-    """Each part of the data sets with the epoch a run reads it in: the training rows in
-    epoch 1 (as that epoch moves them, when it does), the eval rows in none."""
-    parts: list[tuple[ArrayDataset, int | None]] = [(datasets.train, 1)]
-    moved = epoch_rows(datasets.train, plan, 1)
-    if moved is not datasets.train:
-        parts.append((moved, 1))
-    if datasets.eval is not None:
-        parts.append((datasets.eval, None))
-    return parts
