@@ -48,13 +48,16 @@ import numpy as np
 import pytest
 
 from crosstrain.core.data.batches import GlobalSampler
+from crosstrain.core.errors import PlanError
 from crosstrain.core.run.checkpoint import complete_checkpoints, load_checkpoint
 from crosstrain.core.run.loading import load_datasets
 from crosstrain.core.run.strategy import PlacesData, Predicts, SkipsNonFiniteSteps
+from crosstrain.core.spec.plan import SHARD_MODES
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import (
     CORE_VOCABULARY,
     SpeaksVocabulary,
+    check_shard_mode,
     missing_names,
 )
 from crosstrain.plugins.manager import get_backend, make_plugin_manager
@@ -81,6 +84,13 @@ from crosstrain.testing.run_checks import (
 )
 from crosstrain.testing.runs import assert_same_eval, max_relative_difference, step_losses, summary
 
+#: sharded against unsharded at the same world (fp32): the same arithmetic reduced in other
+#: pieces at most (FSDP2's reduce-scatter against DDP's all-reduce: the same bits measured)
+SHARD_TOLERANCE = 1e-6
+#: what each shard mode divides among the replicas (summary.json's ``memory_per_rank`` parts)
+SHARDED_PARTS = {"optimizer": ("optimizer",), "full": ("parameters", "gradients", "optimizer")}
+#: a sharded rank's share above 1/N: a dimension that does not divide by N splits unevenly
+SHARE_SLACK = 0.05
 #: the plans trained with their data placed on the device (``data.placement = "device"``):
 #: arrays, token windows, and uint8 rows of a memory-mapped file scaled where the model runs
 PLACED_PLANS = ("dropout_mlp", "gpt2_small", "scaled_images")
@@ -183,6 +193,52 @@ class BackendConformance(SharesRuns):
         assert max_relative_difference(step_losses(varied), step_losses(plain)) <= WORLD_TOLERANCE
         assert_same_eval(summary(varied)["eval"], summary(plain)["eval"], loss_tolerance=WORLD_TOLERANCE)
         return varied
+
+    @pytest.mark.parametrize("mode", [mode for mode in SHARD_MODES if mode != "none"])
+    def test_a_sharded_run_trains_like_the_unsharded_one(
+        self, world_runs: WorldRuns, mode: str, tmp_path: Path
+    ) -> None:
+        """``train.shard`` changes what each replica holds, not what it computes: the world-N
+        dropout MLP's steps and eval within SHARD_TOLERANCE of the unsharded run's, and the
+        largest rank holding its share of the memory (``memory_per_rank``). A mode the backend
+        does not declare is refused before launch, naming the field."""
+        if self._refuses_shard_mode(mode, tmp_path):
+            pytest.skip(f"the {self.backend} backend has no shard mode {mode!r}")
+        plain = world_runs["dropout_mlp"][1]
+        sharded = world_runs.runs(self.backend, "dropout_mlp", self.nproc, f"train.shard='{mode}'")
+        assert max_relative_difference(step_losses(sharded), step_losses(plain)) <= SHARD_TOLERANCE
+        assert_same_eval(summary(sharded)["eval"], summary(plain)["eval"], loss_tolerance=SHARD_TOLERANCE)
+        replicated, held = summary(plain)["memory_per_rank"], summary(sharded)["memory_per_rank"]
+        parts = SHARDED_PARTS[mode]
+        share = sum(held[part] for part in parts) / sum(replicated[part] for part in parts)
+        assert share <= 1 / self.nproc + SHARE_SLACK, (mode, held, replicated)
+
+    @pytest.mark.parametrize("mode", [mode for mode in SHARD_MODES if mode != "none"])
+    def test_a_sharded_run_resumes_exactly(self, world_runs: WorldRuns, mode: str, tmp_path: Path) -> None:
+        """A sharded run killed at FAIL_STEP and resumed from its folder alone takes exactly
+        the uninterrupted sharded run's steps: each rank's shards of the weights and of the
+        optimizer's state come back from the neutral checkpoint."""
+        if self._refuses_shard_mode(mode, tmp_path):
+            pytest.skip(f"the {self.backend} backend has no shard mode {mode!r}")
+        setting = f"train.shard='{mode}'"
+        uninterrupted = world_runs.runs(self.backend, "dropout_mlp", self.nproc, setting)
+        plan = write_plan(tmp_path, "dropout_mlp")
+        resumed = fail_then_resume(self.backend, plan, tmp_path / "run", self.nproc, settings=(setting,))
+        assert np.array_equal(step_losses(resumed), step_losses(uninterrupted))
+        assert summary(resumed)["eval"] == summary(uninterrupted)["eval"]
+
+    def _refuses_shard_mode(self, mode: str, directory: Path) -> bool:
+        """Whether the backend lacks ``mode``; if so, that admission refuses it in one line
+        naming ``train.shard`` (checked in this process: the refusal comes before launch)."""
+        strategy = get_backend(make_plugin_manager(), self.backend)()
+        vocabulary = strategy.vocabulary() if isinstance(strategy, SpeaksVocabulary) else None
+        if vocabulary is not None and mode in vocabulary.shard:
+            return False
+        plan = load_plan(write_plan(directory / "refused", "dropout_mlp"), [f"train.shard='{mode}'"])
+        with pytest.raises(PlanError, match=r"train\.shard") as refused:
+            check_shard_mode(plan, vocabulary, self.backend)
+        assert "\n" not in str(refused.value)
+        return True
 
     def test_the_digits_example_reaches_95_percent(self, tmp_path: Path) -> None:
         """The README's example, whole (20 epochs), at world N: real accuracy, a summary that

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from crosstrain.core.admission.runfolder import read_launch_record
@@ -51,20 +52,26 @@ def assert_failed_naming_the_rank(result: subprocess.CompletedProcess[str], erro
 
 
 def fail_then_resume(
-    backend: str, plan: Path, out: Path, nproc: int, resume_backend: str | None = None
+    backend: str,
+    plan: Path,
+    out: Path,
+    nproc: int,
+    resume_backend: str | None = None,
+    settings: Sequence[str] = (),
 ) -> Path:
-    """Train ``plan`` for STEPS steps with checkpoints; a rank dies at FAIL_STEP; then
-    ``--resume`` finishes the run from the run folder alone: no plan file, none of the
-    run's ``--set`` overrides or layout flags typed again (``--backend resume_backend``
-    alone, when given, overrides its backend), so it continues on the run's own world and
-    device. Its checkpoints are then those of a run never interrupted. The failed run leaves
-    no worker's traceback file in its temporary folder."""
+    """Train ``plan`` (with the ``--set`` ``settings``) for STEPS steps with checkpoints; a
+    rank dies at FAIL_STEP; then ``--resume`` finishes the run from the run folder alone: no
+    plan file, none of the run's ``--set`` overrides or layout flags typed again
+    (``--backend resume_backend`` alone, when given, overrides its backend), so it continues
+    on the run's own world and device. Its checkpoints are then those of a run never
+    interrupted. The failed run leaves no worker's traceback file in its temporary folder."""
     common = ("--nproc", str(nproc), "--device", "cpu", "--out", str(out))
     temporary = out.with_name(f"{out.name}-tmp")
     temporary.mkdir(parents=True)
     failed = run_cli(
         "-p", "no:progress", "-p", "crosstrain.testing.faults", "run", str(plan), "--backend", backend,
         *common, "--set", f"train.max_steps={STEPS}", *RESUME_SETTINGS,
+        *(item for setting in settings for item in ("--set", setting)),
         env={"CROSSTRAIN_TEST_FAIL_STEP": str(FAIL_STEP), "TMPDIR": str(temporary)},
     )  # fmt: skip
     assert_failed_naming_the_rank(failed, f"RuntimeError: injected failure at step {FAIL_STEP}")
