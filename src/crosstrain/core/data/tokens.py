@@ -33,20 +33,18 @@ class TranslatesTokenWindows(Protocol[Translation]):
     def windows(self, rows: TokenWindows) -> Translation: ...
 
 
-class TokenWindows:
-    """Rows ``first .. first+count`` of a token array cut into windows of ``length``:
-    row i is ``tokens[(first+i)*length + offset : ... + length]`` (offset 1 gives the
-    next-token targets of offset 0's inputs)."""
+class WindowedRows:
+    """What every kind of token windows shares: row i is ``length`` tokens of ``tokens`` read
+    from :meth:`starts` (i), as ``dtype``; read by index, never loaded whole."""
 
-    def __init__(
-        self, tokens: np.ndarray, length: int, first: int, count: int, offset: int, dtype: Any
-    ) -> None:
-        self.tokens = tokens
-        self.length = length
-        self.first = first
-        self.count = count
-        self.offset = offset
-        self.dtype = np.dtype(dtype)
+    tokens: np.ndarray
+    length: int
+    count: int
+    dtype: np.dtype[Any]
+
+    def starts(self, rows: np.ndarray) -> np.ndarray:
+        """Where rows ``rows`` (a 1-D array of row numbers) start in ``tokens``."""
+        raise NotImplementedError
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -57,7 +55,7 @@ class TokenWindows:
 
     def __getitem__(self, indices: Any) -> np.ndarray:
         rows = np.arange(self.count)[indices]  # any index numpy takes, bounds checked
-        starts = (self.first + np.atleast_1d(rows)) * self.length + self.offset
+        starts = self.starts(np.atleast_1d(rows))
         window = self.tokens[starts[:, None] + np.arange(self.length)[None, :]]
         window = window.astype(self.dtype)
         return window if np.ndim(rows) else window[0]
@@ -72,6 +70,25 @@ class TokenWindows:
     def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None:
         """None: a window is more than a gather of rows."""
         return None
+
+
+class TokenWindows(WindowedRows):
+    """Rows ``first .. first+count`` of a token array cut into windows of ``length``:
+    row i is ``tokens[(first+i)*length + offset : ... + length]`` (offset 1 gives the
+    next-token targets of offset 0's inputs)."""
+
+    def __init__(
+        self, tokens: np.ndarray, length: int, first: int, count: int, offset: int, dtype: Any
+    ) -> None:
+        self.tokens = tokens
+        self.length = length
+        self.first = first
+        self.count = count
+        self.offset = offset
+        self.dtype = np.dtype(dtype)
+
+    def starts(self, rows: np.ndarray) -> np.ndarray:
+        return (self.first + rows) * self.length + self.offset
 
     def translate(self, translator: TranslatesTokenWindows[Translated]) -> Translated:
         return translator.windows(self)

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
-from crosstrain.core.data.arrays import StoredRows, Translated, Translation
-from crosstrain.core.data.tokens import TokenWindows, cache_dir, write_atomically
+from crosstrain.core.data.arrays import Translated, Translation
+from crosstrain.core.data.tokens import TokenWindows, WindowedRows, cache_dir, write_atomically
 from crosstrain.core.errors import InputError, PlanError
 from crosstrain.core.hashing import MASK32, mix
 
@@ -183,7 +183,7 @@ class TranslatesShiftedWindows(Protocol[Translation]):
     def host(self, rows: ShiftedWindows) -> Translation: ...
 
 
-class ShiftedWindows:
+class ShiftedWindows(WindowedRows):
     """Token windows read ``shifts[i]`` tokens later than row i of ``windows`` (one epoch's
     draws). Not a :class:`TokenWindows`: a backend that places token windows on its device
     gathers them without shifts, so these are read on the host."""
@@ -191,37 +191,16 @@ class ShiftedWindows:
     def __init__(self, windows: TokenWindows, shifts: np.ndarray) -> None:
         self.windows = windows
         self.shifts = shifts
+        self.tokens, self.length, self.count, self.dtype = (
+            windows.tokens,
+            windows.length,
+            windows.count,
+            windows.dtype,
+        )
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.windows.shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        dtype: np.dtype[Any] = self.windows.dtype
-        return dtype
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def __getitem__(self, indices: Any) -> np.ndarray:
-        windows = self.windows
-        rows = np.arange(windows.count)[indices]
-        flat = np.atleast_1d(rows)
-        starts = (windows.first + flat) * windows.length + windows.offset + self.shifts[flat]
-        positions = starts[:, None] + np.arange(windows.length)[None, :]
-        window = np.asarray(windows.tokens[positions], windows.dtype)
-        return window if np.ndim(rows) else np.asarray(window[0])
-
-    def take(self, indices: np.ndarray) -> np.ndarray:
-        return self[indices]
-
-    def gather(self, indices: np.ndarray, epoch: int | None = None) -> np.ndarray:
-        return self[indices]
-
-    def stored(self, indices: np.ndarray, epoch: int | None = None) -> StoredRows | None:
-        """None: a window is more than a gather of rows."""
-        return None
+    def starts(self, rows: np.ndarray) -> np.ndarray:
+        shifted: np.ndarray = self.windows.starts(rows) + self.shifts[rows]
+        return shifted
 
     def translate(self, translator: TranslatesShiftedWindows[Translated]) -> Translated:
         return translator.host(self)
