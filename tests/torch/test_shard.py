@@ -118,10 +118,6 @@ def test_an_optimizer_sharded_checkpoint_resumes_unsharded_exactly(runs: RunCach
             "train.shard: train.shard = 'optimizer' with train.compile",
         ),
         (
-            ("train.shard='optimizer'", "train.precision='fp16'"),
-            "train.shard: train.shard = 'optimizer' with train.precision = 'fp16'",
-        ),
-        (
             ("train.shard='full'", "train.compile=true"),
             "train.shard: train.shard = 'full' with train.compile",
         ),
