@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import torch
 
-from crosstrain.backends.torch.sharding import is_sharded, local
+from crosstrain.backends.torch.sharding import is_sharded, local, local_optimizer
 from crosstrain.core.run.checkpoint import StreamedTensors
 from crosstrain.core.spec.plan import OptimizerSpec
+
+if TYPE_CHECKING:
+    from crosstrain.backends.torch.zero import ShardedStateOptimizer
 
 Params = list[torch.nn.Parameter]
 #: (parameters, the plan's optimizer, fused, capturable) -> torch.optim's keyword arguments
@@ -92,12 +95,15 @@ def make_optimizer(
     capturable: bool = False,
     loss_scaled: bool = False,
     undecayed: Collection[torch.nn.Parameter] = (),
+    sharded_state: bool = False,
 ) -> torch.optim.Optimizer:
     """The plan's optimizer over the trainable parameters (batch norm's running statistics
     are buffers, never optimized); ``fused`` on CUDA under ``train.compile`` or a CUDA
     graph, ``capturable`` under a CUDA graph; ``loss_scaled``: fp16's scaler steps it.
     ``undecayed`` (``optimizer.decay``): parameters in a group of their own without weight
-    decay; the groups share every other setting, the learning rate tensor included."""
+    decay; the groups share every other setting, the learning rate tensor included.
+    ``sharded_state`` (``train.shard = "optimizer"`` over several processes): the same
+    optimizer, its state split over the ranks (ZeRO-1, backends/torch/zero.py)."""
     row = OPTIMIZERS[spec.name]
     if loss_scaled and not row.fused_under_loss_scaling:
         fused = False
@@ -109,6 +115,10 @@ def make_optimizer(
     groups: list[dict[str, Any]] = [{"params": decayed}] if decayed else []
     if undecayed_group:
         groups.append({"params": undecayed_group, "weight_decay": 0.0})
+    if sharded_state:
+        from crosstrain.backends.torch.zero import ShardedStateOptimizer
+
+        return ShardedStateOptimizer(row.kind, groups, arguments)
     return row.kind(groups, **arguments)
 
 
@@ -131,7 +141,10 @@ def neutral_optimizer_state(
     then ``scalars`` (the loss scale's). Sharded slots are streamed: each gathered whole only
     when it is read (every rank reads them, in order; the scalars gather nothing)."""
     from crosstrain.backends.torch.model import neutral_shape, to_neutral
+    from crosstrain.backends.torch.zero import ShardedStateOptimizer
 
+    if isinstance(optimizer, ShardedStateOptimizer):
+        return _owned_optimizer_state(optimizer, parameters, counted_steps, scalars)
     slots = _row_of(optimizer).slots
     found: dict[str, tuple[torch.Tensor, tuple[int, ...] | None]] = {}
     steps: list[int] = []
@@ -160,6 +173,57 @@ def neutral_optimizer_state(
     return StreamedTensors(specs, read)
 
 
+def _owned_optimizer_state(
+    optimizer: ShardedStateOptimizer,
+    parameters: Layouts,
+    counted_steps: int,
+    scalars: Mapping[str, np.ndarray] | None,
+) -> StreamedTensors:
+    """:func:`neutral_optimizer_state` of a ZeRO-1 optimizer: each slot's pieces live on the
+    ranks that update them. The ranks first agree which slots exist and the step count (one
+    all-reduce); then each slot is gathered from its pieces' owners when it is read, so no
+    rank holds more than one whole slot beyond its own pieces."""
+    import torch.distributed as dist
+
+    from crosstrain.backends.torch.model import neutral_shape, to_neutral
+
+    slots = _row_of(optimizer.local).slots
+    keys = [(neutral, native, slot) for neutral in parameters for native, slot in slots.items()]
+    # one flag per slot (kept by its owners), then the largest step count (-1: none kept)
+    held = torch.tensor(
+        [int(optimizer.holds(parameters[neutral][0], native)) for neutral, native, _ in keys]
+        + [max(optimizer.steps_counted(), default=-1)],
+        dtype=torch.int64,
+        device=next(iter(parameters.values()))[0].device,
+    )
+    dist.all_reduce(held, op=dist.ReduceOp.MAX)
+    flags = held.tolist()
+    found = {
+        f"optimizer.{neutral}.{slot}": (neutral, native)
+        for (neutral, native, slot), flag in zip(keys, flags, strict=False)
+        if flag
+    }
+    counts = {
+        "optimizer.step": np.asarray(flags[-1] if flags[-1] >= 0 else counted_steps, np.int64),
+        **(scalars or {}),
+    }
+
+    def read(name: str) -> np.ndarray:
+        if name in counts:
+            return counts[name]
+        neutral, native = found[name]
+        param, axes = parameters[neutral]
+        return to_neutral(optimizer.gathered(param, native), axes)
+
+    specs = {
+        name: (neutral_shape(parameters[neutral][0].shape, parameters[neutral][1]),
+               _numpy_dtype(parameters[neutral][0].dtype))
+        for name, (neutral, _) in found.items()
+    }  # fmt: skip
+    specs.update((name, (value.shape, value.dtype)) for name, value in counts.items())
+    return StreamedTensors(specs, read)
+
+
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
     """The numpy dtype :func:`~crosstrain.backends.torch.model.to_neutral` gives a slot of
     ``dtype``: float32, or float64 for a float64 one."""
@@ -169,9 +233,13 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
 def load_neutral_optimizer_state(
     optimizer: torch.optim.Optimizer, parameters: Layouts, tensors: Mapping[str, np.ndarray]
 ) -> int:
-    """Set torch.optim's state from neutral slots; return the optimizer step count."""
+    """Set torch.optim's state from neutral slots; return the optimizer step count. A ZeRO-1
+    optimizer keeps the slots of the parameters this rank updates only."""
     from crosstrain.backends.torch.model import from_neutral
+    from crosstrain.backends.torch.zero import ShardedStateOptimizer
 
+    sharded = optimizer if isinstance(optimizer, ShardedStateOptimizer) else None
+    optimizer = local_optimizer(optimizer)
     row = _row_of(optimizer)
     step = int(np.asarray(tensors.get("optimizer.step", 0)))
     given = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
@@ -192,7 +260,9 @@ def load_neutral_optimizer_state(
                 if fused
                 else torch.tensor(float(step), dtype=torch.get_default_dtype())
             )
-        if entry:
+        if sharded is not None:  # this rank's pieces of each slot
+            sharded.load(param, entry)
+        elif entry:
             optimizer.state[param] = entry
         else:
             optimizer.state.pop(param, None)

@@ -1,4 +1,7 @@
-"""``train.shard = "full"`` on torch: FSDP2 (``torch.distributed.fsdp.fully_shard``).
+"""``train.shard`` on torch: ``"full"``, FSDP2 (``torch.distributed.fsdp.fully_shard``);
+``"optimizer"``, ZeRO-1 under DDP (backends/torch/zero.py).
+
+``"full"``:
 
 Each rank holds 1/N of every parameter (dim 0, torch.chunk's split), of its gradient and
 of the optimizer's slots, as DTensors over a one-dimensional DeviceMesh of the world (gloo
@@ -13,6 +16,10 @@ forward runs under the same autocast (no ``MixedPrecisionPolicy``: its bf16 para
 would round differently from autocast's per-op casts); the norm ``clip_grad_norm`` clips
 to is the global one (``torch.nn.utils.clip_grad_norm_`` sums the shards' squares).
 At world 1 a plan sharded "full" runs the plain module: one rank's shard is everything.
+
+``"optimizer"``: DDP as for ``"none"``, and the optimizer's state split over the ranks
+(:class:`crosstrain.backends.torch.zero.ShardedStateOptimizer`). At world 1 it is the
+plain optimizer.
 
 DTensor's module takes half a second to import: nothing here imports it until a run shards
 (:func:`is_sharded` asks only once it is loaded).
@@ -42,31 +49,41 @@ def _loss_scaled(plan: Plan) -> bool:
     return plan.train.precision == "fp16"
 
 
-#: combinations ``train.shard = "full"`` does not train yet: (whether the plan asks for it,
+#: combinations a shard mode does not train yet: mode -> (whether the plan asks for it,
 #: the setting, why)
-_REFUSED: tuple[tuple[Callable[[Plan], bool], str, str], ...] = (
-    (
-        _compiled,
-        "train.compile",
-        "torch.compile over FSDP2's gathers is not wired yet; set train.compile = false",
+_REFUSED: dict[str, tuple[tuple[Callable[[Plan], bool], str, str], ...]] = {
+    "full": (
+        (
+            _compiled,
+            "train.compile",
+            "torch.compile over FSDP2's gathers is not wired yet; set train.compile = false",
+        ),
+        (
+            _loss_scaled,
+            "train.precision = 'fp16'",
+            "fp16's loss scaler would find overflows in each rank's shard alone (no sharded "
+            "scaler yet); use bf16 or fp32",
+        ),
     ),
-    (
-        _loss_scaled,
-        "train.precision = 'fp16'",
-        "fp16's loss scaler would find overflows in each rank's shard alone (no sharded "
-        "scaler yet); use bf16 or fp32",
+    # ZeRO-1 runs DDP's step and steps through fp16's scaler as DDP does (every rank
+    # unscales and checks the whole averaged gradients: measured bit for bit with "none")
+    "optimizer": (
+        (
+            _compiled,
+            "train.compile",
+            "the compiled step with the ZeRO-1 optimizer is not proven equal yet; set train.compile = false",
+        ),
     ),
-)
+}
 
 
 def check_shardable(plan: Plan) -> None:
-    """Refuse, before launch, what ``train.shard = "full"`` cannot combine with yet."""
-    if plan.train.shard != "full":
-        return
-    for refused, setting, reason in _REFUSED:
+    """Refuse, before launch, what the plan's ``train.shard`` cannot combine with yet."""
+    mode = plan.train.shard
+    for refused, setting, reason in _REFUSED.get(mode, ()):
         if refused(plan):
             raise PlanError(
-                f"train.shard = 'full' with {setting}: {reason}", field="train.shard", source=plan.source
+                f"train.shard = '{mode}' with {setting}: {reason}", field="train.shard", source=plan.source
             )
 
 
@@ -137,12 +154,19 @@ def copy_whole(target: torch.Tensor, value: torch.Tensor) -> None:
         target.copy_(value)
 
 
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch.optim optimizer that updates this rank's parameters and holds their state:
+    a ZeRO-1 optimizer's local one (backends/torch/zero.py); any other optimizer itself."""
+    return getattr(optimizer, "local", optimizer)
+
+
 def memory_held(state: TorchState) -> dict[str, int]:
     """The bytes this rank holds (local shards only): the parameters, a gradient for each
     trainable one (in its dtype; gradients are freed between steps, so counted from the
-    parameters they match), and every tensor of the optimizer's state."""
+    parameters they match), and every tensor of the optimizer's state (ZeRO-1: the local
+    optimizer's, of the parameters this rank updates)."""
     parameters = list(state.module.parameters())
-    slots = [value for entry in state.optimizer.state.values() for value in entry.values()]
+    slots = [value for entry in local_optimizer(state.optimizer).state.values() for value in entry.values()]
     optimizer = [value for value in slots if torch.is_tensor(value)]
     return {
         "parameters": sum(_bytes(param) for param in parameters),

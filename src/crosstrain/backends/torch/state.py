@@ -27,7 +27,7 @@ class TorchState:
     module: torch.nn.Module  # the unwrapped model: weights are read and written here
     model: torch.nn.Module  # what runs forward: DDP(module) when there are several processes
     #                         (sharded: the module itself, FSDP2's hooks on it)
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer  # ZeRO-1 (train.shard = "optimizer"): zero.ShardedStateOptimizer
     scaler: torch.amp.GradScaler | None
     plan: Plan
     feed: Feed  # where the data sits and how a batch's rows reach the device

@@ -1,5 +1,5 @@
-"""TorchStrategy: DDP over gloo or NCCL (FSDP2 under ``train.shard = "full"``); plain
-module at world size 1.
+"""TorchStrategy: DDP over gloo or NCCL (FSDP2 under ``train.shard = "full"``; DDP with
+ZeroRedundancyOptimizer under ``"optimizer"``); plain module at world size 1.
 
 This module imports torch only inside methods, so ``crosstrain backends`` can list
 the backend (and say torch is missing) on a machine without torch.
@@ -47,13 +47,11 @@ def _no_buffer_sync(ddp: type) -> dict[str, Any]:
     )
 
 
-#: the ``train.shard`` modes torch trains (FSDP2 for "full": backends/torch/sharding.py)
-SHARD_MODES = ("none", "full")
-#: and why not the others (its vocabulary's refusal line)
-UNSHARDED = {
-    "optimizer": "ZeRO-1 (torch's ZeroRedundancyOptimizer under DDP) is not wired yet; "
-    "'full' shards the optimizer's state too",
-}
+#: the ``train.shard`` modes torch trains (FSDP2 for "full", ZeroRedundancyOptimizer for
+#: "optimizer": backends/torch/sharding.py)
+SHARD_MODES = ("none", "optimizer", "full")
+#: and why not the others (its vocabulary's refusal line): it trains every mode
+UNSHARDED: dict[str, str] = {}
 
 
 class TorchStrategy:
@@ -158,6 +156,7 @@ class TorchStrategy:
             capturable=graphed,
             loss_scaled=scaler is not None,
             undecayed=undecayed_parameters(module, plan),
+            sharded_state=plan.train.shard == "optimizer" and self._distributed(),
         )
         if plan.train.compile:
             mode = self._compile_mode(plan)
