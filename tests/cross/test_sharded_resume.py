@@ -4,18 +4,16 @@ and its steps 7-12 are the sharded run's within parity."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from crosstrain.core.errors import PlanError
-from crosstrain.core.run.checkpoint import complete_checkpoints
 from crosstrain.core.spec.planfile import load_plan
 from crosstrain.core.spec.vocabulary import check_shard_mode
-from crosstrain.testing.launches import RunCache, run_cli
+from crosstrain.testing.launches import RunCache
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN
-from crosstrain.testing.run_checks import PARITY_TOLERANCE
+from crosstrain.testing.run_checks import PARITY_TOLERANCE, resume_a_copy
 from crosstrain.testing.runs import max_relative_difference, step_losses, summary
 
 pytest.importorskip("torch")
@@ -40,17 +38,10 @@ def test_tf_refuses_full_naming_why(tmp_path: Path) -> None:
 
 def test_a_sharded_torch_checkpoint_resumes_unsharded_on_tf(runs: RunCache, tmp_path: Path) -> None:
     sharded = runs("torch", "gpt2_small", 2, *SHARDED)
-    out = tmp_path / "run"
-    shutil.copytree(sharded, out)
-    for step, path in complete_checkpoints(out):
-        if step > 6:
-            shutil.rmtree(path)
-    resumed = run_cli(
-        "-p", "no:progress", "run", "--out", str(out), "--resume",
-        "--backend", "tf", "--nproc", "1", "--set", "train.shard='none'",
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert summary(out)["backend"] == "tf" and summary(out)["resumed_from_step"] == 6
+    out = resume_a_copy(
+        sharded, tmp_path / "run", 6, "--backend", "tf", "--nproc", "1", "--set", "train.shard='none'"
+    )
+    assert summary(out)["backend"] == "tf"
     assert summary(out)["world_size"] == 1
     losses, reference = step_losses(out), step_losses(sharded)
     assert len(losses) == len(reference) == 12

@@ -6,7 +6,6 @@ resume in the other mode exactly; what a mode cannot combine with is refused bef
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,11 +14,12 @@ import pytest
 
 from crosstrain.core.admission.checks import admit
 from crosstrain.core.errors import PlanError
-from crosstrain.core.run.checkpoint import complete_checkpoints, load_checkpoint
+from crosstrain.core.run.checkpoint import load_checkpoint
 from crosstrain.core.run.job import Job, Layout
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.testing.launches import RunCache, run_cli
+from crosstrain.testing.launches import RunCache
 from crosstrain.testing.plans import DROPOUT_MLP_PLAN
+from crosstrain.testing.run_checks import resume_a_copy
 from crosstrain.testing.runs import max_relative_difference, step_losses, summary
 
 pytest.importorskip("torch")
@@ -95,17 +95,8 @@ def test_optimizer_trains_like_the_unsharded_world_bit_for_bit_with_half_its_sta
 
 def test_an_optimizer_sharded_checkpoint_resumes_unsharded_exactly(runs: RunCache, tmp_path: Path) -> None:
     zero, plain = runs("torch", "gpt2_small", 2, *OPTIMIZER_SHARDED), runs("torch", "gpt2_small", 2)
-    out = tmp_path / "run"
-    shutil.copytree(zero, out)
-    for step, path in complete_checkpoints(out):
-        if step > 6:
-            shutil.rmtree(path)
-    resumed = run_cli(
-        "-p", "no:progress", "run", "--out", str(out), "--resume",
-        "--backend", "torch", "--nproc", "2", "--device", "cpu", "--set", "train.shard='none'",
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert summary(out)["resumed_from_step"] == 6
+    unsharded = ("--backend", "torch", "--nproc", "2", "--device", "cpu", "--set", "train.shard='none'")
+    out = resume_a_copy(zero, tmp_path / "run", 6, *unsharded)
     assert np.array_equal(step_losses(out), step_losses(plain))
     assert summary(out)["eval"] == summary(plain)["eval"]
 

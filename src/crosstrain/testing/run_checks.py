@@ -5,6 +5,7 @@ folder alone, a new run started from a finished run's weights, the plans a backe
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,6 +89,20 @@ def fail_then_resume(
     assert read_launch_record(out) == Layout(resume_backend or backend, nproc, device="cpu")
     every_checkpoint = [*range(CHECKPOINT_EVERY, STEPS, CHECKPOINT_EVERY), STEPS]  # and the end's
     assert [step for step, _ in complete_checkpoints(out)] == every_checkpoint[-3:]  # keep_checkpoints
+    return out
+
+
+def resume_a_copy(run: Path, out: Path, step: int, *flags: str) -> Path:
+    """A copy of the finished ``run`` in ``out`` cut back to its checkpoint of ``step`` (the
+    later ones removed), continued by ``--resume`` with ``flags`` (another backend, world or
+    shard mode); ``out``."""
+    shutil.copytree(run, out)
+    for later, path in complete_checkpoints(out):
+        if later > step:
+            shutil.rmtree(path)
+    resumed = run_cli("-p", "no:progress", "run", "--out", str(out), "--resume", *flags)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(out)["resumed_from_step"] == step
     return out
 
 
