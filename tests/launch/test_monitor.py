@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from crosstrain.core.run.heartbeat import Heartbeat
-from crosstrain.launch.monitor import STARTUP_SECONDS, StallMonitor
+import pytest
+
+from crosstrain.core.run.heartbeat import Beat, Heartbeat, heartbeat_path
+from crosstrain.launch.monitor import STARTUP_SECONDS, StallMonitor, a_peer_has_exited
 
 
 class Clock:
@@ -49,3 +54,22 @@ def test_a_rank_still_starting_has_the_start_up_deadline(tmp_path: Path) -> None
     stall = monitor.check()
     assert stall is not None and stall.rank == 1
     assert "after starting" in str(stall)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="read from /proc")
+def test_a_peer_that_exited_is_seen_while_it_waits_to_be_reaped(tmp_path: Path) -> None:
+    """A torch worker that fails right after a peer exited waits, so that the agent names
+    the peer: an exited worker is a zombie until the agent reaps it."""
+    Heartbeat(0, str(tmp_path)).beat("step")  # this process
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        heartbeat_path(tmp_path, 1).write_bytes(Beat(peer.pid, 1, 0, "step").encode())
+        assert not a_peer_has_exited(tmp_path)
+        peer.kill()
+        deadline = time.monotonic() + 10
+        while not a_peer_has_exited(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert peer.returncode is None and a_peer_has_exited(tmp_path)  # not reaped yet
+    finally:
+        peer.kill()
+        peer.wait()

@@ -4,6 +4,7 @@ record of each failed process (the shared launcher's order, tests/launch/test_su
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -19,10 +20,13 @@ pytestmark = pytest.mark.torch
 
 
 def _recorded(tmp_path: Path, local_rank: int, message: str, when: int) -> ProcessFailure:
-    """A failure with the error file that ``@record`` writes for a Python exception."""
-    path = tmp_path / f"error-{local_rank}.json"
+    """A failure with the error file that ``@record`` writes for a Python exception, where
+    the agent keeps it, written at ``when``."""
+    path = tmp_path / "attempt_0" / str(local_rank) / "error.json"
+    path.parent.mkdir(parents=True)
     extra = {"py_callstack": f"Traceback of {local_rank}", "timestamp": str(when)}
     path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+    os.utime(path, (when, when))
     return ProcessFailure(local_rank=local_rank, pid=100 + local_rank, exitcode=1, error_file=str(path))
 
 
@@ -53,6 +57,15 @@ def test_the_earliest_report_is_blamed(tmp_path: Path) -> None:
     assert (
         str(_worker_error(ChildFailedError("worker", failures))) == "rank 1 failed: RuntimeError: the cause"
     )
+
+
+def test_the_earliest_report_is_blamed_when_the_agent_listed_only_its_echo(tmp_path: Path) -> None:
+    """The agent lists the first failed worker its poll finds; the other workers' reports of
+    the attempt are read too."""
+    _recorded(tmp_path, 1, "RuntimeError: the cause", when=10)
+    failures = {2: _recorded(tmp_path, 0, "RuntimeError: Connection closed by peer", when=11)}
+    error = _worker_error(ChildFailedError("worker", failures))
+    assert str(error) == "rank 3 failed: RuntimeError: the cause"  # this machine's ranks: 2, 3
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ clock, taken when a rank's record changes, so no two clocks are ever compared.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -74,3 +76,21 @@ class StallMonitor:
         state = self.states[rank]
         count = state.beat.count if state.beat is not None else 0
         return (count, state.changed_at, rank)
+
+
+def a_peer_has_exited(folder: Path) -> bool:
+    """Whether a rank that beat in ``folder`` has exited (this process aside): a failure
+    now is likely the echo of that peer's (its collective broke). A worker that exited
+    stays a zombie until its launcher reaps it. Only Linux says (``/proc``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    pids = {beat.pid for path in folder.glob("rank-*") if (beat := read_beat(path)) is not None}
+    return any(not _running(pid) for pid in pids - {os.getpid()})
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # zombie, dead

@@ -124,7 +124,7 @@ def train_function(
         # a float64 division: the same bits as float(total) / normaliser on the host
         return total / normaliser, distribution.experimental_local_results(finite)[0]
 
-    return tf.function(train_function)
+    return tf.function(train_function, autograph=False)
 
 
 def eval_function(distribution: Any, local: int, model: Any, plan: Plan, fetch: Fetch) -> Any:
@@ -153,7 +153,7 @@ def eval_function(distribution: Any, local: int, model: Any, plan: Plan, fetch: 
         per_replica = distribution.run(replica_eval, args=(inputs, weight, rows))
         return distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    return tf.function(eval_function)
+    return tf.function(eval_function, autograph=False)
 
 
 def eval_names(plan: Plan) -> list[str]:

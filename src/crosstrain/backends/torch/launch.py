@@ -11,10 +11,12 @@ SIGINT/SIGTERM ending as :class:`Interrupted` rather than a traceback.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import os
 import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -52,6 +54,16 @@ from crosstrain.launch.outcomes import blame_order, describe_exit, log_failure
 
 _MONITOR_SECONDS = 0.2
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: what every worker imports beyond what launching imported: a forked worker finds them loaded
+#: (torch._dynamo comes with the first optimizer and DDP, over a second of CPU per process)
+_WORKER_MODULES = (
+    "torch._dynamo",
+    "torch.nn.parallel",
+    "crosstrain.backends.torch.feed",
+    "crosstrain.backends.torch.model",
+    "crosstrain.backends.torch.optimizer",
+    "crosstrain.backends.torch.steps",
+)
 
 
 def check_layout(job: Job) -> None:
@@ -142,11 +154,23 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
         local_addr="127.0.0.1" if host in _LOOPBACK else None,
         max_restarts=job.launch.max_restarts,  # each restart resumes (see worker.worker_main)
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=_start_method(job),
         # the agent's logs and error files in the launch folder, removed with it (by default
         # every run leaves a torchelastic_* folder in /tmp)
         logs_specs=DefaultLogsSpecs(log_dir=str(folder / "elastic")),
     )
+
+
+def _start_method(job: Job) -> str:
+    """Workers on the CPU are forked from this process, once it has imported what they need:
+    a spawned worker spends about four CPU-seconds importing torch again before its first step.
+    Workers on GPUs are spawned: a process forked after CUDA was initialised (asking torch for
+    the GPUs does that) cannot use CUDA; nor is fork sound outside Linux."""
+    if not sys.platform.startswith("linux") or resolve_device(job.device) != "cpu":
+        return "spawn"
+    for name in _WORKER_MODULES:
+        importlib.import_module(name)
+    return "fork"
 
 
 @contextlib.contextmanager
@@ -210,7 +234,7 @@ def _temporary_files_in(folder: Path) -> Iterator[None]:
     agent runs: torch.multiprocessing gives each worker a ``pytorch-errorfile-*.pickle`` for
     its traceback and never removes the file of a worker that raised, so every failed run
     left one per failed rank in /tmp. The workers' own temporary folder is unchanged
-    (torch.compile's cache lives there)."""
+    (torch.compile's cache lives there; a forked worker resets it, :func:`worker_main`)."""
     saved = tempfile.tempdir
     tempfile.tempdir = str(folder)
     try:
@@ -235,7 +259,7 @@ def _quiet_elastic_logs() -> None:
 
 
 def _worker_error(failure: ChildFailedError) -> WorkerError:
-    rank, first = min(failure.failures.items(), key=lambda item: (_blame(item[1]), item[0]))
+    rank, first = min(_every_failure(failure).items(), key=lambda item: (_blame(item[1]), item[0]))
     if first.exitcode < 0:  # killed by a signal: said as the shared launcher says it
         return WorkerError(rank, describe_exit(first.exitcode))
     message = first.message if isinstance(first.message, str) else str(first.message.get("message", ""))
@@ -253,6 +277,25 @@ def _worker_error(failure: ChildFailedError) -> WorkerError:
     return WorkerError(rank, line, traceback_text)
 
 
+def _every_failure(failure: ChildFailedError) -> dict[int, ProcessFailure]:
+    """The agent reports the first failed worker its poll finds; when one rank raises and its
+    peers fail in the same instant (their collective broke), that may be a peer. So every
+    report (``@record``'s error.json) of the failed attempt's workers is read, and the blame
+    order picks the cause. The agent keeps them as ``attempt_N/<local rank>/error.json``."""
+    failures = dict(failure.failures)
+    for rank, seen in failure.failures.items():
+        if not seen.error_file:
+            continue
+        offset = rank - seen.local_rank  # this machine's ranks are consecutive
+        for report in Path(seen.error_file).parent.parent.glob("*/error.json"):
+            local_rank = int(report.parent.name)
+            failures.setdefault(
+                offset + local_rank,
+                ProcessFailure(local_rank=local_rank, pid=-1, exitcode=1, error_file=str(report)),
+            )
+    return failures
+
+
 def _bad_input_errors() -> set[str]:
     """The names, as torch's error file gives an exception's type, of the errors of bad input
     (exit code 2: a plan field, a data file, a checkpoint), which the shared launcher reads
@@ -268,7 +311,9 @@ def _bad_input_errors() -> set[str]:
 
 def _blame(failure: ProcessFailure) -> tuple[int, float]:
     """The shared launcher's order (:func:`blame_order`); a report is the error file that
-    ``@record`` writes, whose message is a mapping (a signal's made-up message is a string)."""
+    ``@record`` writes, whose message is a mapping (a signal's made-up message is a string).
+    When it was written is the file's own time: the report's timestamp counts whole seconds,
+    and a raising rank and the peer it broke report within milliseconds."""
     data = failure.error_file_data
     reported = isinstance(data, dict) and isinstance(data.get("message"), dict)
-    return blame_order(failure.exitcode, float(failure.timestamp) if reported else None)
+    return blame_order(failure.exitcode, os.stat(failure.error_file).st_mtime if reported else None)

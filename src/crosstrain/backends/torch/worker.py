@@ -13,7 +13,10 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,21 +25,29 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from crosstrain.backends.host import CPU_THREADS
 from crosstrain.core.errors import BackendError
-from crosstrain.core.run.heartbeat import collective_timeout
+from crosstrain.core.run.heartbeat import HEARTBEAT_DIR, collective_timeout
 from crosstrain.core.run.job import Job, World
 from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.launch import die_with_parent
+from crosstrain.launch.monitor import a_peer_has_exited
 from crosstrain.launch.environments import LocalEnvironment, TorchElasticEnvironment, detect_environment
 
 #: the launcher's process id, read by its workers to die with it (unset under torchrun)
 LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
 #: what builds a worker's strategy from its world and device: TorchStrategy itself
 StrategyMaker = Callable[[World, str], DistributedStrategy]
+#: how long a failed rank watches for a peer's exit (a killed peer's sockets close before
+#: its process is gone), and then waits for the agent to see that exit: the agent names the
+#: first exited worker its poll (every 0.1 s) finds, which must be the peer
+_ECHO_WINDOW_SECONDS, _ECHO_DELAY_SECONDS = 0.3, 0.5
 
 
 def resolve_device(choice: str) -> str:
-    """'auto' is the GPU when there is one; 'gpu' without one is an error, not a silent CPU run."""
+    """'auto' is the GPU when there is one; 'gpu' without one is an error, not a silent CPU run.
+    'cpu' asks CUDA nothing (a worker forked after its launcher asked could not)."""
+    if choice == "cpu":
+        return "cpu"
     has_gpu = torch.cuda.is_available()
     if choice == "gpu" and not has_gpu:
         raise BackendError("--device gpu, but torch sees no CUDA GPU")
@@ -52,18 +63,42 @@ def worker_main(job: Job, make_strategy: StrategyMaker) -> dict[str, Any]:
     job = attempt_job(job, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     try:
         return run_worker(make_strategy(world, device), job)
+    except BaseException:
+        _let_the_cause_exit_first()
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+def _let_the_cause_exit_first() -> None:
+    """A failure right after a peer exited is most likely that peer's echo (a collective it
+    broke): waiting a moment lets the agent see the peer's exit, with its signal or report,
+    first. The launcher's heartbeat folder tells which peers exited."""
+    folder = os.environ.get(HEARTBEAT_DIR)
+    if folder is None:
+        return
+    watch_until = time.monotonic() + _ECHO_WINDOW_SECONDS
+    while not a_peer_has_exited(Path(folder)):
+        if time.monotonic() > watch_until:
+            return
+        time.sleep(0.02)
+    time.sleep(_ECHO_DELAY_SECONDS)
+
+
 def _die_with_launcher() -> None:
     """SIGKILL when the launcher dies (torch's own parent-death signal is SIGINT, which a
     worker blocked in a collective does not act on), and a quiet exit on SIGINT: the
-    launcher, which gets a terminal's Ctrl-C too, reports the interruption once."""
+    launcher, which gets a terminal's Ctrl-C too, reports the interruption once.
+    A worker forked from the launcher (on a CPU) drops what it inherited from it: the agent's
+    signal handlers, which would make the agent's SIGTERM an exception that a worker blocked
+    in a collective never raises, and the launch folder as its temporary folder."""
     launcher = os.environ.get(LAUNCHER_PID)
     if launcher is None:  # joined a torchrun group: this process is the CLI, torchrun the agent
         return
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_DFL)
+    tempfile.tempdir = None
     die_with_parent(int(launcher))
     signal.signal(signal.SIGINT, lambda number, frame: os._exit(128 + number))
 
