@@ -30,8 +30,8 @@ from crosstrain.core.run.job import Job, World
 from crosstrain.core.run.strategy import DistributedStrategy
 from crosstrain.core.run.worker import attempt_job, run_worker
 from crosstrain.launch import die_with_parent
-from crosstrain.launch.monitor import a_peer_has_exited
 from crosstrain.launch.environments import LocalEnvironment, TorchElasticEnvironment, detect_environment
+from crosstrain.launch.monitor import a_peer_has_exited
 
 #: the launcher's process id, read by its workers to die with it (unset under torchrun)
 LAUNCHER_PID = "CROSSTRAIN_LAUNCHER_PID"
@@ -64,17 +64,25 @@ def worker_main(job: Job, make_strategy: StrategyMaker) -> dict[str, Any]:
     try:
         return run_worker(make_strategy(world, device), job)
     except BaseException:
+        _leave_the_group()  # peers waiting on this rank fail now, and end cleanly, while it waits
         _let_the_cause_exit_first()
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_the_group()
+
+
+def _leave_the_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _let_the_cause_exit_first() -> None:
     """A failure right after a peer exited is most likely that peer's echo (a collective it
     broke): waiting a moment lets the agent see the peer's exit, with its signal or report,
-    first. The launcher's heartbeat folder tells which peers exited."""
+    first. A failure with no peer gone yet (the cause) waits the window out, so that the
+    peers it broke finish their own ending (freeing what they hold) before the agent, which
+    stops the survivors of the first exit it sees, stops them. The launcher's heartbeat
+    folder tells which peers exited."""
     folder = os.environ.get(HEARTBEAT_DIR)
     if folder is None:
         return

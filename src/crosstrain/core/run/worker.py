@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import pluggy
 
+from crosstrain.core.data.sources.images import close_decode_pool
 from crosstrain.core.run.context import RunContext
 from crosstrain.core.run.job import Job
 from crosstrain.core.run.loop import fit, report_exception
@@ -59,3 +60,5 @@ def run_worker(strategy: DistributedStrategy, job: Job) -> dict[str, Any]:
         )
         report_exception(hook, early, error)
         raise
+    finally:
+        close_decode_pool()

@@ -256,6 +256,17 @@ def decode_pool() -> DecodePool:
     return _POOL
 
 
+def close_decode_pool() -> None:
+    """Stop this process's decoding workers and free their shared memory, if it started
+    them. A worker process calls it as it ends: a process that ends without running its exit
+    handlers (a torch worker forked by the elastic agent) would otherwise leave the buffers
+    to multiprocessing's resource tracker, which warns of them on the launcher's stderr."""
+    global _POOL
+    if _POOL is not None:
+        _POOL.close()
+        _POOL = None
+
+
 class ImageRows:
     """Rows of image files, read as float32 channels-last ``(h, w, 3)`` rows (stored
     uint8: :meth:`read` gives them so). Rows read with an epoch are augmented as drawn for
