@@ -1,6 +1,8 @@
-"""A checkpoint of a sharded torch run is neutral: tf, which shards nothing, refuses to train
-``"full"`` but resumes the sharded world-2 run's step-6 checkpoint unsharded at world 1,
-and its steps 7-12 are the sharded run's within parity."""
+"""A checkpoint of a sharded torch run is neutral: tf, which shards no parameters, refuses to
+train ``"full"`` but resumes the sharded world-2 run's step-6 checkpoint unsharded at world 1,
+and its steps 7-12 are the sharded run's within parity. Both frameworks shard the optimizer
+(``"optimizer"``, ZeRO-1) alike: the same steps within parity, and one framework's sharded
+checkpoint continues sharded on the other."""
 
 from __future__ import annotations
 
@@ -46,3 +48,19 @@ def test_a_sharded_torch_checkpoint_resumes_unsharded_on_tf(runs: RunCache, tmp_
     losses, reference = step_losses(out), step_losses(sharded)
     assert len(losses) == len(reference) == 12
     assert max_relative_difference(losses[6:], reference[6:]) <= PARITY_TOLERANCE
+
+
+#: the optimizer-sharded torch run, with the checkpoint tf continues from
+OPTIMIZER_SHARDED = ("train.shard='optimizer'", "output.checkpoint_every_steps=6")
+
+
+def test_torch_and_tf_shard_the_optimizer_alike_and_continue_each_other(
+    runs: RunCache, tmp_path: Path
+) -> None:
+    torch_run = runs("torch", "dropout_mlp", 2, *OPTIMIZER_SHARDED)
+    tf_run = runs("tf", "dropout_mlp", 2, *OPTIMIZER_SHARDED)
+    assert max_relative_difference(step_losses(tf_run)[:10], step_losses(torch_run)[:10]) <= PARITY_TOLERANCE
+    out = resume_a_copy(torch_run, tmp_path / "run", 6, "--backend", "tf")
+    assert (summary(out)["backend"], summary(out)["world_size"]) == ("tf", 2)
+    assert summary(out)["memory_per_rank"] == summary(tf_run)["memory_per_rank"]  # sharded on tf too
+    assert max_relative_difference(step_losses(out)[6:], step_losses(torch_run)[6:]) <= PARITY_TOLERANCE

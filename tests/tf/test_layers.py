@@ -78,9 +78,12 @@ def _close(actual: Any, expected: np.ndarray) -> None:
 def test_the_tables_cover_core_s_vocabulary() -> None:
     assert missing_names(table_vocabulary()) == {}
     assert table_vocabulary() == TfStrategy.vocabulary()
-    # every name core defines; and why tf has no other shard mode than "none"
-    assert attrs.evolve(TfStrategy.vocabulary(), unsharded=()) == CORE_VOCABULARY
-    assert {mode for mode, _ in TfStrategy.vocabulary().unsharded} == {"full", "optimizer"}
+    # every name core defines; shard "optimizer" too, and why not "full"
+    vocabulary = TfStrategy.vocabulary()
+    assert attrs.evolve(vocabulary, shard=frozenset({"none"}), unsharded=()) == CORE_VOCABULARY
+    assert vocabulary.shard == {"none", "optimizer"} and {mode for mode, _ in vocabulary.unsharded} == {
+        "full"
+    }
     assert set(LAYERS) == set(LAYER_TYPES) - {Block.type}
 
 

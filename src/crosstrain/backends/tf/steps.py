@@ -20,6 +20,7 @@ from crosstrain.backends.tf.optimizer import (
     clip_like_torch,
     update_rule,
 )
+from crosstrain.backends.tf.zero import ShardedSlots, update_run
 from crosstrain.core.data.batches import StepBatch
 from crosstrain.core.model.optimizers import decayed_weights
 from crosstrain.core.spec.plan import Plan
@@ -37,13 +38,16 @@ def train_function(
     slots: list[tuple[Any, ...]],
     plan: Plan,
     fetch: Fetch,
+    sharded: ShardedSlots | None = None,
 ) -> Any:
     """One optimizer step as a tf.function: each replica runs forward and backward on
     its rows of every micro-batch (``fetch``: from the host's rows or the placed data;
     with their row mask, global row positions and the step, for batch norm and
     dropout), each micro-batch's weighted loss sum divided by the step's real target
     positions; gradients are summed across replicas (rule 4), then every copy of every
-    variable gets the same update. ``local``: the replicas in this process. The function
+    variable gets the same update (``sharded``, under ``train.shard = "optimizer"``: each
+    replica updates its run of the elements, :mod:`crosstrain.backends.tf.zero`, and
+    ``slots`` is empty). ``local``: the replicas in this process. The function
     takes the step's inputs and :func:`pack_step`'s two arrays; it returns the step's mean
     loss (the loss sum over all replicas / the normaliser) and whether its update was
     applied, as tensors."""
@@ -113,18 +117,35 @@ def train_function(
             slot.assign(new)
         return variable.assign(value)
 
+    def sharded_step(
+        inputs: tuple[Any, ...], weights: Any, rows: Any, step: Any, scalars: Any
+    ) -> tuple[Any, Any, Any]:
+        grads, loss_sum, finite = replica_step(inputs, weights, rows, step, scalars)
+        assert sharded is not None
+        return update_run(sharded, variables, grads, rules, scalars, finite, guarded), loss_sum, finite
+
     def train_function(inputs: tuple[Any, ...], integers: Any, floats: Any) -> tuple[Any, Any]:
         step, normaliser, rows, scalars, weights = unpack_step(integers, floats, accumulation)
-        grads, loss_sum, finite = distribution.run(replica_step, args=(inputs, weights, rows, step, scalars))
-        for variable, grad, state, rule in zip(variables, grads, slots, rules, strict=True):
-            distribution.extended.update(
-                variable, apply, args=(grad, finite, scalars, rule, *state), group=False
-            )
+        arguments = (inputs, weights, rows, step, scalars)
+        if sharded is None:
+            grads, loss_sum, finite = distribution.run(replica_step, args=arguments)
+            for variable, grad, state, rule in zip(variables, grads, slots, rules, strict=True):
+                distribution.extended.update(
+                    variable, apply, args=(grad, finite, scalars, rule, *state), group=False
+                )
+        else:
+            values, loss_sum, finite = distribution.run(sharded_step, args=arguments)
+            for variable, value in zip(variables, values, strict=True):
+                distribution.extended.update(variable, _assign, args=(value,), group=False)
         total = distribution.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
         # a float64 division: the same bits as float(total) / normaliser on the host
         return total / normaliser, distribution.experimental_local_results(finite)[0]
 
     return tf.function(train_function, autograph=False)
+
+
+def _assign(variable: Any, value: Any) -> Any:
+    return variable.assign(value)
 
 
 def eval_function(distribution: Any, local: int, model: Any, plan: Plan, fetch: Fetch) -> Any:

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from crosstrain.backends.tf.feed import TfFeed, host_inputs
-from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, step_scalars
+from crosstrain.backends.tf.optimizer import DynamicLossScale, make_slots, slot_count, step_scalars
 from crosstrain.backends.tf.runtime import import_tensorflow
 from crosstrain.backends.tf.steps import (
     Fetch,
@@ -31,22 +31,25 @@ from crosstrain.backends.tf.steps import (
     predict_function,
     train_function,
 )
+from crosstrain.backends.tf.zero import ShardedSlots, make_sharded_slots
 from crosstrain.core.data.batches import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.model.optimizers import DECAY_MODES, OPTIMIZER_SLOTS
+from crosstrain.core.run.checkpoint import StreamedTensors
 from crosstrain.core.run.job import Job, RunResult, World
 from crosstrain.core.run.rank_usage import GpuUtilisation
 from crosstrain.core.run.strategy import FrameworkStatus, ReduceOp
 from crosstrain.core.spec.plan import Plan
 from crosstrain.core.spec.vocabulary import CORE_VOCABULARY, Vocabulary
 
+#: the ``train.shard`` modes beyond "none" that tf trains (:mod:`crosstrain.backends.tf.zero`)
+SHARD_MODES = ("optimizer",)
 #: the ``train.shard`` modes tf does not train, and why (its vocabulary's refusal line)
 UNSHARDED = {
     "full": "tf.distribute shards no parameters (Mirrored and MultiWorkerMirrored replicate "
     "every variable; DTensor is deprecated and Keras 3's ModelParallel has no TensorFlow "
-    "side); train with 'none', or shard 'full' on torch and resume here unsharded",
-    "optimizer": "tf.distribute has no sharded optimizer, and crosstrain's own (a flat view "
-    "inside Mirrored) is not implemented yet; train with 'none'",
+    "side); train with 'none' or 'optimizer', or shard 'full' on torch and resume here "
+    "unsharded",
 }
 
 if TYPE_CHECKING:
@@ -73,6 +76,8 @@ class TfState:
     #: -> the same, taking each replica's rows already on its device (read ahead)
     functions: dict[tuple[str, Any], Any] = attrs.field(factory=dict)
     utilisation: GpuUtilisation | None = None  # sampled while training on a GPU
+    #: under train.shard = "optimizer": the slots, each replica holding its run (``slots`` empty)
+    sharded: ShardedSlots | None = None
 
 
 class TfStrategy:
@@ -136,7 +141,11 @@ class TfStrategy:
         read off the tables, whose module imports TensorFlow (seconds of CPU) in the
         launching process, which checks the plan but never runs a step;
         ``tests/tf/test_layers.py`` holds this to :func:`table_vocabulary`."""
-        return attrs.evolve(CORE_VOCABULARY, unsharded=tuple(sorted(UNSHARDED.items())))
+        return attrs.evolve(
+            CORE_VOCABULARY,
+            shard=frozenset({"none", *SHARD_MODES}),
+            unsharded=tuple(sorted(UNSHARDED.items())),
+        )
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.tf.launch import cluster_from_environment, physical_gpus, plan_layout
@@ -164,7 +173,13 @@ class TfStrategy:
                 load_neutral(model, plan, weights)
             # the optimizer's variables: batch norm's moving statistics are not among them
             variables = [variable.value for variable in model.trainable_variables]
-            slots = make_slots(plan.optimizer, variables)
+        sharded = None
+        if plan.train.shard == "optimizer":
+            sharded = make_sharded_slots(self.distribution, slot_count(plan.optimizer), variables)
+            slots = []
+        else:
+            with self.distribution.scope():
+                slots = make_slots(plan.optimizer, variables)
         loss_scale = DynamicLossScale() if plan.train.precision == "fp16" else None
         fetch = host_rows(self.world.local_replicas)
         utilisation = None
@@ -185,11 +200,12 @@ class TfStrategy:
                 self._prefetch,
             ),
             train_function(
-                self.distribution, self.world.local_replicas, model, variables, slots, plan, fetch
+                self.distribution, self.world.local_replicas, model, variables, slots, plan, fetch, sharded
             ),
             eval_function(self.distribution, self.world.local_replicas, model, plan, fetch),
             loss_scale=loss_scale,
             utilisation=utilisation,
+            sharded=sharded,
         )
 
     def _on_gpu(self) -> bool:
@@ -297,7 +313,14 @@ class TfStrategy:
         local = self.world.local_replicas
         if kind == "train":
             return train_function(
-                self.distribution, local, state.model, state.variables, state.slots, state.plan, fetch
+                self.distribution,
+                local,
+                state.model,
+                state.variables,
+                state.slots,
+                state.plan,
+                fetch,
+                state.sharded,
             )
         return eval_function(self.distribution, local, state.model, state.plan, fetch)
 
@@ -357,16 +380,46 @@ class TfStrategy:
         with self.distribution.scope():
             load_neutral(state.model, state.plan, tensors)
 
-    def optimizer_state(self, state: TfState) -> dict[str, np.ndarray]:
-        tensors: dict[str, np.ndarray] = {
-            f"optimizer.{neutral}.{slot}": np.asarray(variable.numpy(), state.plan.train.weight_dtype)
-            for neutral, slot, variable in self._named_slots(state)
+    def optimizer_state(self, state: TfState) -> Mapping[str, np.ndarray]:
+        dtype = np.dtype(state.plan.train.weight_dtype)
+        tensors: dict[str, np.ndarray] = {}
+        if state.sharded is not None:
+            return self._streamed_optimizer_state(state, self._scalars(state, tensors))
+        tensors = {
+            f"optimizer.{neutral}.{slot}": np.asarray(state.slots[index][kind].numpy(), dtype)
+            for neutral, slot, index, kind in self._named_slots(state)
         }
+        return self._scalars(state, tensors)
+
+    def _scalars(self, state: TfState, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
         if state.loss_scale is not None:
             tensors["loss_scale.scale"] = np.asarray(state.loss_scale.scale, np.float64)
             tensors["loss_scale.growth_tracker"] = np.asarray(state.loss_scale.finite_steps, np.int64)
         return tensors
+
+    def _streamed_optimizer_state(self, state: TfState, scalars: dict[str, np.ndarray]) -> StreamedTensors:
+        """Each slot assembled from every replica's run as it is read: this process's
+        replicas' elements, summed over the processes (each element has one owner)."""
+        sharded = state.sharded
+        assert sharded is not None
+        dtype = np.dtype(state.plan.train.weight_dtype)
+        named = {
+            f"optimizer.{neutral}.{slot}": (index, kind)
+            for neutral, slot, index, kind in self._named_slots(state)
+        }
+        specs = {name: (sharded.shapes[index], dtype) for name, (index, kind) in named.items()}
+        specs.update({name: (value.shape, value.dtype) for name, value in scalars.items()})
+
+        def read(name: str) -> np.ndarray:
+            if name in scalars:
+                return scalars[name]
+            values = sharded.slot(*named[name])
+            if self.world.process_count > 1:
+                values = self._gather_from_processes(values).sum(axis=0)
+            return np.asarray(values, dtype)
+
+        return StreamedTensors(specs, read)
 
     def memory_held(self, state: TfState) -> dict[str, int]:
         """One replica's copy (Mirrored keeps one per device): the trainable variables, a
@@ -377,15 +430,22 @@ class TfStrategy:
 
         parameters = sum(size(variable) for variable in state.variables)
         slots = sum(size(variable) for entry in state.slots for variable in entry)
+        if state.sharded is not None:
+            slots = state.sharded.bytes_held()
         return {"parameters": parameters, "gradients": parameters, "optimizer": slots}
 
     def load_optimizer_state(self, state: TfState, tensors: Mapping[str, np.ndarray]) -> None:
-        named = {
-            f"optimizer.{neutral}.{slot}": variable for neutral, slot, variable in self._named_slots(state)
+        positions = {
+            f"optimizer.{neutral}.{slot}": (index, kind)
+            for neutral, slot, index, kind in self._named_slots(state)
         }
         given = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
-        if given - set(named):
-            raise KeyError(f"no tf variable for optimizer slots {sorted(given - set(named))}")
+        if given - set(positions):
+            raise KeyError(f"no tf variable for optimizer slots {sorted(given - set(positions))}")
+        if state.sharded is not None:
+            by_position = {position: name for name, position in positions.items()}
+            state.sharded.load(lambda index, kind: tensors.get(by_position[index, kind]))
+        named = {name: state.slots[index][kind] for name, (index, kind) in positions.items() if state.slots}
         with self.distribution.scope():
             for name, variable in named.items():
                 # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
@@ -405,8 +465,9 @@ class TfStrategy:
         each restarted worker resumes (see ``worker.worker_main``)."""
         return True
 
-    def _named_slots(self, state: TfState) -> list[tuple[str, str, Any]]:
-        """(neutral weight name, neutral slot name, slot variable) for every slot."""
+    def _named_slots(self, state: TfState) -> list[tuple[str, str, int, int]]:
+        """(neutral weight name, neutral slot name, trainable variable's index, slot kind's
+        index) for every slot."""
         from crosstrain.backends.tf.model import neutral_variables
 
         names = OPTIMIZER_SLOTS[state.plan.optimizer.name]
@@ -415,7 +476,9 @@ class TfStrategy:
         for neutral, variable in neutral_variables(state.model).items():
             index = position.get(id(variable))
             if index is not None:
-                named += [(neutral, names[k], slot) for k, slot in enumerate(state.slots[index])]
+                named += [
+                    (neutral, names[kind], index, kind) for kind in range(slot_count(state.plan.optimizer))
+                ]
         return named
 
     def _gather_from_processes(self, values: np.ndarray) -> np.ndarray:
@@ -449,7 +512,14 @@ def table_vocabulary() -> Vocabulary:
 
     # every decay mode: each variable's rule decays or not as core chooses (decayed_variables)
     return Vocabulary.of(
-        LAYERS, LOSSES, OPTIMIZERS, DTYPE_POLICIES, METRIC_COUNTS, DECAY_MODES, unsharded=UNSHARDED.items()
+        LAYERS,
+        LOSSES,
+        OPTIMIZERS,
+        DTYPE_POLICIES,
+        METRIC_COUNTS,
+        DECAY_MODES,
+        shard=("none", *SHARD_MODES),
+        unsharded=UNSHARDED.items(),
     )
 
 

@@ -34,10 +34,10 @@ import signal
 import subprocess
 import sys
 import threading
-import weakref
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
+from multiprocessing.util import Finalize
 
 import attrs
 import numpy as np
@@ -183,7 +183,11 @@ class DecodePool:
         self._sending = threading.Lock()  # the chunks waiting, and the task pipes
         self._waiting: collections.deque[Chunk] = collections.deque()
         self._closing = threading.Event()
-        self._finalizer = weakref.finalize(self, _stop, self.workers, self._slots, self._closing)
+        # multiprocessing's finaliser, not weakref's: it also runs as a process that
+        # multiprocessing started (a torch worker forked by the elastic agent) ends, where
+        # exit handlers do not run; left behind, the buffers are the resource tracker's to
+        # free, and it warns of each on the launcher's stderr
+        self._finalizer = Finalize(self, _stop, (self.workers, self._slots, self._closing), exitpriority=0)
         self._collector = threading.Thread(
             target=self._collect, name="crosstrain-decode-results", daemon=True
         )
