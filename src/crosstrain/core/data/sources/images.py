@@ -256,6 +256,17 @@ def decode_pool() -> DecodePool:
     return _POOL
 
 
+def _forget_the_parents_pool() -> None:
+    """A forked child (a torch worker forked from its launcher) starts its own pool: the
+    parent's workers, pipes and buffers stay the parent's to use and free."""
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parents_pool)
+
+
 def close_decode_pool() -> None:
     """Stop this process's decoding workers and free their shared memory, if it started
     them. A worker process calls it as it ends: a process that ends without running its exit
