@@ -25,10 +25,11 @@ from jaxtest_support import run_cli
 def test_the_vocabulary_is_what_the_tables_hold() -> None:
     vocabulary = JaxStrategy.vocabulary()
     assert vocabulary == Vocabulary.of(
-        LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
+        LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES,
+        shard=("none", "optimizer"))
     # every core layer type (block is core's structure, not a layer to build), every loss,
-    # optimizer, counted metric and decay mode; fp16 would need a loss scaler, which this
-    # example leaves out
+    # optimizer, counted metric and decay mode, and the optimizer's state sharded (ZeRO-1);
+    # fp16 would need a loss scaler, which this example leaves out
     assert missing_names(vocabulary) == {"precisions": ["fp16"]}
     # the weights' dtype of each precision is crosstrain's, so checkpoints move between backends
     assert {name: str(compute.full) for name, compute in PRECISIONS.items()} == {

@@ -2,7 +2,11 @@
 
 One process drives every replica: the batch is sharded over a one-axis device mesh
 ('data'), the parameters are replicated, and XLA inserts the gradient all-reduce
-itself. This module imports jax only inside methods, so ``crosstrain backends`` can
+itself. Under ``train.shard = "optimizer"`` (ZeRO-1) each slot of the optimizer's state
+is split over the mesh too, along its first axis that divides by the device count: XLA
+then updates each device's part of the slots (and of the weights, gathered whole after),
+so each device holds 1/N of the optimizer's state, and the update's arithmetic, elementwise,
+is the same. This module imports jax only inside methods, so ``crosstrain backends`` can
 list the backend (and say jax is missing) on a machine without jax.
 """
 
@@ -55,6 +59,8 @@ class JaxState:
     replicated: NamedSharding
     rows: NamedSharding  # [batch, ...] arrays, batch split over the devices
     micro_rows: NamedSharding  # [micro-step, batch, ...] arrays, batch split over the devices
+    #: each slot's placement: replicated, or split over the mesh (train.shard = "optimizer")
+    optimizer_sharding: Any = None
     optimizer_steps: int = 0
     predict_fn: Callable[..., Any] | None = None  # jitted forward, made by the first predict()
 
@@ -96,7 +102,8 @@ class JaxStrategy:
         from crosstrain_jax.optimizer import OPTIMIZERS
 
         # every decay mode: the update decays the weights crosstrain's decayed_weights names
-        return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES)
+        return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES,
+                             shard=("none", "optimizer"))
 
     def check_job(self, job: Job) -> None:
         from crosstrain_jax.launch import check_job
@@ -139,16 +146,23 @@ class JaxStrategy:
                     for name in subset}
 
         params = place(trainable)
-        train_fn = jax.jit(make_train_step(plan, forward, trainable), out_shardings=replicated,
+        slots = init_state(plan.optimizer, params)
+        split = plan.train.shard == "optimizer"
+        slot_sharding = jax.tree.map(
+            lambda slot: _split_sharding(mesh, slot.shape) if split else replicated, slots
+        )
+        train_fn = jax.jit(make_train_step(plan, forward, trainable),
+                           out_shardings=(replicated, replicated, slot_sharding, replicated),
                            donate_argnums=(0, 1, 2))
         return JaxState(
             plan=plan, names=names, trainable=trainable, params=params,
             buffers=place([name for name in names if name not in params]),
-            optimizer_state=jax.device_put(init_state(plan.optimizer, params), replicated),
+            optimizer_state=jax.device_put(slots, slot_sharding),
             train_fn=train_fn, eval_fn=jax.jit(make_eval_step(plan, forward)),
             replicated=replicated,
             rows=_sharding(mesh, "data"),
             micro_rows=_sharding(mesh, None, "data"),
+            optimizer_sharding=slot_sharding,
         )
 
     # ----------------------------------------------------------------- steps
@@ -252,6 +266,19 @@ class JaxStrategy:
 
         state.params, state.buffers = place(state.params), place(state.buffers)
 
+    def memory_held(self, state: JaxState) -> dict[str, int]:
+        """What the first device holds, counted from its shards of the arrays: the weights, a
+        gradient for each trainable one (replicated, as the weights), the optimizer's slots."""
+        import jax
+
+        def held(tree: Any) -> int:
+            leaves = jax.tree.leaves(tree)
+            return sum(int(leaf.addressable_shards[0].data.nbytes) for leaf in leaves)
+
+        parameters = held(state.params)
+        return {"parameters": parameters, "gradients": parameters,
+                "optimizer": held(state.optimizer_state)}
+
     def optimizer_state(self, state: JaxState) -> dict[str, np.ndarray]:
         """crosstrain's neutral names: ``optimizer.{weight}.{slot}`` and ``optimizer.step``;
         this backend's slots already carry core's slot names."""
@@ -274,20 +301,29 @@ class JaxStrategy:
         if given - known:
             raise PlanError(f"optimizer slots that this model has not: {sorted(given - known)}")
 
-        def slot_value(key: str, like: jax.Array) -> jax.Array:
+        def slot_value(key: str, like: jax.Array) -> np.ndarray:
             # a slot the checkpoint lacks (torch keeps none for a weight never stepped) is zero
             value, dtype = tensors.get(key), state.plan.train.weight_dtype
             array = (np.zeros(like.shape, dtype) if value is None
                      else np.asarray(value, dtype))
-            placed: jax.Array = jax.device_put(array, state.replicated)
-            return placed
+            return array
 
-        state.optimizer_state = {
+        state.optimizer_state = jax.device_put({
             slot: {name: slot_value(f"optimizer.{name}.{slot}", value)
                    for name, value in tree.items()}
             for slot, tree in state.optimizer_state.items()
-        }
+        }, state.optimizer_sharding)
         state.optimizer_steps = int(np.asarray(tensors.get("optimizer.step", 0)))
+
+
+def _split_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """A slot split over the mesh along its first axis that divides by the device count;
+    replicated where none does (a scalar, a small odd-sized bias)."""
+    devices = mesh.devices.size
+    for axis, size in enumerate(shape):
+        if size % devices == 0:
+            return _sharding(mesh, *([None] * axis), "data")
+    return _sharding(mesh)
 
 
 def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
