@@ -162,16 +162,18 @@ def _config(job: Job, folder: Path) -> LaunchConfig:
 
 
 def _start_method(job: Job) -> str:
-    """Workers on the CPU are forked from this process, once it has imported what they need:
-    a spawned worker spends about four CPU-seconds importing torch again before its first step.
-    Workers on GPUs are spawned: a process forked after CUDA was initialised (asking torch for
-    the GPUs does that) cannot use CUDA; nor is fork sound outside Linux. So are workers that
-    decode images: a forked worker ends without its exit handlers, and a survivor the agent
-    stops after a peer failed could leave its decoding buffers to multiprocessing's resource
-    tracker, which warns of them on the launcher's stderr."""
+    """Workers are forked from this process, once it has imported what they need, where
+    torch sees no CUDA GPU: a spawned worker spends about four CPU-seconds importing torch
+    again before its first step. Elsewhere they are spawned: a process forked after CUDA was
+    initialised (asking whether there is a GPU does that) cannot use CUDA, and a CPU run on a
+    GPU machine still touches it (pinned memory); nor is fork sound outside Linux. So are
+    workers that decode images: a forked worker ends without its exit handlers, and a survivor
+    the agent stops after a peer failed could leave its decoding buffers to multiprocessing's
+    resource tracker, which warns of them on the launcher's stderr."""
     if (
         not sys.platform.startswith("linux")
         or resolve_device(job.device) != "cpu"
+        or torch.cuda.is_available()
         or job.plan.data.source == "images"
     ):
         return "spawn"
