@@ -35,7 +35,6 @@ from crosstrain.backends.tf.zero import ShardedSlots, make_sharded_slots
 from crosstrain.core.data.batches import Batch, Datasets, StepBatch
 from crosstrain.core.errors import BackendError, PlanError
 from crosstrain.core.model.optimizers import DECAY_MODES, OPTIMIZER_SLOTS
-from crosstrain.core.run.checkpoint import StreamedTensors
 from crosstrain.core.run.job import Job, RunResult, World
 from crosstrain.core.run.rank_usage import GpuUtilisation
 from crosstrain.core.run.strategy import FrameworkStatus, ReduceOp
@@ -382,44 +381,19 @@ class TfStrategy:
 
     def optimizer_state(self, state: TfState) -> Mapping[str, np.ndarray]:
         dtype = np.dtype(state.plan.train.weight_dtype)
-        tensors: dict[str, np.ndarray] = {}
-        if state.sharded is not None:
-            return self._streamed_optimizer_state(state, self._scalars(state, tensors))
-        tensors = {
-            f"optimizer.{neutral}.{slot}": np.asarray(state.slots[index][kind].numpy(), dtype)
-            for neutral, slot, index, kind in self._named_slots(state)
-        }
-        return self._scalars(state, tensors)
-
-    def _scalars(self, state: TfState, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors["optimizer.step"] = np.asarray(state.optimizer_steps, np.int64)
+        scalars = {"optimizer.step": np.asarray(state.optimizer_steps, np.int64)}
         if state.loss_scale is not None:
-            tensors["loss_scale.scale"] = np.asarray(state.loss_scale.scale, np.float64)
-            tensors["loss_scale.growth_tracker"] = np.asarray(state.loss_scale.finite_steps, np.int64)
-        return tensors
-
-    def _streamed_optimizer_state(self, state: TfState, scalars: dict[str, np.ndarray]) -> StreamedTensors:
-        """Each slot assembled from every replica's run as it is read: this process's
-        replicas' elements, summed over the processes (each element has one owner)."""
-        sharded = state.sharded
-        assert sharded is not None
-        dtype = np.dtype(state.plan.train.weight_dtype)
-        named = {
-            f"optimizer.{neutral}.{slot}": (index, kind)
-            for neutral, slot, index, kind in self._named_slots(state)
+            scalars["loss_scale.scale"] = np.asarray(state.loss_scale.scale, np.float64)
+            scalars["loss_scale.growth_tracker"] = np.asarray(state.loss_scale.finite_steps, np.int64)
+        positions = self._slot_positions(state)
+        if state.sharded is not None:
+            gather = self._gather_from_processes if self.world.process_count > 1 else None
+            return state.sharded.streamed(positions, scalars, dtype, gather)
+        slots = {
+            name: np.asarray(state.slots[index][kind].numpy(), dtype)
+            for name, (index, kind) in positions.items()
         }
-        specs = {name: (sharded.shapes[index], dtype) for name, (index, kind) in named.items()}
-        specs.update({name: (value.shape, value.dtype) for name, value in scalars.items()})
-
-        def read(name: str) -> np.ndarray:
-            if name in scalars:
-                return scalars[name]
-            values = sharded.slot(*named[name])
-            if self.world.process_count > 1:
-                values = self._gather_from_processes(values).sum(axis=0)
-            return np.asarray(values, dtype)
-
-        return StreamedTensors(specs, read)
+        return {**slots, **scalars}
 
     def memory_held(self, state: TfState) -> dict[str, int]:
         """One replica's copy (Mirrored keeps one per device): the trainable variables, a
@@ -435,10 +409,7 @@ class TfStrategy:
         return {"parameters": parameters, "gradients": parameters, "optimizer": slots}
 
     def load_optimizer_state(self, state: TfState, tensors: Mapping[str, np.ndarray]) -> None:
-        positions = {
-            f"optimizer.{neutral}.{slot}": (index, kind)
-            for neutral, slot, index, kind in self._named_slots(state)
-        }
+        positions = self._slot_positions(state)
         given = {name for name in tensors if name.startswith("optimizer.") and name != "optimizer.step"}
         if given - set(positions):
             raise KeyError(f"no tf variable for optimizer slots {sorted(given - set(positions))}")
@@ -465,21 +436,20 @@ class TfStrategy:
         each restarted worker resumes (see ``worker.worker_main``)."""
         return True
 
-    def _named_slots(self, state: TfState) -> list[tuple[str, str, int, int]]:
-        """(neutral weight name, neutral slot name, trainable variable's index, slot kind's
-        index) for every slot."""
+    def _slot_positions(self, state: TfState) -> dict[str, tuple[int, int]]:
+        """Every slot's neutral name (``optimizer.{weight}.{slot}``) -> (its trainable
+        variable's index, its slot kind's index)."""
         from crosstrain.backends.tf.model import neutral_variables
 
         names = OPTIMIZER_SLOTS[state.plan.optimizer.name]
+        kinds = range(slot_count(state.plan.optimizer))
         position = {id(variable): index for index, variable in enumerate(state.model.trainable_variables)}
-        named = []
-        for neutral, variable in neutral_variables(state.model).items():
-            index = position.get(id(variable))
-            if index is not None:
-                named += [
-                    (neutral, names[kind], index, kind) for kind in range(slot_count(state.plan.optimizer))
-                ]
-        return named
+        return {
+            f"optimizer.{neutral}.{names[kind]}": (position[id(variable)], kind)
+            for neutral, variable in neutral_variables(state.model).items()
+            if id(variable) in position
+            for kind in kinds
+        }
 
     def _gather_from_processes(self, values: np.ndarray) -> np.ndarray:
         """Every process's ``values``, stacked in process order, on every process."""

@@ -13,13 +13,14 @@ step's arithmetic on the same gradient: a run equals the ``"none"`` run of the s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
 from crosstrain.backends.tf.optimizer import UpdateRule
+from crosstrain.core.run.checkpoint import StreamedTensors
 
 
 @attrs.frozen
@@ -88,6 +89,29 @@ class ShardedSlots:
                         part = np.asarray(whole).reshape(-1)[piece.start : piece.stop]
                         values[piece.offset : piece.offset + piece.stop - piece.start] = part
                 run.assign(values)
+
+    def streamed(
+        self,
+        positions: Mapping[str, tuple[int, int]],
+        scalars: Mapping[str, np.ndarray],
+        dtype: np.dtype[Any],
+        gather: Callable[[np.ndarray], np.ndarray] | None,
+    ) -> StreamedTensors:
+        """The slots under their neutral names (``positions``: name -> (variable, kind)) and
+        the ``scalars``, each slot assembled as a checkpoint reads it: this process's
+        replicas' elements, summed over the processes by ``gather`` (None: one process)."""
+        specs = {name: (self.shapes[index], dtype) for name, (index, _) in positions.items()}
+        specs.update({name: (value.shape, value.dtype) for name, value in scalars.items()})
+
+        def read(name: str) -> np.ndarray:
+            if name in scalars:
+                return scalars[name]
+            values = self.slot(*positions[name])
+            if gather is not None:
+                values = gather(values).sum(axis=0)
+            return np.asarray(values, dtype)
+
+        return StreamedTensors(specs, read)
 
     def bytes_held(self) -> int:
         """What one replica holds: its run of every slot kind."""
