@@ -9,11 +9,21 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from crosstrain.core.admission.checks import admit, owns_run_folder
 from crosstrain.core.admission.cluster import Cluster, default_replicas
+from crosstrain.core.admission.python_arrays import (
+    GivenArrays,
+    given_arrays,
+    reading_the_arrays,
+    write_arrays,
+)
 from crosstrain.core.admission.runfolder import (
     PLAN_FILE,
     PlanChange,
+    check_request,
+    check_unclaimed,
     continued_plan,
     open_run_folder,
     read_launch_record,
@@ -210,11 +220,13 @@ def run_plan(
     manager: CrosstrainPluginManager | None = None,
     *,
     no_plan: str,
+    arrays: GivenArrays | None = None,
 ) -> RunResult:
     """``crosstrain run`` and :func:`fit`: prepare the plan (a resumed run's own, with the
     notes a new length brings: :func:`plan_to_resume`), make the job, admit it and launch
     (:func:`run_job`); rank 0's summary and the run folder. ``no_plan``: the line that
-    refuses a new run without a plan (each caller names its own way to give one)."""
+    refuses a new run without a plan (each caller names its own way to give one);
+    ``arrays``: the rows to train on, written into the run folder and read as ``.npy``."""
     notes: list[str] = []
     if options.resume:
         prepared, notes = plan_to_resume(plan, overrides, options.out)
@@ -224,7 +236,19 @@ def run_plan(
         prepared = prepare_plan(plan, overrides)
     manager = manager or make_plugin_manager(options.plugins)
     job = make_job(prepared, options)  # the layout resolved: flags, else a resumed run's own, else defaults
+    if arrays is not None:
+        job = _with_arrays(job, arrays)
     return RunResult(run_job(job, manager, notes=notes), job.out_dir)
+
+
+def _with_arrays(job: Job, arrays: GivenArrays) -> Job:
+    """The job reading ``arrays``, written into its run folder once the folder is known to
+    take a new run (nothing of an earlier run there is touched when it does not)."""
+    out_dir = Path(job.out_dir)
+    check_request(out_dir, job.launch.resume, job.launch.overwrite)
+    check_unclaimed(out_dir, job.launch.overwrite)
+    fields = write_arrays(out_dir, arrays)
+    return attrs.evolve(job, plan=reading_the_arrays(job.plan, fields))
 
 
 #: what each of :func:`fit`'s launch keywords is when not given: the record's defaults
@@ -250,6 +274,9 @@ def fit(
     node_rank: int = _NOT_GIVEN.node_rank,
     rdzv_endpoint: str = _NOT_GIVEN.rdzv_endpoint,
     init_from: str | Path | None = _NOT_GIVEN.init_from,
+    x: Any = None,
+    y: Any = None,
+    eval: tuple[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``plan`` on ``backend`` (default torch) with ``nproc`` replicas (default: one
     per machine, or what an outside launcher started) on ``device`` (default auto); return
@@ -261,7 +288,13 @@ def fit(
     ``nnodes`` are left None (its run folder's ``launch.json``); ``overwrite`` replaces an
     earlier run there; ``max_restarts`` restarts a failed worker group from its last
     checkpoint; ``init_from`` starts a new run from another run's weights (a run folder, a
-    checkpoint folder or a .safetensors file). The keywords are
+    checkpoint folder or a .safetensors file).
+    ``x``, ``y`` and ``eval=(x_eval, y_eval)`` train on arrays held in Python instead of the
+    plan's data: numpy, or any array that speaks DLPack or ``__array__`` (torch, tf, jax,
+    CuPy), copied to the host once, checked against the plan (a bad one is refused before
+    anything starts) and written once into the run folder's ``arrays/`` as ``.npy`` files
+    every worker memory-maps (:mod:`crosstrain.core.admission.python_arrays`); without
+    ``eval``, the plan's ``data.eval_fraction`` of the rows is held out. The keywords are
     :class:`~crosstrain.core.run.job.LaunchOptions`' fields (``nproc``: ``replicas``)."""
     asked = LaunchOptions(
         backend=backend,
@@ -281,4 +314,13 @@ def fit(
         overwrite=overwrite,
     )
     no_plan = "fit: a plan is needed (only resume=True reads the run folder's own)"
-    return dict(run_plan(plan, asked, overrides, no_plan=no_plan).summary)
+    arrays = None
+    if x is not None or y is not None or eval is not None:
+        if resume:
+            raise InputError(
+                "fit: resume=True continues on the arrays its run folder holds; leave x and y out"
+            )
+        if plan is None:
+            raise InputError(no_plan)
+        arrays = given_arrays(prepare_plan(plan, overrides), x, y, eval)
+    return dict(run_plan(plan, asked, overrides, no_plan=no_plan, arrays=arrays).summary)

@@ -31,6 +31,8 @@ from crosstrain.plugins.manager import (
     report_failures,
     selection_from_args,
 )
+from crosstrain.sweep.command import add_sweep_command
+from crosstrain.tuning.command import add_tune_command
 
 
 def _plugin_args(argv: Sequence[str]) -> list[str]:
@@ -233,6 +235,8 @@ def build_parser(manager: CrosstrainPluginManager) -> argparse.ArgumentParser:
     backends = commands.add_parser("backends", help="list registered backends")
     backends.set_defaults(handler=_backends)
     add_plot_command(commands)
+    add_sweep_command(commands)
+    add_tune_command(commands)
     add_model_commands(commands)
     _add_data_command(commands)
     return parser

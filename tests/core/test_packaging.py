@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 FRAMEWORK_EXTRAS = {"torch": "torch", "tf": "tensorflow", "tf-cpu": "tensorflow-cpu"}
 # extras a CI env may install: the small CPU wheels only, never `tf` or `all` (GPU tensorflow)
-CI_EXTRAS = {"test", "lint", "torch", "tf-cpu", "plot", "tensorboard"}
+CI_EXTRAS = {"test", "lint", "torch", "tf-cpu", "plot", "tensorboard", "mlflow", "wandb", "sweep"}
 # what CI installs that has a large or CUDA-carrying wheel: each pinned exactly
 CI_PINNED = (
     "torch",
@@ -29,6 +29,9 @@ CI_PINNED = (
     "pyarrow",
     "tokenizers",
     "pillow",
+    "mlflow-skinny",
+    "wandb",
+    "optuna",
 )
 
 
@@ -66,11 +69,13 @@ def test_framework_extras_are_ranges_that_keep_an_installed_framework() -> None:
             assert operators == {">="}, f"extra {extra!r} must be a lower bound, not {requirement}"
 
 
-def test_all_brings_both_frameworks_the_plot_tensorboard_and_the_data_sources() -> None:
+def test_all_brings_both_frameworks_the_plot_tensorboard_the_data_sources_and_the_trackers() -> None:
     (requirement,) = extras()["all"]
     assert requirement.name == "crosstrain"
     # GPU tensorflow for `pip install crosstrain[all]` on a GPU machine; tf-cpu is chosen by hand
-    assert requirement.extras == {"torch", "tf", "plot", "tensorboard", "images", "table", "text"}
+    assert requirement.extras == {
+        *("torch", "tf", "plot", "tensorboard", "images", "table", "text", "mlflow", "wandb", "sweep")
+    }
 
 
 def test_tox_envs_install_only_cpu_wheels_under_the_pins() -> None:
@@ -90,5 +95,5 @@ def test_every_install_hint_names_an_extra_that_exists() -> None:
             named.update(group.split(","))
     # the frameworks, the plot, tensorboard and the data sources' packages are each named
     # where they are missing
-    assert {"torch", "tf", "tf-cpu", "plot", "tensorboard", "table", "text"} <= named
+    assert {"torch", "tf", "tf-cpu", "plot", "tensorboard", "table", "text", "mlflow", "wandb", "sweep"} <= named
     assert named <= set(extras()), f"messages name unknown extras: {sorted(named - set(extras()))}"

@@ -439,3 +439,29 @@ def test_an_image_folder_decoded_into_pinned_buffers_trains_as_on_the_cpu(tmp_pa
     assert on_cpu.returncode == 0, on_cpu.stderr
     assert summary(on_gpu)["device"].startswith("cuda") and len(step_losses(on_gpu)) == 30
     assert max_relative_difference(step_losses(on_gpu), step_losses(tmp_path / "cpu")) <= WORLD_TOLERANCE
+
+
+def test_arrays_on_the_gpu_handed_to_fit_are_copied_to_the_host_once(tmp_path: Path) -> None:
+    """crosstrain.fit(plan, x=, y=) with a CUDA torch tensor (and a CuPy array, where CuPy is
+    installed): copied off the device once, in this process, into the run folder's .npy
+    files; the run equals the same rows given as numpy."""
+    import crosstrain
+    from crosstrain.core.admission.python_arrays import host_array
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(256, 64)).astype(np.float32)
+    y = rng.integers(0, 10, size=256)
+    on_gpu = torch.from_numpy(x).cuda()
+    assert np.array_equal(host_array(on_gpu, "x"), x)
+    try:
+        import cupy
+    except ImportError:  # CuPy is optional: the torch tensor is the case every GPU machine has
+        cupy = None
+    if cupy is not None:
+        assert np.array_equal(host_array(cupy.asarray(x), "x"), x)
+    quiet = crosstrain.PluginSelection(disabled=("progress",))
+    launch = {"backend": "torch", "device": "cpu", "plugins": quiet, "overrides": ["train.epochs=1"]}
+    plan = EXAMPLES / "digits_mlp.toml"
+    crosstrain.fit(plan, out=tmp_path / "numpy", x=x, y=y, **launch)
+    crosstrain.fit(plan, out=tmp_path / "cuda", x=on_gpu, y=torch.from_numpy(y).cuda(), **launch)
+    assert list(step_losses(tmp_path / "cuda")) == list(step_losses(tmp_path / "numpy"))

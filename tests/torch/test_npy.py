@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import MLP_PLAN, run_cli
 from tests.support import step_losses, summary
 
 pytest.importorskip("torch")
@@ -56,3 +56,36 @@ def test_two_workers_train_on_one_shared_copy(tmp_path: Path) -> None:
         # cache's one copy, shared; its private memory did not grow by anything like a copy
         assert memory["npy_resident"] > 0.75 * size, (rank, memory, size)
         assert memory["anonymous_grown"] < 0.5 * size, (rank, memory, size)
+
+
+def test_torch_tensors_handed_to_fit_train_as_the_same_rows_read_from_a_file(tmp_path: Path) -> None:
+    """crosstrain.fit(plan, x=, y=, eval=) with torch tensors: the rows are copied to the
+    host once, written into the run folder and memory-mapped by both workers."""
+    import torch
+
+    import crosstrain
+
+    rng = np.random.default_rng(5)
+    rows = {"x": rng.normal(size=(300, 64)).astype(np.float32), "y": rng.integers(0, 10, size=300)}
+    rows |= {"x_eval": rows["x"][:60] * 0.5, "y_eval": rows["y"][:60]}
+    np.savez(tmp_path / "rows.npz", **rows)
+    plan = tmp_path / "plan.toml"
+    plan.write_text(MLP_PLAN)
+    settings = ["train.epochs=2", "output.log_every_steps=1"]
+    from_file = ["data.source='npz'", f"data.path='{tmp_path / 'rows.npz'}'"]
+    from_file += ["data.eval_x_key='x_eval'", "data.eval_y_key='y_eval'"]
+    quiet = crosstrain.PluginSelection(disabled=("progress",))
+    launch = {"backend": "torch", "nproc": 2, "device": "cpu", "plugins": quiet}
+    crosstrain.fit(plan, out=tmp_path / "file", overrides=[*settings, *from_file], **launch)
+    tensors = {name: torch.from_numpy(array) for name, array in rows.items()}
+    crosstrain.fit(
+        plan,
+        out=tmp_path / "tensors",
+        overrides=settings,
+        x=tensors["x"],
+        y=tensors["y"],
+        eval=(tensors["x_eval"], tensors["y_eval"]),
+        **launch,
+    )
+    assert np.max(np.abs(step_losses(tmp_path / "tensors") - step_losses(tmp_path / "file"))) <= 1e-7
+    assert summary(tmp_path / "tensors")["eval"] == summary(tmp_path / "file")["eval"]

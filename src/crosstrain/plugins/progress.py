@@ -59,15 +59,16 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{seconds:02d}"
 
 
-class _Throughput:
+class Throughput:
     """Samples per second since the epoch began (evaluation excluded), and the ETA from the
-    run's pace so far."""
+    run's pace so far (the trackers log the same figure: crosstrain.tracking)."""
 
     def __init__(self, context: RunContext) -> None:
         self._rows_per_step = context.plan.train.global_batch_size
         self._total_steps = context.total_steps
         self._run_started = self._epoch_started = time.perf_counter()
-        self._last_step = self._epoch_first_step = 0
+        # a resumed run counts from its checkpoint's step
+        self._first_step = self._last_step = self._epoch_first_step = context.start_step
 
     def record(self, step: int) -> None:
         self._last_step = step
@@ -81,7 +82,8 @@ class _Throughput:
 
     def eta_seconds(self) -> float:
         elapsed = time.perf_counter() - self._run_started
-        return elapsed / max(self._last_step, 1) * (self._total_steps - self._last_step)
+        done = max(self._last_step - self._first_step, 1)
+        return elapsed / done * (self._total_steps - self._last_step)
 
 
 class _BarDisplay:
@@ -160,13 +162,13 @@ class ProgressReporter:
     def __init__(self) -> None:
         self._bar: _BarDisplay | None = None
         self._plain: _PlainDisplay | None = None
-        self._throughput: _Throughput | None = None
+        self._throughput: Throughput | None = None
 
     def start(self, context: RunContext) -> None:
         self.close()
         if not context.world.is_main:
             return
-        self._throughput = _Throughput(context)
+        self._throughput = Throughput(context)
         if sys.stdout.isatty():
             self._bar = _BarDisplay(context)
         else:

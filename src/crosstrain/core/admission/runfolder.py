@@ -85,16 +85,21 @@ def check_request(out_dir: Path, resume: bool, overwrite: bool) -> None:
         )
 
 
-def _check_contents(out_dir: Path, resume: bool, overwrite: bool) -> None:
+def check_unclaimed(out_dir: Path, overwrite: bool) -> list[Path]:
+    """A new run's folder holds no run, or ``overwrite`` replaces it; the outputs to replace."""
     existing = [out_dir / name for name in RUN_OUTPUTS if (out_dir / name).exists()]
-    if resume:
-        check_request(out_dir, resume, overwrite)  # again, under the lock
-        return
     if existing and not overwrite:
         raise RunFolderError(
             f"run folder {out_dir} already holds a run; --resume continues it, --overwrite replaces it"
         )
-    for child in existing:
+    return existing
+
+
+def _check_contents(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    if resume:
+        check_request(out_dir, resume, overwrite)  # again, under the lock
+        return
+    for child in check_unclaimed(out_dir, overwrite):
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:

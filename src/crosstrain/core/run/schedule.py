@@ -23,6 +23,8 @@ class LearningRateSchedule:
         after_warmup = step - warmup
         if self.spec.name == "step":
             return self.base_lr * self.spec.gamma ** (after_warmup // self.spec.step_size)
+        if self.spec.name == "exponential":
+            return self.base_lr * self.spec.gamma**after_warmup
         if self.spec.name == "cosine":
             span = max(1, self.total_steps - warmup)
             progress = min(1.0, after_warmup / span)

@@ -184,9 +184,10 @@ class OptimizerSpec:
 @attrs.frozen
 class ScheduleSpec:
     """Learning rate per optimizer step: linear warmup from 0 over ``warmup_steps``,
-    then constant, step (times ``gamma`` every ``step_size`` steps) or cosine to ``min_lr``."""
+    then constant, step (times ``gamma`` every ``step_size`` steps), exponential (times
+    ``gamma`` every step: ``crosstrain tune --lr``'s range test) or cosine to ``min_lr``."""
 
-    name: Literal["constant", "step", "cosine"] = "constant"
+    name: Literal["constant", "step", "exponential", "cosine"] = "constant"
     warmup_steps: int = attrs.field(default=0, validator=ge0)
     step_size: int = attrs.field(default=100, validator=gt0)
     gamma: float = attrs.field(default=0.1, validator=gt0)
