@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from crosstrain.compare.difference import BackendRun, ComparedRuns
-from crosstrain.compare.verdict import probe_plan
+from crosstrain.compare.verdict import probe_plan, without_evaluation
 from crosstrain.core.admission.runfolder import PLAN_FILE, read_run_plan
 from crosstrain.core.errors import InputError, RunDirError
 from crosstrain.core.spec.plan import Plan
@@ -192,7 +192,8 @@ def _role(reference: tuple[Path, Plan], folder: Path, plan: Plan) -> Role:
     if difference is None:
         return "candidate" if plan.seed == reference_plan.seed else "seed"
     probe = probe_plan(reference_plan)
-    if probe is not None and plan.seed == reference_plan.seed and _comparable(probe) == _comparable(plan):
+    same_steps = probe is not None and _comparable(probe) == _comparable(without_evaluation(plan))
+    if same_steps and plan.seed == reference_plan.seed:
         return "fp64"
     field, wanted, found = difference
     raise InputError(

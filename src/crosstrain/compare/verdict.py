@@ -63,12 +63,22 @@ class Verdict:
 
 
 def probe_plan(plan: Plan) -> Plan | None:
-    """The plan of a run's fp64 probe: its first :data:`EARLY_STEPS` steps in fp64; None
-    where the plan trains in fp64 already (its runs are their own probes)."""
+    """The plan of a run's fp64 probe: its first :data:`EARLY_STEPS` steps in fp64, with no
+    evaluation (only its step losses are read); None where the plan trains in fp64 already
+    (its runs are their own probes)."""
     if plan.train.precision == "fp64":
         return None
     steps = min(plan.train.max_steps or EARLY_STEPS, EARLY_STEPS)
-    return attrs.evolve(plan, train=attrs.evolve(plan.train, precision="fp64", max_steps=steps))
+    return without_evaluation(
+        attrs.evolve(plan, train=attrs.evolve(plan.train, precision="fp64", max_steps=steps))
+    )
+
+
+def without_evaluation(plan: Plan) -> Plan:
+    """``plan`` evaluating never (its steps unchanged): how an fp64 probe runs, and how a
+    probe made by hand, which may evaluate, is recognised."""
+    train = attrs.evolve(plan.train, eval_every_epochs=0)
+    return attrs.evolve(plan, train=train, output=attrs.evolve(plan.output, keep_best=None))
 
 
 def model_rounding(comparison: Comparison) -> float | None:

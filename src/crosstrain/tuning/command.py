@@ -145,7 +145,7 @@ def _tune_batch(
                 "train.grad_accum_steps=1",
                 f"train.max_steps={PROBE_STEPS}",
                 "train.epochs=1000000",
-                "train.eval_every_epochs=1000000",
+                "train.eval_every_epochs=0",
             ],
         )
         options = attrs.evolve(launch, out=out / f"batch-{micro_batch}", overwrite=True)

@@ -325,7 +325,8 @@ def _train_epoch(
         "samples_per_second": real_rows / max(epoch_seconds, 1e-9),
     }
     is_last = progress.step >= context.total_steps
-    evaluated = datasets.eval is not None and ((epoch + 1) % plan.train.eval_every_epochs == 0 or is_last)
+    every = plan.train.eval_every_epochs
+    evaluated = datasets.eval is not None and every > 0 and ((epoch + 1) % every == 0 or is_last)
     if evaluated:
         assert datasets.eval is not None
         progress.eval_metrics = evaluate(strategy, state, datasets.eval, plan, heartbeat)

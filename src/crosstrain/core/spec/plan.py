@@ -205,7 +205,9 @@ class TrainSpec:
     grad_accum_steps: int = attrs.field(default=1, validator=gt0)
     clip_grad_norm: float | None = attrs.field(default=None, validator=attrs.validators.optional(gt0))
     precision: Precision = "fp32"
-    eval_every_epochs: int = attrs.field(default=1, validator=gt0)
+    #: evaluate every this many epochs and at the run's end; 0: never (a throwaway run: the
+    #: fp64 probes of compare, crosstrain tune's runs)
+    eval_every_epochs: int = attrs.field(default=1, validator=ge0)
     #: compile the training step: torch.compile (and fused Adam/AdamW on CUDA) on torch,
     #: XLA (jit_compile) on tf; the losses stay within the parity tolerance of eager
     compile: bool = False
@@ -298,6 +300,12 @@ def validate_plan(plan: Plan) -> None:
             )
     _check_scaling(plan)
     _check_metrics(plan)
+    if plan.output.keep_best is not None and plan.train.eval_every_epochs == 0:
+        raise PlanError(
+            "keeps the best evaluation's checkpoint, and train.eval_every_epochs = 0 never evaluates",
+            field="output.keep_best",
+            source=plan.source,
+        )
     augment = plan.data.augment
     if augment.mixes and (plan.loss.name != "cross_entropy" or plan.model.native is not None):
         field = "data.augment.mixup" if augment.mixup else "data.augment.cutmix"
