@@ -95,5 +95,6 @@ def test_every_install_hint_names_an_extra_that_exists() -> None:
             named.update(group.split(","))
     # the frameworks, the plot, tensorboard and the data sources' packages are each named
     # where they are missing
-    assert {"torch", "tf", "tf-cpu", "plot", "tensorboard", "table", "text", "mlflow", "wandb", "sweep"} <= named
+    named_here = {"torch", "tf", "tf-cpu", "plot", "tensorboard", "table", "text", "mlflow", "wandb", "sweep"}
+    assert named_here <= named
     assert named <= set(extras()), f"messages name unknown extras: {sorted(named - set(extras()))}"

@@ -24,7 +24,7 @@ def test_the_range_test_suggests_a_rate_adam_trains_the_digits_mlp_with_on_both_
         arguments = ("--lr", "--backend", backend, "--device", "cpu", "--out", str(out))
         result = run_cli("tune", str(EXAMPLES / "digits_mlp.toml"), *arguments)
         assert result.returncode == 0, result.stderr
-        line = next(line for line in result.stdout.splitlines() if line.startswith("suggested optimizer.lr = "))
+        (line,) = [line for line in result.stdout.splitlines() if line.startswith("suggested optimizer.lr")]
         assert 3e-4 <= float(line.split()[3]) <= 3e-2, (backend, line)
         curves[backend] = np.array([record["loss"] for record in read_metrics(out) if "loss" in record])
     first = slice(0, 30)  # small rates: the curves agree to rounding before they climb

@@ -5,6 +5,7 @@ is refused in one line where there is no GPU."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +24,12 @@ def test_the_range_test_stops_at_divergence_and_writes_the_suggested_rate(
     write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
 ) -> None:
     plan, out, written = write_plan(), tmp_path / "tune", tmp_path / "tuned.toml"
-    arguments = ("tune", str(plan), "--lr", "--backend", "momentum", "--out", str(out), "--write", str(written))
-    result = cli_in_process(*NULL, *arguments)
+    arguments = ("--lr", "--backend", "momentum", "--out", str(out), "--write", str(written))
+    result = cli_in_process(*NULL, "tune", str(plan), *arguments)
     assert result.returncode == 0, result.stderr
     steps = [record for record in read_metrics(out) if "loss" in record]
     rates = [record["lr"] for record in steps]
-    assert rates[0] == pytest.approx(1e-6) and all(b > a for a, b in zip(rates, rates[1:], strict=False))
+    assert rates[0] == pytest.approx(1e-6) and all(b > a for a, b in itertools.pairwise(rates))
     assert rates[1] / rates[0] == pytest.approx((1e6) ** (1 / 99))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"]["reason"].startswith("the loss diverged at step ")  # before the 100th
@@ -44,7 +45,8 @@ def test_the_range_test_stops_at_divergence_and_writes_the_suggested_rate(
 def test_the_batch_search_is_refused_without_a_gpu(
     write_plan: Callable[..., Path], tmp_path: Path, cli_in_process: InProcessCli
 ) -> None:
-    result = cli_in_process(*NULL, "tune", str(write_plan()), "--batch", "--device", "cpu", "--out", str(tmp_path))
+    arguments = ("--batch", "--device", "cpu", "--out", str(tmp_path))
+    result = cli_in_process(*NULL, "tune", str(write_plan()), *arguments)
     assert result.returncode == 2
     assert result.stderr.startswith("crosstrain: error: tune --batch finds what fits a GPU's memory")
     assert len(result.stderr.strip().splitlines()) == 1
