@@ -32,7 +32,7 @@ def has_credentials() -> bool:
         return False
 
 
-def mode() -> str:
+def mode() -> Any:  # W&B's own Literal; WANDB_MODE is W&B's to check
     return os.environ.get("WANDB_MODE") or ("online" if has_credentials() else "offline")
 
 
