@@ -50,7 +50,6 @@ class ModelDescription:
 def describe_graph(graph: Graph) -> ModelDescription:
     names = {MODEL_INPUT: "input", **{node.index: node.path for node in graph.nodes}}
     rows = []
-    flops = 0
     for node in graph.nodes:
         specs = node.weight_specs()
         sizes = {name: math.prod(spec.shape) for name, spec in specs.items()}
@@ -67,9 +66,7 @@ def describe_graph(graph: Graph) -> ModelDescription:
                 trainable=sum(size for name, size in sizes.items() if specs[name].trainable),
             )
         )
-        if node.layer.arity == 1:
-            flops += 2 * node.layer.multiply_adds(node.input_shape)
-    return ModelDescription(tuple(rows), graph.input_shape, graph.input_dtype, flops)
+    return ModelDescription(tuple(rows), graph.input_shape, graph.input_dtype, graph.forward_flops_per_row)
 
 
 def _count(value: int) -> str:

@@ -207,3 +207,29 @@ def test_epoch_count_follows_max_steps(tmp_path: Path, cli_in_process: InProcess
         "1/2",
         "2/2",
     ]
+
+
+def test_the_lines_show_mfu_from_the_plans_flops_and_the_peak_given(
+    tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
+    """The digits MLP does 2 x (64*128 + 128*64 + 64*10) forward FLOPs a row, 3 x that a
+    training row; against --peak-tflops on 2 devices, each line's MFU is its samples/s'."""
+    arguments = ("--backend", "momentum", "--nproc", "2", *TWO_EPOCHS, "--peak-tflops", "0.001")
+    out = ("--out", str(tmp_path / "run"))
+    result = cli_in_process(*NULL, "run", DIGITS, *arguments, *out, env=console_env())
+    assert result.returncode == 0, result.stderr
+    flops = 3 * 2 * (64 * 128 + 128 * 64 + 64 * 10)
+    shown = [
+        (float(match[1]), float(match[2]))
+        for line in result.stdout.splitlines()
+        if (match := re.search(r"  (\d+) samples/s  MFU (\d+\.\d)%", line))
+    ]
+    assert len(shown) == 10 + 2  # every step line and both epoch lines
+    for speed, mfu in shown:
+        assert mfu == pytest.approx(100 * speed * flops / (0.001e12 * 2), abs=0.05 + 100 * flops / 2e9)
+
+
+def test_without_a_known_peak_no_mfu_is_shown(tmp_path: Path, cli_in_process: InProcessCli) -> None:
+    result = cli_in_process(*NULL, "run", DIGITS, "--backend", "momentum", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "MFU" not in result.stdout

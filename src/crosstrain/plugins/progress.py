@@ -1,13 +1,16 @@
 """Built-in plugin ``progress``: what rank 0 shows while it trains.
 
-On a terminal, a rich progress bar (step/total, epoch, loss, lr, samples/s, ETA);
+On a terminal, a rich progress bar (step/total, epoch, loss, lr, samples/s, MFU, ETA);
 anywhere else (a pipe, a CI log), plain lines every ~10 % of the steps, with no
-escape codes. In both, one line per epoch stays printed. Workers are processes of
+escape codes. In both, one line per epoch stays printed. MFU (model FLOPs utilisation,
+:mod:`crosstrain.plugins.mfu`) is shown where the model's FLOPs and the device's peak are
+known: a listed GPU, or ``--peak-tflops``. Workers are processes of
 their own, so the choice is made in rank 0's process, from its own stdout.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
@@ -26,19 +29,27 @@ from rich.progress import (
 
 from crosstrain.core.run.context import RunContext
 from crosstrain.plugins.hookspecs import hookimpl
+from crosstrain.plugins.mfu import Utilisation
 
 #: plain mode prints a step line about this many times per run
 PLAIN_LINES_PER_RUN = 10
 
 
-def format_epoch_line(context: RunContext, epoch: int, metrics: Mapping[str, float]) -> str:
+def format_mfu(utilisation: Utilisation | None, samples_per_second: float) -> str:
+    """``  MFU 41.2%``, or nothing where it is not known."""
+    return "" if utilisation is None else f"  MFU {100 * utilisation.mfu(samples_per_second):.1f}%"
+
+
+def format_epoch_line(
+    context: RunContext, epoch: int, metrics: Mapping[str, float], utilisation: Utilisation | None = None
+) -> str:
     parts = [f"epoch {epoch + 1}/{context.epochs}", f"loss {metrics['loss']:.4f}"]
     if "eval_loss" in metrics:
         parts.append(f"eval_loss {metrics['eval_loss']:.4f}")
     if "eval_accuracy" in metrics:
         parts.append(f"eval_acc {metrics['eval_accuracy']:.4f}")
     parts.append(f"{metrics['samples_per_second']:.0f} samples/s")
-    return "  ".join(parts)
+    return "  ".join(parts) + format_mfu(utilisation, metrics["samples_per_second"])
 
 
 def format_header(context: RunContext) -> str:
@@ -97,14 +108,14 @@ class _BarDisplay:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("lr {task.fields[lr]}"),
-            TextColumn("{task.fields[speed]} samples/s"),
+            TextColumn("{task.fields[speed]} samples/s{task.fields[mfu]}"),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=Console(file=sys.stdout, highlight=False),
             transient=True,  # the bar goes when training ends; the epoch lines stay
         )
         self._task: TaskID = self._progress.add_task(
-            self._description(0), total=context.total_steps, loss="-", lr="-", speed="-"
+            self._description(0), total=context.total_steps, loss="-", lr="-", speed="-", mfu=""
         )
         self._progress.start()
         self.line(format_header(context))
@@ -112,7 +123,7 @@ class _BarDisplay:
     def _description(self, epoch: int) -> str:
         return f"epoch {epoch + 1}/{self._epochs}"
 
-    def step(self, step: int, epoch: int, lr: float, loss: float, speed: float) -> None:
+    def step(self, step: int, epoch: int, lr: float, loss: float, speed: float, mfu: str) -> None:
         self._progress.update(
             self._task,
             completed=step,
@@ -120,6 +131,7 @@ class _BarDisplay:
             loss=f"{loss:.4f}",
             lr=f"{lr:.2e}",
             speed=f"{speed:.0f}",
+            mfu=mfu.replace("  ", ", "),
         )
 
     def line(self, text: str) -> None:
@@ -139,13 +151,13 @@ class _PlainDisplay:
         self._every = max(1, math.ceil(context.total_steps / PLAIN_LINES_PER_RUN))
         self.line(format_header(context))
 
-    def step(self, step: int, epoch: int, lr: float, loss: float, speed: float, eta: float) -> None:
+    def step(self, step: int, epoch: int, lr: float, loss: float, speed: float, mfu: str, eta: float) -> None:
         if step % self._every and step != self._total_steps:
             return
         percent = 100 * step / max(self._total_steps, 1)
         self.line(
             f"step {step}/{self._total_steps} ({percent:.0f}%)  epoch {epoch + 1}/{self._epochs}"
-            f"  loss {loss:.4f}  lr {lr:.2e}  {speed:.0f} samples/s"
+            f"  loss {loss:.4f}  lr {lr:.2e}  {speed:.0f} samples/s{mfu}"
             f"  eta {format_duration(eta)}"
         )
 
@@ -163,12 +175,14 @@ class ProgressReporter:
         self._bar: _BarDisplay | None = None
         self._plain: _PlainDisplay | None = None
         self._throughput: Throughput | None = None
+        self._utilisation: Utilisation | None = None
 
     def start(self, context: RunContext) -> None:
         self.close()
         if not context.world.is_main:
             return
         self._throughput = Throughput(context)
+        self._utilisation = Utilisation.of(context, context.options.get(PEAK_OPTION))
         if sys.stdout.isatty():
             self._bar = _BarDisplay(context)
         else:
@@ -179,16 +193,17 @@ class ProgressReporter:
             return
         self._throughput.record(step)
         speed = self._throughput.samples_per_second()
+        mfu = format_mfu(self._utilisation, speed)
         if self._bar is not None:
-            self._bar.step(step, epoch, lr, metrics["loss"], speed)
+            self._bar.step(step, epoch, lr, metrics["loss"], speed, mfu)
         if self._plain is not None:
-            self._plain.step(step, epoch, lr, metrics["loss"], speed, self._throughput.eta_seconds())
+            self._plain.step(step, epoch, lr, metrics["loss"], speed, mfu, self._throughput.eta_seconds())
 
     def epoch(self, context: RunContext, epoch: int, metrics: Mapping[str, float]) -> None:
         if self._throughput is None:  # not rank 0
             return
         self._throughput.next_epoch()
-        text = format_epoch_line(context, epoch, metrics)
+        text = format_epoch_line(context, epoch, metrics, self._utilisation)
         display = self._bar or self._plain
         if display is not None:
             display.line(text)
@@ -202,6 +217,21 @@ class ProgressReporter:
 
 
 _reporter = ProgressReporter()
+PEAK_OPTION = "peak_tflops"
+
+
+@hookimpl
+def crosstrain_addoption(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("progress")
+    group.add_argument(
+        "--peak-tflops",
+        dest=PEAK_OPTION,
+        type=float,
+        default=None,
+        metavar="TFLOPS",
+        help="each device's peak, for the MFU the progress line shows (default: a listed GPU's, "
+        "for the run's precision); put it after the plan file",
+    )
 
 
 @hookimpl

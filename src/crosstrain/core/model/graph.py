@@ -69,6 +69,14 @@ class Graph:
     output: int  # the node whose value is the model's output
 
     @property
+    def forward_flops_per_row(self) -> int:
+        """The forward FLOPs of one row: 2 x the multiply-adds of dense, convolution and
+        attention (the elementwise work left out, as most summaries and MFU figures do)."""
+        return sum(
+            2 * node.layer.multiply_adds(node.input_shape) for node in self.nodes if node.layer.arity == 1
+        )
+
+    @property
     def output_shape(self) -> Shape:
         return self.input_shape if self.output == MODEL_INPUT else self.nodes[self.output].output_shape
 
