@@ -17,6 +17,7 @@ from crosstrain.backends.tf.launch import Cluster, Layout, cluster_from_environm
 from crosstrain.core.errors import BackendError
 from crosstrain.core.run.job import DeviceChoice, Job
 from crosstrain.core.run.job import Layout as JobLayout
+from crosstrain.launch.gpus import count_gpus
 from tests.conftest import run_cli, worker_env
 
 pytestmark = pytest.mark.tf
@@ -159,6 +160,18 @@ def test_plugin_and_strategy_import_without_tensorflow() -> None:
     assert result.stdout.strip() == (
         "tf False No module named 'tensorflow' pip install 'crosstrain[tf]' (no GPU: 'crosstrain[tf-cpu]')"
     )
+
+
+@pytest.mark.skipif(count_gpus() > 0, reason="the driver lists a GPU here: TensorFlow is asked")
+def test_a_launcher_on_a_machine_without_a_gpu_counts_its_gpus_without_tensorflow() -> None:
+    """--device auto asks how many GPUs TensorFlow sees; where the driver lists none, the
+    answer is 0 without importing TensorFlow (seconds of CPU in a process that runs no step)."""
+    code = (
+        "import sys\n"
+        "from crosstrain.backends.tf.launch import physical_gpus\n"
+        "print(physical_gpus(), 'tensorflow' in sys.modules)\n"
+    )
+    assert _printed_by_fresh_python(code) == ["0", "False"]
 
 
 def test_tf_trains_where_torch_cannot_be_imported(write_plan: Callable[..., Path], tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from crosstrain.launch.environments import (
     detect_environment,
     parse_endpoint,
 )
+from crosstrain.launch.gpus import count_gpus
 from crosstrain.launch.store import exchange, reachable_address, serve_store
 
 JOB_FILE = "job.pkl"
@@ -83,6 +84,10 @@ def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluste
 
 
 def physical_gpus() -> int:
+    """The GPUs TensorFlow sees. Where the driver lists none, TensorFlow sees none either,
+    and is not asked: importing it costs seconds of CPU in a launcher that runs no step."""
+    if count_gpus() == 0:
+        return 0
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))
