@@ -79,8 +79,8 @@ def _tune(args: argparse.Namespace, manager: CrosstrainPluginManager, console: C
     selection = attrs.evolve(selection, disabled=(*selection.disabled, *QUIET))
     launch = LaunchOptions(backend=args.backend, replicas=args.nproc, device=args.device, plugins=selection)
     if args.lr:
-        return _tune_lr(args, plan, out, launch, manager, console)
-    return _tune_batch(args, plan, out, launch, manager, console)
+        return _tune_lr(args, plan, out, launch, console)
+    return _tune_batch(args, plan, out, launch, console)
 
 
 def _tune_lr(
@@ -88,7 +88,6 @@ def _tune_lr(
     plan: Plan,
     out: Path,
     launch: LaunchOptions,
-    manager: CrosstrainPluginManager,
     console: Console,
 ) -> int:
     test = RangeTest(args.min_lr, args.max_lr, args.steps)
@@ -122,7 +121,6 @@ def _tune_batch(
     plan: Plan,
     out: Path,
     launch: LaunchOptions,
-    manager: CrosstrainPluginManager,
     console: Console,
 ) -> int:
     if args.device == "cpu" or count_gpus() == 0:
