@@ -83,7 +83,8 @@ def test_a_run_without_flags_asks_for_the_record_s_defaults(
 ) -> None:
     """Left out, a flag is the record's default: the layout not given (resolved at launch),
     the timeout 300 s, no restarts, node 0."""
-    optional = ("early_stop", "tensorboard", "mlflow", "wandb", "sweep", "tune")  # the plugins with options
+    # the plugins with options
+    optional = ("early_stop", "tensorboard", "progress", "mlflow", "wandb", "sweep", "tune")
     blocked = [item for name in optional for item in ("-p", f"no:{name}")]
     result = cli_in_process(*blocked, "run", str(tmp_path / "p.toml"))
     assert result.returncode == 0, result.stderr
