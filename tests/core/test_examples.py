@@ -35,7 +35,7 @@ def test_there_are_toml_and_python_examples() -> None:
 def test_examples_and_readme_import_only_from_crosstrain_itself() -> None:
     """What users and backend authors need is exported by ``crosstrain``; what they copy
     from the examples, the README and the docs' recipes never reaches into ``crosstrain.core``."""
-    recipes = ["plans.md", "running.md", "inference.md", "plugins.md", "checkpoints.md"]
+    recipes = ["plans.md", "running.md", "inference.md", "plugins.md", "checkpoints.md", "experiments.md"]
     shown = [EXAMPLES.parent / "README.md", EXAMPLES / "crosstrain-jax" / "README.md"]
     shown += [EXAMPLES.parent / "docs" / name for name in recipes]
     shown += sorted(EXAMPLES.glob("*.py")) + sorted((EXAMPLES / "crosstrain-jax" / "src").rglob("*.py"))

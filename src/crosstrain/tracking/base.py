@@ -143,6 +143,7 @@ class TrackerPlugin:
         self.name, self.title, self.option, self.open_client = name, title, option, open_client
         self._client: TrackerClient | None = None
         self._pending: list[tuple[int, dict[str, float]]] = []
+        self._pending_values = 0  # values in _pending
         self._sent_at = 0.0
         self._throughput: Throughput | None = None
 
@@ -156,22 +157,20 @@ class TrackerPlugin:
             return
         try:
             call(client)
-        except (
-            Exception
-        ) as error:  # any failure of the tracker's own code (server, disk) must not stop training
-            self._client, self._pending = None, []
-            message = " ".join(f"{type(error).__name__}: {error}".split())
-            print(
-                f"crosstrain: warning: --{self.name} failed to {what} ({message}); the run goes on "
-                f"without it (metrics.jsonl has every value)",
-                file=sys.stderr,
-                flush=True,
-            )
+        except Exception as error:  # the tracker's own failure (server, disk) must not stop training
+            self._client, self._pending, self._pending_values = None, [], 0
+            self._warn(f"failed to {what}", error, "(metrics.jsonl has every value)")
             with contextlib.suppress(Exception):  # already warned: a broken tracker may fail again closing
                 client.close(failed=True)
 
+    def _warn(self, what: str, error: Exception, after: str = "") -> None:
+        """One line on stderr: the tracker, what it could not do and the error on one line."""
+        message = " ".join(f"{type(error).__name__}: {error}".split())
+        line = f"crosstrain: warning: --{self.name} {what} ({message}); the run goes on without it"
+        print(f"{line} {after}".rstrip(), file=sys.stderr, flush=True)
+
     def _send(self) -> None:
-        pending, self._pending = self._pending, []
+        pending, self._pending, self._pending_values = self._pending, [], 0
         self._sent_at = time.monotonic()
         if pending:
             self._guarded("log metrics", lambda client: client.log_metrics(pending))
@@ -180,8 +179,8 @@ class TrackerPlugin:
         if self._client is None:
             return
         self._pending.append((step, dict(values)))
-        count = sum(len(logged) for _, logged in self._pending)
-        if count >= BATCH_VALUES or time.monotonic() - self._sent_at >= BATCH_SECONDS:
+        self._pending_values += len(values)
+        if self._pending_values >= BATCH_VALUES or time.monotonic() - self._sent_at >= BATCH_SECONDS:
             self._send()
 
     # ------------------------------------------------------------------ hooks
@@ -202,21 +201,16 @@ class TrackerPlugin:
 
     @hookimpl
     def crosstrain_train_start(self, context: RunContext) -> None:
-        self._client, self._pending = None, []
+        self._client, self._pending, self._pending_values = None, [], 0
         given = context.options.get(self.name)
         if given is None or not context.world.is_main:
             return
         run_id = read_run_ids(context.out_dir).get(self.name)
         try:
             self._client = self.open_client(context, str(given), run_id)
-        except Exception as error:
+        except Exception as error:  # a tracker that cannot open is warned about, never fatal
             self._client = None
-            message = " ".join(f"{type(error).__name__}: {error}".split())
-            print(
-                f"crosstrain: warning: --{self.name} could not start ({message}); the run goes on without it",
-                file=sys.stderr,
-                flush=True,
-            )
+            self._warn("could not start", error)
             return
         keep_run_id(context.out_dir, self.name, self._client.run_id)
         self._throughput = Throughput(context)
