@@ -73,11 +73,17 @@ from crosstrain.core.spec.plan import (
     TrainSpec,
 )
 from crosstrain.core.spec.planfile import load_plan
-from crosstrain.core.spec.vocabulary import SpeaksVocabulary, Vocabulary, check_plan_vocabulary
+from crosstrain.core.spec.vocabulary import (
+    CORE_VOCABULARY,
+    SpeaksVocabulary,
+    Vocabulary,
+    check_plan_vocabulary,
+)
 from crosstrain.importers import import_keras, import_torch
 from crosstrain.plugins.hookspecs import hookimpl
 
 __all__ = [
+    "CORE_VOCABULARY",
     "DECAY_MODES",
     "MODEL_INPUT",
     "BackendError",

@@ -8,23 +8,26 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import crosstrain
 import pytest
 from crosstrain import DECAY_MODES, PlanError, Vocabulary
 from crosstrain.core.spec.plan import WEIGHT_DTYPES
 from crosstrain.core.spec.vocabulary import missing_names  # the check's own helper, tested here
 
-from crosstrain_jax import JaxStrategy, layers
+from crosstrain_jax import JaxStrategy
 from crosstrain_jax.layers import LAYERS
 from crosstrain_jax.model import LOSSES, METRIC_COUNTS
 from crosstrain_jax.nodes import PRECISIONS
 from crosstrain_jax.optimizer import OPTIMIZERS
+from crosstrain_jax.strategy import table_vocabulary
 from jaxtest_support import run_cli
 
 
 def test_the_vocabulary_is_what_the_tables_hold() -> None:
+    # declared (the launching process imports no jax), and the tables' keys exactly
     vocabulary = JaxStrategy.vocabulary()
-    assert vocabulary == Vocabulary.of(
+    assert vocabulary == table_vocabulary() == Vocabulary.of(
         LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES,
         shard=("none", "optimizer"))
     # every core layer type (block is core's structure, not a layer to build), every loss,
@@ -36,10 +39,23 @@ def test_the_vocabulary_is_what_the_tables_hold() -> None:
         name: WEIGHT_DTYPES[name] for name in PRECISIONS}
 
 
-def test_asking_for_the_vocabulary_starts_no_jax_backend() -> None:
-    # the launching process asks; a started backend would claim the GPUs' memory there
-    code = ("from crosstrain_jax import JaxStrategy\n"
+def test_checking_a_plan_and_finding_jax_import_no_jax() -> None:
+    # what crosstrain asks in the launching process, which never runs a step
+    code = ("import sys\n"
+            "from crosstrain_jax import JaxStrategy\n"
+            "assert JaxStrategy.framework_installed().importable\n"
             "JaxStrategy.vocabulary()\n"
+            "print('jax' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_reading_the_tables_starts_no_jax_backend() -> None:
+    # the tables' modules import jax; a started backend would claim the GPUs' memory
+    code = ("from crosstrain_jax.strategy import table_vocabulary\n"
+            "table_vocabulary()\n"
             "from jax._src import xla_bridge\n"
             "print(xla_bridge.backends_are_initialized())\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -60,12 +76,13 @@ def test_fp16_is_refused_before_launch_with_the_field_named(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_layer_missing_from_the_table_is_refused_naming_its_field(
+def test_a_layer_the_backend_does_not_declare_is_refused_naming_its_field(
     token_plan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The tables are the only source of the vocabulary: take attention out of LAYERS and the
-    # plan that uses it in a block is refused before the output folder or a worker exists.
-    monkeypatch.delitem(layers.LAYERS, "attention")
+    # Take attention out of the vocabulary and the plan that uses it in a block is refused
+    # before the output folder or a worker exists.
+    without = attrs.evolve(table_vocabulary(), layers=table_vocabulary().layers - {"attention"})
+    monkeypatch.setattr(JaxStrategy, "vocabulary", classmethod(lambda cls: without))
     with pytest.raises(PlanError) as refused:
         crosstrain.fit(token_plan, backend="jax", device="cpu", out=tmp_path / "run")
     assert refused.value.field == "model.blocks.decoder.layers[1]"

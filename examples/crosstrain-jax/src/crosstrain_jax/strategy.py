@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import attrs
 import numpy as np
 from crosstrain import (
+    CORE_VOCABULARY,
     DECAY_MODES,
     BackendError,
     Batch,
@@ -89,21 +90,29 @@ class JaxStrategy:
     # ----------------------------------------------------------------- discovery and launch
 
     @classmethod
+    def framework_installed(cls) -> FrameworkStatus:
+        """Found, not imported: what crosstrain asks before each launch. The worker imports
+        jax (and a broken install fails there, naming the rank); the probe below costs a
+        python and a jax import, about a CPU-second, in a launcher that runs no step."""
+        if importlib.util.find_spec("jax") is None:
+            return FrameworkStatus(importable=False, problem=_NO_JAX)
+        return FrameworkStatus(importable=True)
+
+    @classmethod
     def framework_status(cls) -> FrameworkStatus:
         return _probe_framework()
 
     @classmethod
     def vocabulary(cls) -> Vocabulary:
-        """The keys of the model's and optimizer's tables. Importing them imports jax but
-        initialises no jax backend (so no GPU memory is claimed in the launching process)."""
-        from crosstrain_jax.layers import LAYERS
-        from crosstrain_jax.model import LOSSES, METRIC_COUNTS
-        from crosstrain_jax.nodes import PRECISIONS
-        from crosstrain_jax.optimizer import OPTIMIZERS
-
-        # every decay mode: the update decays the weights crosstrain's decayed_weights names
-        return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES,
-                             shard=("none", "optimizer"))
+        """Every name core defines but fp16 (it would need a loss scaler, which this example
+        leaves out). Declared rather than read off the tables, whose modules import jax (a
+        CPU-second) in the launching process, which checks the plan but never runs a step;
+        ``tests/test_vocabulary.py`` holds this to :func:`table_vocabulary`."""
+        return attrs.evolve(
+            CORE_VOCABULARY,
+            precisions=CORE_VOCABULARY.precisions - {"fp16"},
+            shard=frozenset(SHARD_MODES),
+        )
 
     def check_job(self, job: Job) -> None:
         from crosstrain_jax.launch import check_job
@@ -355,6 +364,23 @@ def _trainable_names(plan: Plan, names: Sequence[str]) -> tuple[str, ...]:
     return tuple(name for name in names if specs[name].trainable)
 
 
+_NO_JAX = "No module named 'jax' (pip install jax)"
+#: what each replica may hold: everything, or 1/N of the optimizer's state (ZeRO-1)
+SHARD_MODES = ("none", "optimizer")
+
+
+def table_vocabulary() -> Vocabulary:
+    """The keys of the model's and optimizer's tables (imports jax, starts no jax backend)."""
+    from crosstrain_jax.layers import LAYERS
+    from crosstrain_jax.model import LOSSES, METRIC_COUNTS
+    from crosstrain_jax.nodes import PRECISIONS
+    from crosstrain_jax.optimizer import OPTIMIZERS
+
+    # every decay mode: the update decays the weights crosstrain's decayed_weights names
+    return Vocabulary.of(LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES,
+                         shard=SHARD_MODES)
+
+
 # Run in a child process: initialising a jax backend here would claim the GPUs (jax
 # preallocates most of their memory) in the launching process, which never trains.
 _PROBE = """
@@ -369,7 +395,7 @@ print(json.dumps({"version": jax.__version__, "devices": devices}))
 def _probe_framework() -> FrameworkStatus:
     """Whether jax imports and what it sees, asked of a child python; never raises."""
     if importlib.util.find_spec("jax") is None:
-        return FrameworkStatus(importable=False, problem="No module named 'jax' (pip install jax)")
+        return FrameworkStatus(importable=False, problem=_NO_JAX)
     try:
         completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
                                    timeout=120, check=False)
