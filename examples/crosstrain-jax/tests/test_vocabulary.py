@@ -29,9 +29,9 @@ def test_the_vocabulary_is_what_the_tables_hold() -> None:
     vocabulary = JaxStrategy.vocabulary()
     assert vocabulary == table_vocabulary() == Vocabulary.of(
         LAYERS, LOSSES, OPTIMIZERS, PRECISIONS, METRIC_COUNTS, DECAY_MODES,
-        shard=("none", "optimizer"))
+        shard=("none", "optimizer", "full"))
     # every core layer type (block is core's structure, not a layer to build), every loss,
-    # optimizer, counted metric and decay mode, and the optimizer's state sharded (ZeRO-1);
+    # optimizer, counted metric and decay mode, and every shard mode (ZeRO-1 and ZeRO-3);
     # fp16 would need a loss scaler, which this example leaves out
     assert missing_names(vocabulary) == {"precisions": ["fp16"]}
     # the weights' dtype of each precision is crosstrain's, so checkpoints move between backends

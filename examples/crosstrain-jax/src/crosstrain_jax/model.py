@@ -157,9 +157,16 @@ METRIC_COUNTS: dict[str, tuple[str, Callable[[jax.Array, jax.Array, Plan], jax.A
 # --------------------------------------------------------------------------- compiled steps
 
 
-def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> Callable[..., Any]:
+def make_train_step(
+    plan: Plan, forward: Forward, trainable: Sequence[str], shards: Shards | None = None
+) -> Callable[..., Any]:
     """train_step(params, buffers, optimizer_state, xs, ys, ws, rows, scale, scalars, step)
     -> (params, buffers, optimizer_state, micro_sums), to be jitted.
+
+    ``shards`` (``train.shard = "full"``): ``params`` come in split over the devices; the
+    step gathers them whole for the forward and backward passes (an exact copy: the same
+    arithmetic as unsharded), splits each summed gradient as its weight is split, and
+    updates each device's part of the weights and of the optimizer's state, elementwise.
 
     ``params`` are the trainable weights (what the gradient, clipping and the optimizer
     see), ``buffers`` the others (batch norm's moving statistics, updated by each
@@ -207,14 +214,41 @@ def make_train_step(plan: Plan, forward: Forward, trainable: Sequence[str]) -> C
             summed = {name: total[name] + grads[name] for name in total}
             return (summed, {**moving, **updates}), micro_sum
 
+        kept = params
+        if shards is not None:
+            params = lax.with_sharding_constraint(params, shards.whole)
         zeros = {name: jnp.zeros_like(value) for name, value in params.items()}
         (grads, buffers), micro_sums = lax.scan(accumulate, (zeros, buffers), (xs, ys, ws, rows))
+        if shards is not None:
+            params, grads = kept, lax.with_sharding_constraint(grads, shards.parts)
         if clip is not None:
             grads = clip_by_global_norm(grads, trainable, clip)
         new_params, new_state = apply_update(spec, params, grads, optimizer_state, scalars, decayed)
         return new_params, buffers, new_state, micro_sums
 
     return train_step
+
+
+@attrs.frozen
+class Shards:
+    """Where a fully sharded run's weights live: ``parts``, each weight's placement (split
+    over the devices along an axis that divides); ``whole``, the replicated placement the
+    passes read them in."""
+
+    parts: Mapping[str, Any]
+    whole: Any
+
+
+def gathered(function: Callable[..., Any], shards: Shards | None) -> Callable[..., Any]:
+    """``function(weights, ...)`` reading its weights whole: under ``train.shard = "full"``
+    they are gathered first, so evaluation and prediction compute exactly as unsharded."""
+    if shards is None:
+        return function
+
+    def whole(weights: Params, *rest: Any) -> Any:
+        return function(lax.with_sharding_constraint(weights, shards.whole), *rest)
+
+    return whole
 
 
 def make_eval_step(

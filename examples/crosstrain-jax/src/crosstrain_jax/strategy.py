@@ -6,9 +6,11 @@ itself. Under ``train.shard = "optimizer"`` (ZeRO-1) each slot of the optimizer'
 is split over the mesh too, along its first axis that divides by the device count: XLA
 then updates each device's part of the slots (and of the weights, gathered whole after),
 so each device holds 1/N of the optimizer's state, and the update's arithmetic, elementwise,
-is the same. This module imports jax only inside methods, so ``crosstrain backends`` can
-list the backend (and say jax is missing) on a machine without jax.
-"""
+is the same. Under ``"full"`` (ZeRO-3) the weights are split the same way between steps:
+each step gathers them whole for the forward and backward passes (an exact copy), splits
+each summed gradient as its weight is split (a reduce-scatter), and updates each device's
+part. This module imports jax only inside methods, so ``crosstrain backends`` can
+list the backend (and say jax is missing) on a machine without jax."""
 
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ class JaxState:
     optimizer_sharding: Any = None
     optimizer_steps: int = 0
     predict_fn: Callable[..., Any] | None = None  # jitted forward, made by the first predict()
+    #: each weight's placement: replicated, or split over the mesh (train.shard = "full")
+    placements: Mapping[str, Any] = attrs.Factory(dict)
+    shards: Any = None  # model.Shards under train.shard = "full", else None
 
 
 class JaxStrategy:
@@ -135,7 +140,13 @@ class JaxStrategy:
         import jax
         from jax.sharding import Mesh
 
-        from crosstrain_jax.model import build_forward, make_eval_step, make_train_step
+        from crosstrain_jax.model import (
+            Shards,
+            build_forward,
+            gathered,
+            make_eval_step,
+            make_train_step,
+        )
         from crosstrain_jax.nodes import use_x64
         from crosstrain_jax.optimizer import init_state
 
@@ -150,28 +161,38 @@ class JaxStrategy:
         names = tuple(weights)
         trainable = _trainable_names(plan, names)
 
+        mode = plan.train.shard
+        # "full": each weight split over the devices (where an axis divides), as its slots
+        placements = {name: _split_sharding(mesh, np.shape(weights[name])) if mode == "full"
+                      else replicated for name in names}
+        shards = Shards(parts={name: placements[name] for name in trainable},
+                        whole=replicated) if mode == "full" else None
+
         def place(subset: Sequence[str]) -> dict[str, jax.Array]:
-            return {name: jax.device_put(np.asarray(weights[name], dtype), replicated)
+            return {name: jax.device_put(np.asarray(weights[name], dtype), placements[name])
                     for name in subset}
 
         params = place(trainable)
         slots = init_state(plan.optimizer, params)
-        split = plan.train.shard == "optimizer"
+        split = mode in ("optimizer", "full")
         slot_sharding = jax.tree.map(
             lambda slot: _split_sharding(mesh, slot.shape) if split else replicated, slots
         )
-        train_fn = jax.jit(make_train_step(plan, forward, trainable),
-                           out_shardings=(replicated, replicated, slot_sharding, replicated),
+        param_sharding = {name: placements[name] for name in trainable}
+        train_fn = jax.jit(make_train_step(plan, forward, trainable, shards),
+                           out_shardings=(param_sharding, replicated, slot_sharding, replicated),
                            donate_argnums=(0, 1, 2))
         return JaxState(
             plan=plan, names=names, trainable=trainable, params=params,
             buffers=place([name for name in names if name not in params]),
             optimizer_state=jax.device_put(slots, slot_sharding),
-            train_fn=train_fn, eval_fn=jax.jit(make_eval_step(plan, forward)),
+            train_fn=train_fn, eval_fn=jax.jit(gathered(make_eval_step(plan, forward), shards)),
             replicated=replicated,
             rows=_sharding(mesh, "data"),
             micro_rows=_sharding(mesh, None, "data"),
             optimizer_sharding=slot_sharding,
+            placements=placements,
+            shards=shards,
         )
 
     # ----------------------------------------------------------------- steps
@@ -222,11 +243,12 @@ class JaxStrategy:
     def predict(self, state: JaxState, x: np.ndarray) -> np.ndarray:
         import jax
 
-        from crosstrain_jax.model import build_forward
+        from crosstrain_jax.model import build_forward, gathered
 
         if state.predict_fn is None:
             forward = build_forward(state.plan)
-            state.predict_fn = jax.jit(lambda weights, rows: forward(weights, rows, None)[0])
+            state.predict_fn = jax.jit(
+                gathered(lambda weights, rows: forward(weights, rows, None)[0], state.shards))
         # replicated: any number of rows, whatever the device count
         rows = jax.device_put(x, state.replicated)
         outputs = state.predict_fn({**state.params, **state.buffers}, rows)
@@ -270,7 +292,8 @@ class JaxStrategy:
 
         def place(subset: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
             dtype = state.plan.train.weight_dtype  # float32 and float64 weights load into either
-            return {name: jax.device_put(np.asarray(tensors[name], dtype), state.replicated)
+            return {name: jax.device_put(np.asarray(tensors[name], dtype),
+                                         state.placements.get(name, state.replicated))
                     for name in subset}
 
         state.params, state.buffers = place(state.params), place(state.buffers)
@@ -365,8 +388,9 @@ def _trainable_names(plan: Plan, names: Sequence[str]) -> tuple[str, ...]:
 
 
 _NO_JAX = "No module named 'jax' (pip install jax)"
-#: what each replica may hold: everything, or 1/N of the optimizer's state (ZeRO-1)
-SHARD_MODES = ("none", "optimizer")
+#: what each replica may hold: everything, 1/N of the optimizer's state (ZeRO-1), or 1/N of
+#: the weights, their gradients and the optimizer's state (ZeRO-3)
+SHARD_MODES = ("none", "optimizer", "full")
 
 
 def table_vocabulary() -> Vocabulary:
