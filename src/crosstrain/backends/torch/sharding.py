@@ -65,15 +65,9 @@ _REFUSED: dict[str, tuple[tuple[Callable[[Plan], bool], str, str], ...]] = {
             "scaler yet); use bf16 or fp32",
         ),
     ),
-    # ZeRO-1 runs DDP's step and steps through fp16's scaler as DDP does (every rank
+    # ZeRO-1 runs DDP's step (compiled or not: train.compile compiles the forward and loss,
+    # the optimizer steps outside) and steps through fp16's scaler as DDP does (every rank
     # unscales and checks the whole averaged gradients: measured bit for bit with "none")
-    "optimizer": (
-        (
-            _compiled,
-            "train.compile",
-            "the compiled step with the ZeRO-1 optimizer is not proven equal yet; set train.compile = false",
-        ),
-    ),
 }
 
 
