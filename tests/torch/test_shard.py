@@ -104,8 +104,8 @@ def test_an_optimizer_sharded_checkpoint_resumes_unsharded_exactly(runs: RunCach
 def test_the_compiled_step_with_the_sharded_optimizer_trains_as_the_compiled_unsharded_one(
     runs: RunCache,
 ) -> None:
-    """``train.compile`` compiles the forward and the loss; the ZeRO-1 optimizer steps
-    outside, as DDP's does: bit for bit the compiled unsharded run (the conformance
+    """``train.compile`` compiles the model under DDP; the ZeRO-1 optimizer steps outside
+    it, as DDP's optimizer does: bit for bit the compiled unsharded run (the conformance
     suite's, whose kernels this run finds in inductor's cache), with half the slots."""
     compiled = runs("torch", "dropout_mlp", 2, "train.compile=true")
     zero = runs("torch", "dropout_mlp", 2, "train.compile=true", "train.shard='optimizer'")

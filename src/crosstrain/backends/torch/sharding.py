@@ -65,7 +65,7 @@ _REFUSED: dict[str, tuple[tuple[Callable[[Plan], bool], str, str], ...]] = {
             "scaler yet); use bf16 or fp32",
         ),
     ),
-    # ZeRO-1 runs DDP's step (compiled or not: train.compile compiles the forward and loss,
+    # ZeRO-1 runs DDP's step (compiled or not: train.compile compiles the model under DDP,
     # the optimizer steps outside) and steps through fp16's scaler as DDP does (every rank
     # unscales and checks the whole averaged gradients: measured bit for bit with "none")
 }
