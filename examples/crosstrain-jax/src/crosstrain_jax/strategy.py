@@ -66,7 +66,8 @@ class JaxState:
     optimizer_sharding: Any = None
     optimizer_steps: int = 0
     predict_fn: Callable[..., Any] | None = None  # jitted forward, made by the first predict()
-    #: each weight's placement: replicated, or split over the mesh (train.shard = "full")
+    #: each trainable weight's placement: replicated, or split over the mesh (train.shard =
+    #: "full"); a buffer, absent here, is replicated
     placements: Mapping[str, Any] = attrs.Factory(dict)
     shards: Any = None  # model.Shards under train.shard = "full", else None
 
@@ -162,14 +163,16 @@ class JaxStrategy:
         trainable = _trainable_names(plan, names)
 
         mode = plan.train.shard
-        # "full": each weight split over the devices (where an axis divides), as its slots
+        # "full": each trainable weight split over the devices (where an axis divides), as
+        # its slots; the buffers stay whole, as the step returns them (one placement each,
+        # so the step compiles once)
         placements = {name: _split_sharding(mesh, np.shape(weights[name])) if mode == "full"
-                      else replicated for name in names}
-        shards = Shards(parts={name: placements[name] for name in trainable},
-                        whole=replicated) if mode == "full" else None
+                      else replicated for name in trainable}
+        shards = Shards(parts=placements, whole=replicated) if mode == "full" else None
 
         def place(subset: Sequence[str]) -> dict[str, jax.Array]:
-            return {name: jax.device_put(np.asarray(weights[name], dtype), placements[name])
+            return {name: jax.device_put(np.asarray(weights[name], dtype),
+                                         placements.get(name, replicated))
                     for name in subset}
 
         params = place(trainable)
@@ -178,9 +181,8 @@ class JaxStrategy:
         slot_sharding = jax.tree.map(
             lambda slot: _split_sharding(mesh, slot.shape) if split else replicated, slots
         )
-        param_sharding = {name: placements[name] for name in trainable}
         train_fn = jax.jit(make_train_step(plan, forward, trainable, shards),
-                           out_shardings=(param_sharding, replicated, slot_sharding, replicated),
+                           out_shardings=(placements, replicated, slot_sharding, replicated),
                            donate_argnums=(0, 1, 2))
         return JaxState(
             plan=plan, names=names, trainable=trainable, params=params,
