@@ -79,9 +79,15 @@ def run_crosstrain(
     result = subprocess.run(command, capture_output=True, text=True, env=environment)
     if result.returncode:  # what went wrong, not only that it did
         raise SystemExit(f"crosstrain run {plan} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    rates = [float(line.split()[-2]) for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    rates = [_samples_per_second(line) for line in result.stdout.splitlines() if line.startswith("epoch ")]
     summary = json.loads((out / "summary.json").read_text())
     return rates[1:] or rates, (summary.get("ranks") or [{}])[0]
+
+
+def _samples_per_second(epoch_line: str) -> float:
+    """The figure before "samples/s" in a progress epoch line (an MFU may follow it)."""
+    words = epoch_line.split()
+    return float(words[words.index("samples/s") - 1])
 
 
 def run_native(

@@ -411,6 +411,11 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     # tokens and rows keep every side of a config under ~4 minutes on one H100, compiling included
     "gpt2-small-compile": lambda: gpt2(16, 1536) | COMPILED_TWIN,
     "gpt2-small-b32-compile": lambda: gpt2(32, 1536) | COMPILED_TWIN,
+    # train.shard = "full" at world 1 (issue 37: sharding costs nothing where it cannot
+    # help); crosstrain's side only, read against gpt2-small-compile's of the same invocation
+    "gpt2-small-full-compile": lambda: (
+        gpt2(16, 1536) | COMPILED_TWIN | {"settings": ("train.shard='full'",), "native_kinds": ()}
+    ),
     "resnet50-bf16": lambda: resnet50(256, 8192),
     "resnet50-bf16-compile": lambda: resnet50(256, 8192) | COMPILED_TWIN,
 }

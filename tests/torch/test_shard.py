@@ -2,29 +2,21 @@
 clipping, AdamW on kernels) trains "full" (FSDP2) and "optimizer" (ZeRO-1) as the unsharded
 world-2 run of the conformance suite does, holding half of its memory per rank ("full") or
 half of its optimizer state ("optimizer"), and writes the same neutral checkpoints, which
-resume in the other mode exactly; what a mode cannot combine with is refused before launch."""
+resume in the other mode exactly; "full" combines with ``train.compile`` and fp16."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from crosstrain.core.admission.checks import admit
-from crosstrain.core.errors import PlanError
 from crosstrain.core.run.checkpoint import load_checkpoint
-from crosstrain.core.run.job import Job, Layout
-from crosstrain.core.spec.planfile import load_plan
 from crosstrain.testing.launches import RunCache
-from crosstrain.testing.plans import DROPOUT_MLP_PLAN
 from crosstrain.testing.run_checks import resume_a_copy
 from crosstrain.testing.runs import max_relative_difference, step_losses, summary
 
 pytest.importorskip("torch")
-
-from crosstrain.backends.torch.strategy import TorchStrategy
 
 pytestmark = pytest.mark.torch
 
@@ -115,28 +107,24 @@ def test_the_compiled_step_with_the_sharded_optimizer_trains_as_the_compiled_uns
     assert held["optimizer"] <= replicated["optimizer"] * 0.5 * 1.05, (held, replicated)
 
 
-@pytest.mark.parametrize(
-    ("settings", "refusal"),
-    [
-        (
-            ("train.shard='full'", "train.compile=true"),
-            "train.shard: train.shard = 'full' with train.compile",
-        ),
-        (
-            ("train.shard='full'", "train.precision='fp16'"),
-            "train.shard: train.shard = 'full' with train.precision = 'fp16'",
-        ),
-    ],
-)
-def test_what_a_shard_mode_cannot_combine_with_is_refused_before_launch(
-    write_plan: Callable[..., Path], tmp_path: Path, settings: tuple[str, ...], refusal: str
-) -> None:
-    job = Job(
-        plan=load_plan(write_plan(DROPOUT_MLP_PLAN), settings),
-        layout=Layout("torch", 2, device="cpu"),
-        out_dir=str(tmp_path / "run"),
+def test_the_compiled_step_fully_sharded_trains_as_the_compiled_unsharded_one(runs: RunCache) -> None:
+    """``train.compile`` over FSDP2's units: bit for bit the compiled unsharded run (the
+    conformance suite's), holding half of its memory per rank."""
+    compiled = runs("torch", "dropout_mlp", 2, "train.compile=true")
+    full = runs("torch", "dropout_mlp", 2, "train.compile=true", "train.shard='full'")
+    assert np.array_equal(step_losses(full), step_losses(compiled))
+    assert summary(full)["eval"] == summary(compiled)["eval"]
+    held, replicated = summary(full)["memory_per_rank"], summary(compiled)["memory_per_rank"]
+    assert sum(held.values()) <= sum(replicated.values()) * 0.5 * 1.05, (held, replicated)
+
+
+def test_fp16_fully_sharded_trains_as_fp16_unsharded(runs: RunCache) -> None:
+    """fp16's loss scaler over FSDP2's shards (torch's sharded scaler: the ranks agree
+    whether a step overflowed) steps as DDP's does, bit for bit."""
+    fp16 = "train.precision='fp16'"
+    plain, full = (
+        runs("torch", "dropout_mlp", 2, fp16),
+        runs("torch", "dropout_mlp", 2, fp16, "train.shard='full'"),
     )
-    with pytest.raises(PlanError) as refused:
-        admit(job, TorchStrategy())
-    assert refusal in str(refused.value) and "\n" not in str(refused.value)
-    assert not (tmp_path / "run").exists()
+    assert np.array_equal(step_losses(full), step_losses(plain))
+    assert summary(full)["eval"] == summary(plain)["eval"]

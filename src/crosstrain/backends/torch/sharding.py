@@ -14,8 +14,11 @@ What it computes is what DDP computes: FSDP2 averages each gradient over the ran
 reduce-scatter) as DDP does (an all-reduce), so the step's loss keeps DDP's scale; the
 forward runs under the same autocast (no ``MixedPrecisionPolicy``: its bf16 parameters
 would round differently from autocast's per-op casts); the norm ``clip_grad_norm`` clips
-to is the global one (``torch.nn.utils.clip_grad_norm_`` sums the shards' squares).
-At world 1 a plan sharded "full" runs the plain module: one rank's shard is everything.
+to is the global one (``torch.nn.utils.clip_grad_norm_`` sums the shards' squares);
+fp16's loss scaler agrees over the ranks whether a step overflowed (:func:`loss_scaler`);
+``train.compile`` compiles the sharded module, FSDP2's gathers and reduce-scatters traced
+between the compiled parts. At world 1 a plan sharded "full" runs the plain module: one
+rank's shard is everything, and sharding costs nothing where it cannot help.
 
 ``"optimizer"``: DDP as for ``"none"``, and the optimizer's state split over the ranks
 (:class:`crosstrain.backends.torch.zero.ShardedStateOptimizer`). At world 1 it is the
@@ -28,57 +31,15 @@ DTensor's module takes half a second to import: nothing here imports it until a 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from crosstrain.core.errors import PlanError
 from crosstrain.core.spec.plan import Plan
 
 if TYPE_CHECKING:
     from crosstrain.backends.torch.state import TorchState
-
-
-def _compiled(plan: Plan) -> bool:
-    return plan.train.compile
-
-
-def _loss_scaled(plan: Plan) -> bool:
-    return plan.train.precision == "fp16"
-
-
-#: combinations a shard mode does not train yet: mode -> (whether the plan asks for it,
-#: the setting, why)
-_REFUSED: dict[str, tuple[tuple[Callable[[Plan], bool], str, str], ...]] = {
-    "full": (
-        (
-            _compiled,
-            "train.compile",
-            "torch.compile over FSDP2's gathers is not wired yet; set train.compile = false",
-        ),
-        (
-            _loss_scaled,
-            "train.precision = 'fp16'",
-            "fp16's loss scaler would find overflows in each rank's shard alone (no sharded "
-            "scaler yet); use bf16 or fp32",
-        ),
-    ),
-    # ZeRO-1 runs DDP's step (compiled or not: train.compile compiles the model under DDP,
-    # the optimizer steps outside) and steps through fp16's scaler as DDP does (every rank
-    # unscales and checks the whole averaged gradients: measured bit for bit with "none")
-}
-
-
-def check_shardable(plan: Plan) -> None:
-    """Refuse, before launch, what the plan's ``train.shard`` cannot combine with yet."""
-    mode = plan.train.shard
-    for refused, setting, reason in _REFUSED.get(mode, ()):
-        if refused(plan):
-            raise PlanError(
-                f"train.shard = '{mode}' with {setting}: {reason}", field="train.shard", source=plan.source
-            )
 
 
 def shard_fully(module: nn.Module, plan: Plan, device: str, processes: int) -> None:
@@ -107,6 +68,18 @@ def shard_fully(module: nn.Module, plan: Plan, device: str, processes: int) -> N
             if any(True for unit in units for _ in unit.parameters()):
                 fully_shard(units, mesh=mesh)
     fully_shard(module, mesh=mesh)
+
+
+def loss_scaler(device_type: str, sharded: bool) -> torch.amp.GradScaler:
+    """fp16's loss scaler. Sharded "full", each rank unscales only its shards' gradients,
+    so an overflow one rank finds must skip every rank's step: FSDP's scaler all-reduces
+    the found-overflow flag before the step (DDP's ranks all hold the whole averaged
+    gradients, so they agree without it)."""
+    if not sharded:
+        return torch.amp.GradScaler(device_type)
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device_type)
 
 
 def is_sharded(tensor: Any) -> bool:

@@ -99,10 +99,8 @@ class TorchStrategy:
 
     def check_job(self, job: Job) -> None:
         from crosstrain.backends.torch.launch import check_layout
-        from crosstrain.backends.torch.sharding import check_shardable
 
         check_layout(job)
-        check_shardable(job.plan)
 
     def spans_nodes(self) -> bool:
         """--nnodes and outside launchers (torchrun, SLURM, Kubeflow, TF_CONFIG): see launch.py."""
@@ -122,6 +120,7 @@ class TorchStrategy:
         from crosstrain.backends.torch.graphs import StepGraph, capture_blocker
         from crosstrain.backends.torch.model import build_module, load_neutral, undecayed_parameters
         from crosstrain.backends.torch.optimizer import make_optimizer
+        from crosstrain.backends.torch.sharding import loss_scaler
 
         module = build_module(plan)
         # in the weights' dtype before they load: fp64's float64 weights are not rounded
@@ -143,7 +142,7 @@ class TorchStrategy:
             )
         scaler = None
         if plan.train.precision == "fp16":
-            scaler = torch.amp.GradScaler(torch.device(self.device).type)
+            scaler = loss_scaler(torch.device(self.device).type, sharded)
         from crosstrain.backends.torch.feed import Feed
 
         on_cuda = self.device.startswith("cuda")
