@@ -26,6 +26,7 @@ from crosstrain.core.model.layers import (
     Layer,
     MaxPool2D,
     ReLU,
+    ReLU6,
     ZeroPad2D,
 )
 from crosstrain.core.spec.plan import ModelSpec, Plan
@@ -38,7 +39,13 @@ torch = pytest.importorskip("torch")
 
 from crosstrain.backends.torch.dense import keep_mask  # noqa: E402
 from crosstrain.backends.torch.layers import LAYERS  # noqa: E402
-from crosstrain.backends.torch.model import build_module, folded_paddings, load_neutral, neutral_state  # noqa: E402
+from crosstrain.backends.torch.model import (  # noqa: E402
+    activations_pooled_first,
+    build_module,
+    folded_paddings,
+    load_neutral,
+    neutral_state,
+)
 from crosstrain.backends.torch.nodes import Order  # noqa: E402
 from crosstrain.backends.torch.strategy import TorchStrategy  # noqa: E402
 
@@ -185,8 +192,9 @@ def test_a_run_of_image_nodes_stays_nchw_and_permutes_only_on_entry(monkeypatch:
         node.register_forward_hook(lambda node, args, output, key=key: images.setdefault(key, output))
     _assert_same(_train_forward(module, plan), _train_forward(before, plan))
     graph = plan.model.graph()
+    pooled = activations_pooled_first(graph, {})  # the ReLU activates its pool's output
     for node in graph.nodes[:-1]:  # each image between the nodes: NCHW, laid out channels-last
-        height, width, channels = node.output_shape
+        height, width, channels = graph.nodes[pooled.get(node.index, node.index)].output_shape
         image = images[node.path]
         assert image.shape == (6, channels, height, width), node.path
         assert image.is_contiguous(memory_format=torch.channels_last), node.path
@@ -245,3 +253,43 @@ def test_a_symmetric_zero_pad_folds_into_the_node_that_reads_it(monkeypatch: pyt
         patched.setattr("crosstrain.backends.torch.model.folded_paddings", lambda graph: {})
         padded = build_module(plan)
     _assert_same(_train_forward(module, plan), _train_forward(padded, plan))
+
+
+# ReLU -> 2x2 max pool and ReLU6 -> 3x3 max pool at stride 1 (each pooled first), beside a
+# ReLU two nodes read and a ReLU before a pool that pads (each kept in order)
+_ACTIVATED_POOLS = (
+    Conv2D(filters=4, kernel_size=3, padding="same"),
+    ReLU(),
+    MaxPool2D(pool_size=2),
+    Conv2D(filters=4, kernel_size=1, name="narrow"),
+    ReLU6(),
+    MaxPool2D(pool_size=3, strides=1, padding="same", name="padded"),
+    ReLU(name="shared"),
+    MaxPool2D(pool_size=3, strides=1, name="pooled"),
+    Conv2D(filters=4, kernel_size=1, inputs=("shared",), name="beside"),
+    GlobalAvgPool2D(inputs=("pooled",)),
+    GlobalAvgPool2D(inputs=("beside",), name="other"),
+    Add(inputs=("global_avg_pool2d_9", "other")),
+)
+
+
+def test_an_activation_read_only_by_a_valid_max_pool_runs_after_it_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    valid = MaxPool2D(pool_size=3, strides=1, name="valid")
+    plan = _image_plan((*_ACTIVATED_POOLS[:5], valid, GlobalAvgPool2D()))
+    assert activations_pooled_first(plan.model.graph(), {}) == {1: 2, 4: 5}
+    kept = _image_plan(_ACTIVATED_POOLS)
+    assert activations_pooled_first(kept.model.graph(), {}) == {1: 2}
+    for each in (plan, kept):
+        module = build_module(each)
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                "crosstrain.backends.torch.model.activations_pooled_first", lambda graph, absorbed: {}
+            )
+            in_order = build_module(each)
+        assert len(module.layout.steps) == len(in_order.layout.steps)
+        actual, expected = _train_forward(module, each), _train_forward(in_order, each)
+        assert actual.keys() == expected.keys()
+        for name, value in expected.items():
+            assert np.array_equal(actual[name], value), name
