@@ -387,6 +387,9 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "mlp1024-fp32": lambda: mlp(1024, 256, "fp32", 65536),
     "mlp1024-bf16": lambda: mlp(1024, 256, "bf16", 65536),
     "mlp4096-bf16": lambda: mlp(4096, 4096, "bf16", 65536),
+    # the small CNN of issue 37's outside probe (32x32x3, batch 512, bf16, conv/pool/global
+    # average pool): its default step, replayed as one CUDA graph, against cnn-bf16-compile's
+    # native twin (docs/performance.md, "When to turn on train.compile")
     "cnn-bf16": lambda: cnn(512, "bf16", 50000),
     "gpt-bf16": lambda: gpt(16, 1024),
     # train.compile against a native loop with torch.compile and fused Adam
