@@ -9,8 +9,9 @@ in torch's NCHW between the nodes that can (:func:`plan_layout`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from torch import nn
 from crosstrain.backends.native import native_factory
 from crosstrain.backends.torch.layers import LAYERS
 from crosstrain.backends.torch.nodes import ForwardContext, NodeModule, Order, to_nchw, to_nhwc
-from crosstrain.backends.torch.sharding import copy_whole, is_sharded, sharded_like, whole
+from crosstrain.backends.torch.sharding import copy_whole, is_sharded, shard_fully, sharded_like, whole
 from crosstrain.core.model.graph import MODEL_INPUT, Graph, Node
 from crosstrain.core.model.layers import Conv2D, MaxPool2D, ReLU, ReLU6, ZeroPad2D
 from crosstrain.core.model.optimizers import decayed_weights
@@ -248,6 +249,51 @@ def build_module(plan: Plan) -> nn.Module:
     # convolution weights channels-last, as the images between them (layers.to_nchw)
     module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return module
+
+
+def build_sharded_module(
+    plan: Plan, weights: Mapping[str, np.ndarray], device: str, processes: int
+) -> nn.Module:
+    """The neutral model sharded "full" without a rank ever holding its whole parameters:
+    built with them on torch's meta device (shapes, no storage), sharded there (FSDP2 keeps
+    them on it), each rank's shards then allocated on ``device``, and the weights loaded one
+    at a time, each rank keeping its shard of each. The buffers are made as usual: they hold
+    what a layer computed when it was built (rotary tables, scales, counts)."""
+    with _parameters_on_meta():
+        module = build_module(plan)
+    module.to(getattr(torch, plan.train.weight_dtype))
+    shard_fully(module, plan, device, processes)
+    buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    module.to_empty(device=device)  # FSDP2 allocates each shard; every buffer anew, refilled
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            buffer.copy_(buffers[name])
+    layouts = _layouts(plan)
+    loaded = {layouts[neutral][0] for neutral in weights if neutral in layouts}
+    missing = [name for name, _ in module.named_parameters() if name not in loaded]
+    if missing:  # a shard left unloaded would train from whatever its allocation held
+        raise KeyError(f"no starting weights for {missing}")
+    load_neutral(module, plan, weights)
+    return module
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Every parameter a module registers meanwhile moves to the meta device as it is
+    registered (each one made on the host first, one at a time); buffers stay where they
+    were made. Accelerate's ``init_empty_weights(include_buffers=False)`` works so."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: Any) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 # --------------------------------------------------------------------------- weight layouts

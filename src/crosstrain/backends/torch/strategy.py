@@ -118,23 +118,31 @@ class TorchStrategy:
 
         from crosstrain.backends.torch.dense import run_dropout_eagerly_when_compiled
         from crosstrain.backends.torch.graphs import StepGraph, capture_blocker
-        from crosstrain.backends.torch.model import build_module, load_neutral, undecayed_parameters
+        from crosstrain.backends.torch.model import (
+            build_module,
+            build_sharded_module,
+            load_neutral,
+            undecayed_parameters,
+        )
         from crosstrain.backends.torch.optimizer import make_optimizer
         from crosstrain.backends.torch.sharding import loss_scaler
 
-        module = build_module(plan)
-        # in the weights' dtype before they load: fp64's float64 weights are not rounded
-        module.to(getattr(torch, plan.train.weight_dtype))
-        if weights:
-            load_neutral(module, plan, weights)
-        module.to(self.device)
-        model, mode = module, None
         sharded = plan.train.shard == "full" and self._distributed()
-        if sharded:  # the module sharded in place (FSDP2): it is what runs forward
+        if sharded and plan.model.native is None:  # FSDP2 from the start: no rank holds it whole
+            module = build_sharded_module(plan, weights, self.device, self.world.process_count)
+        else:
+            module = build_module(plan)
+            # in the weights' dtype before they load: fp64's float64 weights are not rounded
+            module.to(getattr(torch, plan.train.weight_dtype))
+            if weights:
+                load_neutral(module, plan, weights)
+            module.to(self.device)
+        model, mode = module, None
+        if sharded and plan.model.native is not None:  # a native module, sharded in place
             from crosstrain.backends.torch.sharding import shard_fully
 
             shard_fully(module, plan, self.device, self.world.process_count)
-        elif self._distributed():
+        elif self._distributed() and not sharded:
             # DDP broadcasts rank 0's weights at construction, so native models agree too.
             device_ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
             model = torch.nn.parallel.DistributedDataParallel(
