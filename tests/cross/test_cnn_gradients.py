@@ -121,7 +121,7 @@ def test_example_cnn_gradients_agree_on_windows_full_of_ties() -> None:
     so pooled windows tie. Half the first conv's channels get a zero bias (ties at an exact
     ReLU zero), half a positive one (ties at a positive maximum)."""
     plan = load_plan(EXAMPLE_CNN)
-    weights = initial_weights(plan)
+    weights = dict(initial_weights(plan))
     bias = weights["conv2d_0.bias"]
     weights["conv2d_0.bias"] = np.where(np.arange(bias.size) % 2 == 0, 0.05, 0.0).astype(np.float32)
     train = load_datasets(plan).train

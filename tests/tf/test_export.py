@@ -49,7 +49,7 @@ path = "unused.npz"
 
 def _weights(plan_path: Path) -> dict[str, np.ndarray]:
     """Initial weights with batch-norm statistics that are not the identity."""
-    weights = initial_weights(load_plan(plan_path))
+    weights = dict(initial_weights(load_plan(plan_path)))
     rng = np.random.default_rng(1)
     for name in weights:
         if name.endswith(("moving_mean", "moving_variance", ".scale", ".offset")):

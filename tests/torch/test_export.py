@@ -45,7 +45,7 @@ def test_the_exported_program_runs_any_rows_as_predict_does(tmp_path: Path) -> N
     outputs are predict's (it scales its input as the plan asks)."""
     (tmp_path / "resnet.toml").write_text(SCALED_RESNET_PLAN)
     plan = load_plan(tmp_path / "resnet.toml")
-    weights = initial_weights(plan)
+    weights = dict(initial_weights(plan))
     rng = np.random.default_rng(0)
     for name in weights:  # statistics that are not the identity, as after training
         if name.endswith(("moving_mean", "moving_variance")):

@@ -51,6 +51,20 @@ def test_top_level_weights_keep_their_old_names_and_values(write_plan: Callable[
     assert np.array_equal(graph.init_weights(3)["dense_0.kernel"], expected)
 
 
+def test_seeded_weights_are_made_a_node_at_a_time_and_equal_in_any_order(
+    write_plan: Callable[..., Path],
+) -> None:
+    """What a run builds with: each node's weights made when one is read, the same values
+    whichever order they are read in (each node draws from its own stream)."""
+    graph = load_plan(write_plan(RESNET_PLAN)).model.graph()
+    whole, lazy = graph.init_weights(7), graph.seeded_weights(7)
+    assert list(lazy) == list(whole) and len(lazy) == len(whole)
+    for name in reversed(list(whole)):  # the last node first, each node's weights out of order
+        assert np.array_equal(lazy[name], whole[name]), name
+    with pytest.raises(KeyError):
+        lazy["no_such_layer.kernel"]
+
+
 BAD_GRAPHS = [
     (
         '{ type = "add", inputs = ["input", "nosuch"] }',

@@ -13,14 +13,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from crosstrain.core.errors import BackendError, CheckpointError
 from crosstrain.core.run.checkpoint import (
     MANIFEST_FILE,
+    TensorFile,
     check_written_by,
     choose_checkpoint,
     complete_checkpoints,
     last_checkpoint,
+    load_checkpoint,
     plan_hash,
     read_checkpoint,
 )
@@ -82,6 +85,21 @@ def test_checkpoint_folders_hold_the_loop_state_and_are_pruned(
     assert saved.optimizer["optimizer.step"] == 40 and "optimizer.w.momentum" in saved.optimizer
     assert saved.state.backend == "numpy" and len(saved.state.plan_hash) == 16
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]  # no temporaries
+
+
+def test_a_checkpoint_is_read_a_tensor_at_a_time(write_plan: Callable[..., Path], tmp_path: Path) -> None:
+    """A resumed run's checkpoint: each tensor read from its file when it is looked up (so
+    a rank holds one whole tensor of it at a time), its header at once (so a file that
+    does not read is refused before any tensor is looked up)."""
+    _run(MomentumStrategy(), _job(write_plan, tmp_path))
+    folder = tmp_path / "checkpoints" / "step-00000040"
+    saved, whole = read_checkpoint(folder), load_checkpoint(folder / "model.safetensors")
+    assert list(saved.weights) == list(whole) and "optimizer.w.momentum" in saved.optimizer
+    save_file({name: value + 1 for name, value in whole.items()}, str(folder / "model.safetensors"))
+    assert all(np.array_equal(saved.weights[name], value + 1) for name, value in whole.items())
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: cannot be read as safetensors"):
+        TensorFile(folder / "model.safetensors")
 
 
 def test_a_torn_checkpoint_is_not_resumed_from(write_plan: Callable[..., Path], tmp_path: Path) -> None:

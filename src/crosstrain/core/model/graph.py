@@ -60,6 +60,11 @@ class Node:
     def weight_specs(self) -> dict[str, WeightSpec]:
         return self.layer.weight_specs(self.input_shape) if self.layer.arity == 1 else {}
 
+    def initial_weights(self, seed: int) -> Weights:
+        """This node's seeded weights, ``{path}.{param}``, from its own stream."""
+        rng = np.random.default_rng([seed, *self.seed_path])
+        return {f"{self.path}.{param}": spec.initial(rng) for param, spec in self.weight_specs().items()}
+
 
 @attrs.frozen
 class Graph:
@@ -105,12 +110,35 @@ class Graph:
 
     def init_weights(self, seed: int) -> Weights:
         """Seeded numpy weights, identical for every backend."""
-        weights: Weights = {}
-        for node in self.nodes:
-            rng = np.random.default_rng([seed, *node.seed_path])
-            for param, spec in node.weight_specs().items():
-                weights[f"{node.path}.{param}"] = spec.initial(rng)
-        return weights
+        return {name: value for node in self.nodes for name, value in node.initial_weights(seed).items()}
+
+    def seeded_weights(self, seed: int) -> SeededWeights:
+        """:meth:`init_weights`, each node's made only when one of its weights is read."""
+        return SeededWeights(self.nodes, seed)
+
+
+class SeededWeights(Mapping[str, np.ndarray]):
+    """A graph's seeded starting weights, made a node at a time as they are read: a run
+    that keeps a shard of each weight never holds every whole weight at once (read in
+    order, at most one node's beyond what the reader keeps). Each node draws from its own
+    stream, so a weight is the same whichever order they are read in."""
+
+    def __init__(self, nodes: Sequence[Node], seed: int) -> None:
+        self._seed = seed
+        self._owner = {f"{node.path}.{param}": node for node in nodes for param in node.weight_specs()}
+        self._made: tuple[Node | None, Weights] = (None, {})
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        node = self._owner[name]
+        if self._made[0] is not node:  # the last node's weights stay, for its next reads
+            self._made = (node, node.initial_weights(self._seed))
+        return self._made[1][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner)
+
+    def __len__(self) -> int:
+        return len(self._owner)
 
 
 @attrs.frozen

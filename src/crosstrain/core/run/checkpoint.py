@@ -156,6 +156,36 @@ def load_checkpoint(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path}: cannot be read as safetensors ({_first_line(error)})") from None
 
 
+class TensorFile(Mapping[str, np.ndarray]):
+    """A safetensors file's tensors, each read from the file when it is looked up: a run
+    that resumes or starts from a checkpoint holds one whole tensor of it at a time (its
+    backend keeps what it needs of each, a rank of a sharded run its shard), never the whole
+    file. The header is read at once, so a file that does not read is refused up front.
+    ``held``: small tensors kept beside the file's (a checkpoint's optimizer scalars)."""
+
+    def __init__(self, path: Path, held: Mapping[str, np.ndarray] | None = None) -> None:
+        self.path = Path(path)
+        self._held = dict(held or {})
+        self._names = tuple(dict.fromkeys((*tensor_shapes(self.path), *self._held)))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._held:
+            return self._held[name]
+        if name not in self._names:
+            raise KeyError(name)
+        try:
+            with safe_open(str(self.path), "np") as handle:
+                return handle.get_tensor(name)  # type: ignore[no-any-return]
+        except (SafetensorError, OSError, ValueError) as error:
+            raise CheckpointError(f"{self.path}: {name} cannot be read ({_first_line(error)})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Each tensor's name and shape in a safetensors file, from its header alone."""
     try:
@@ -248,8 +278,8 @@ class LoopState:
 class Checkpoint:
     path: Path
     state: LoopState
-    weights: dict[str, np.ndarray]
-    optimizer: dict[str, np.ndarray]  # slots and 0-d scalars, as SavesOptimizerState gives them
+    weights: Mapping[str, np.ndarray]  # read a tensor at a time (TensorFile)
+    optimizer: Mapping[str, np.ndarray]  # slots and 0-d scalars, as SavesOptimizerState gives them
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -316,12 +346,12 @@ def read_checkpoint(path: Path) -> Checkpoint:
         state = LoopState(**raw)
     except TypeError as error:
         raise CheckpointError(f"{path / STATE_FILE}: not a crosstrain loop state ({error})") from None
-    optimizer = load_checkpoint(path / OPTIMIZER_FILE)
+    scalars = {}
     for name, (section, key) in _SCALARS.items():
         values = raw.get(section) or {}
         if key in values:
-            optimizer[name] = np.asarray(values[key], np.float64 if section == "loss_scale" else np.int64)
-    return Checkpoint(path, state, load_checkpoint(path / MODEL_FILE), optimizer)
+            scalars[name] = np.asarray(values[key], np.float64 if section == "loss_scale" else np.int64)
+    return Checkpoint(path, state, TensorFile(path / MODEL_FILE), TensorFile(path / OPTIMIZER_FILE, scalars))
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from crosstrain.core.data.batches import (
 )
 from crosstrain.core.data.sources.images import share_cores
 from crosstrain.core.run import resume
-from crosstrain.core.run.checkpoint import load_checkpoint, read_on_every_rank, save_checkpoint
+from crosstrain.core.run.checkpoint import TensorFile, read_on_every_rank, save_checkpoint
 from crosstrain.core.run.context import RunContext
 from crosstrain.core.run.evaluation import evaluate
 from crosstrain.core.run.heartbeat import Heartbeat
@@ -60,19 +60,21 @@ def total_steps(plan: Plan, train_rows: int) -> int:
     return RunLength.of(plan, train_rows).total_steps
 
 
-def initial_weights(plan: Plan) -> dict[str, np.ndarray]:
-    """Seeded numpy weights, the same for every backend (none for a native model)."""
+def initial_weights(plan: Plan) -> Mapping[str, np.ndarray]:
+    """Seeded numpy weights, the same for every backend (none for a native model), each
+    made when it is read: the backend keeps what it needs of each as it loads them."""
     if plan.model.native is not None:
         return {}
-    return plan.model.graph().init_weights(plan.seed)
+    return plan.model.graph().seeded_weights(plan.seed)
 
 
-def starting_weights(job: Job, resumed: bool) -> dict[str, np.ndarray]:
+def starting_weights(job: Job, resumed: bool) -> Mapping[str, np.ndarray]:
     """What the model is built with: ``job.init_from``'s weights for a new run started from
     another run's (names and shapes were checked before launch; the optimizer starts fresh),
-    else the plan's seeded ones (a resumed run then loads its checkpoint over them)."""
+    else the plan's seeded ones (a resumed run then loads its checkpoint over them). Either
+    is read a tensor at a time, so no rank holds the whole model on its host to start."""
     if job.init_from is not None and not resumed:
-        return load_checkpoint(Path(job.init_from))
+        return TensorFile(Path(job.init_from))
     return initial_weights(job.plan)
 
 
