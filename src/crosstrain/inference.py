@@ -30,9 +30,9 @@ from crosstrain.core.model.graph import MODEL_INPUT
 from crosstrain.core.model.layers import Embedding
 from crosstrain.core.run.checkpoint import (
     MODEL_FILE,
+    TensorFile,
     complete_checkpoints,
     file_metadata,
-    load_checkpoint,
     step_folder,
 )
 from crosstrain.core.run.evaluation import evaluate
@@ -62,7 +62,7 @@ class TrainedModel:
 
     run_dir: Path
     plan: Plan
-    weights: dict[str, np.ndarray]
+    weights: Mapping[str, np.ndarray]  # read from weights_file a tensor at a time
     weights_file: Path
     trained_on: str  # the backend that wrote the weights
 
@@ -77,7 +77,7 @@ def open_run(run: str | Path, checkpoint: str | None = None) -> TrainedModel:
     if plan.model.native is not None:
         _import_beside(run_plan_source(run_dir))
     path = _weights_file(run_dir, checkpoint)
-    weights = load_checkpoint(path)  # a damaged file is one line naming it
+    weights = TensorFile(path)  # a damaged file is one line naming it
     return TrainedModel(run_dir, plan, weights, path, file_metadata(path).get("backend", ""))
 
 
